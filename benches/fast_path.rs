@@ -1,0 +1,139 @@
+//! The local fast path against governor's keyed `check_key`, in the same run.
+//!
+//! Both sides do the same work around the decision: take a request, decide, and call the same
+//! trivial inner service. Keys are `u64`; every key holds tokens before measuring, so each
+//! iteration is a hit on a known key.
+//!
+//! Run with: cargo bench --bench fast_path
+
+use std::convert::Infallible;
+use std::future::{Ready, ready};
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use futures_util::FutureExt;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use hierarchical_throttle::batch::FractionOfCapacity;
+use hierarchical_throttle::{
+    HierarchicalThrottle, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore,
+    Rejection,
+};
+use tower::{Layer, Service, ServiceExt};
+
+/// The inner service: answers at once.
+#[derive(Clone, Copy)]
+struct Echo;
+
+impl Service<u64> for Echo {
+    type Response = u64;
+    type Error = Infallible;
+    type Future = Ready<Result<u64, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: u64) -> Self::Future {
+        ready(Ok(req))
+    }
+}
+
+type Reject = fn(&u64, Rejection<u64>) -> Result<u64, Infallible>;
+type Ours = HierarchicalThrottle<
+    Echo,
+    u64,
+    u64,
+    MemoryGlobalStore<u64>,
+    MemoryLocalStore<u64>,
+    hierarchical_throttle::clock::MonotonicClock,
+    Reject,
+>;
+
+fn keys(n: u64) -> Vec<u64> {
+    // Spread keys so consecutive iterations do not touch neighbouring slots.
+    (0..n)
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .collect()
+}
+
+/// Our service with tokens leased for every key.
+fn ours(runtime: &tokio::runtime::Runtime, keys: &[u64]) -> Ours {
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|k: &u64| Some(*k))
+        .limit(
+            Limit::per_second(1_000_000)
+                .burst(Limit::MAX_CAPACITY)
+                .unwrap(),
+        )
+        .batch_policy(FractionOfCapacity::new(1.0).unwrap())
+        // Warming a million keys takes seconds: keep their leases through the run.
+        .lease_ttl(Duration::from_secs(3600))
+        .local_store(MemoryLocalStore::with_max_keys(2 * keys.len() + 64).unwrap())
+        .global_store(MemoryGlobalStore::new())
+        .on_rejection((|_, _| Ok(u64::MAX)) as Reject)
+        .build()
+        .unwrap();
+    let mut service = layer.layer(Echo);
+    for &k in keys {
+        let warm = runtime.block_on(async { service.ready().await?.call(k).await });
+        assert_eq!(warm, Ok(k), "every key holds tokens before measuring");
+    }
+    service
+}
+
+fn governor(keys: &[u64]) -> DefaultKeyedRateLimiter<u64> {
+    let limiter = RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX));
+    for &k in keys {
+        assert!(limiter.check_key(&k).is_ok());
+    }
+    limiter
+}
+
+/// The next index, wrapping without a division (which would cost more than a decision).
+#[inline]
+fn next(i: usize, len: usize) -> usize {
+    if i + 1 == len { 0 } else { i + 1 }
+}
+
+fn bench(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = runtime.enter();
+    let mut group = c.benchmark_group("fast_path");
+    for n in [1u64, 10_000, 1_000_000] {
+        let keys = keys(n);
+        // Built on first use, so a filtered run sets up only what it measures.
+        let mut service = None;
+        let mut i = 0;
+        group.bench_function(format!("hierarchical_throttle/{n}"), |b| {
+            let service = service.get_or_insert_with(|| ours(&runtime, &keys));
+            b.iter(|| {
+                i = next(i, keys.len());
+                black_box(service.call(black_box(keys[i])).now_or_never())
+            })
+        });
+        drop(service);
+
+        let mut limiter = None;
+        let mut echo = Echo;
+        let mut j = 0;
+        group.bench_function(format!("governor_check_key/{n}"), |b| {
+            let limiter = limiter.get_or_insert_with(|| governor(&keys));
+            b.iter(|| {
+                j = next(j, keys.len());
+                let key = black_box(keys[j]);
+                let admitted = limiter.check_key(&key).is_ok();
+                black_box(admitted.then(|| echo.call(key).now_or_never()))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

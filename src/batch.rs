@@ -1,0 +1,158 @@
+//! How many tokens a host asks the global store for at once.
+//!
+//! A batch is sized by a [`BatchPolicy`] and then clamped by the throttle: never less than what
+//! the waiting requests need, never more than the bucket's capacity.
+
+use crate::limit::Limit;
+
+/// The most intervals of demand a host remembers per key.
+pub const MAX_DEMAND_INTERVALS: usize = 16;
+
+/// Tokens a host served for one key in each of its recent intervals, most recent first.
+///
+/// Tokens served from local leases are counted without reading the clock; they are attributed
+/// to the interval in which the host next reads it (when a bucket runs low or a batch arrives),
+/// which under steady load is the interval they were served in.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DemandHistory {
+    /// `served[0]` is the interval numbered `current`.
+    served: [u32; MAX_DEMAND_INTERVALS],
+    current: u64,
+}
+
+impl DemandHistory {
+    /// Adds `tokens` to interval number `interval`, moving the window forward if it is new.
+    pub fn record(&mut self, interval: u64, tokens: u64) {
+        self.advance(interval);
+        self.served[0] = self.served[0].saturating_add(u32::try_from(tokens).unwrap_or(u32::MAX));
+    }
+
+    fn advance(&mut self, interval: u64) {
+        if interval <= self.current {
+            return;
+        }
+        let shift = interval - self.current;
+        self.current = interval;
+        if shift >= MAX_DEMAND_INTERVALS as u64 {
+            self.served = [0; MAX_DEMAND_INTERVALS];
+        } else {
+            let shift = shift as usize;
+            self.served
+                .copy_within(0..MAX_DEMAND_INTERVALS - shift, shift);
+            self.served[..shift].fill(0);
+        }
+    }
+
+    /// Tokens served per interval, most recent (the one in progress) first.
+    pub fn recent(&self) -> &[u32] {
+        &self.served
+    }
+}
+
+/// The linearly weighted average of `served` (most recent first) over its first `x` entries:
+/// `(x*t1 + (x-1)*t2 + ... + 1*tx) / (1 + 2 + ... + x)`, rounded up.
+///
+/// ```
+/// use hierarchical_throttle::batch::weighted_average;
+/// // x = 3: (3*6 + 2*3 + 1*0) / 6 = 4
+/// assert_eq!(weighted_average(&[6, 3, 0], 3), 4);
+/// ```
+pub fn weighted_average(served: &[u32], x: usize) -> u64 {
+    let x = x.min(served.len());
+    if x == 0 {
+        return 0;
+    }
+    let weighted: u64 = served[..x]
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| (x - i) as u64 * u64::from(t))
+        .sum();
+    let weights = (x * (x + 1) / 2) as u64;
+    weighted.div_ceil(weights)
+}
+
+/// What a [`BatchPolicy`] sees when it sizes a batch.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchContext<'a> {
+    /// The key's limit.
+    pub limit: &'a Limit,
+    /// Tokens the waiting requests need beyond what is held locally.
+    pub needed: u64,
+    /// This host's demand for the key, per interval, most recent first.
+    pub demand: &'a [u32],
+    /// The number of intervals the throttle is configured to weigh.
+    pub intervals: usize,
+}
+
+/// Sizes the batch a host asks for. The throttle clamps the answer to at least
+/// [`BatchContext::needed`] and at most the capacity.
+pub trait BatchPolicy: Send + Sync + 'static {
+    /// Tokens to ask for.
+    fn batch_size(&self, cx: &BatchContext<'_>) -> u64;
+}
+
+/// The default: the linearly weighted average of the tokens served per interval over the last
+/// `intervals` intervals ([`weighted_average`]), so a batch lasts about one interval.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WeightedDemand;
+
+impl BatchPolicy for WeightedDemand {
+    fn batch_size(&self, cx: &BatchContext<'_>) -> u64 {
+        weighted_average(cx.demand, cx.intervals)
+    }
+}
+
+/// A fixed fraction of the bucket's capacity, whatever the demand.
+#[derive(Debug, Clone, Copy)]
+pub struct FractionOfCapacity(f64);
+
+impl FractionOfCapacity {
+    /// `fraction` of the capacity, in `(0, 1]`.
+    pub fn new(fraction: f64) -> Result<Self, crate::ConfigError> {
+        if fraction > 0.0 && fraction <= 1.0 {
+            Ok(Self(fraction))
+        } else {
+            Err(crate::ConfigError::InvalidSetting {
+                setting: "FractionOfCapacity::new",
+                expected: "a fraction in (0, 1]",
+            })
+        }
+    }
+}
+
+impl BatchPolicy for FractionOfCapacity {
+    fn batch_size(&self, cx: &BatchContext<'_>) -> u64 {
+        (cx.limit.capacity() as f64 * self.0).ceil() as u64
+    }
+}
+
+impl<F> BatchPolicy for F
+where
+    F: Fn(&BatchContext<'_>) -> u64 + Send + Sync + 'static,
+{
+    fn batch_size(&self, cx: &BatchContext<'_>) -> u64 {
+        self(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn history_shifts_with_intervals() {
+        let mut h = DemandHistory::default();
+        h.record(5, 4);
+        h.record(5, 1);
+        h.record(7, 2);
+        assert_eq!(&h.recent()[..4], &[2, 0, 5, 0]);
+        h.record(100, 1);
+        assert_eq!(&h.recent()[..3], &[1, 0, 0]);
+        h.record(99, 1);
+        assert_eq!(
+            h.recent()[0],
+            2,
+            "a late record counts in the current interval"
+        );
+    }
+}

@@ -1,0 +1,65 @@
+//! Configuration errors, reported when a [`Limit`](crate::Limit) or a layer is built.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why a limit or a layer could not be built.
+///
+/// Every invalid setting is caught here, at build time, so that a running service never
+/// panics or misbehaves because of its configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A limit's refill amount was zero: the bucket would never refill.
+    ZeroRate,
+    /// A limit's capacity (burst) was zero: no request could ever be served.
+    ZeroCapacity,
+    /// A limit's refill period was not a whole, positive number of microseconds, or longer than
+    /// [`Limit::MAX_PERIOD`](crate::Limit::MAX_PERIOD).
+    InvalidPeriod(Duration),
+    /// A limit's capacity was above [`Limit::MAX_CAPACITY`](crate::Limit::MAX_CAPACITY).
+    CapacityTooLarge(u64),
+    /// A rate whose exact arithmetic would not fit the stores' 53-bit integers (after reducing
+    /// `amount / period` to lowest terms). Choose a rounder rate, such as a whole number per
+    /// second or per minute.
+    RateNotExact {
+        /// Tokens per period.
+        amount: u64,
+        /// The period.
+        period: Duration,
+    },
+    /// A setting outside its valid range.
+    InvalidSetting {
+        /// The builder method that was given the value.
+        setting: &'static str,
+        /// What the setting accepts.
+        expected: &'static str,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ZeroRate => f.write_str("a limit must refill at least one token per period"),
+            Self::ZeroCapacity => f.write_str("a limit's capacity (burst) must be at least 1"),
+            Self::InvalidPeriod(p) => write!(
+                f,
+                "a limit's period must be a whole number of microseconds between 1us and 366 days, got {p:?}"
+            ),
+            Self::CapacityTooLarge(c) => write!(
+                f,
+                "a limit's capacity must be at most {}, got {c}",
+                crate::Limit::MAX_CAPACITY
+            ),
+            Self::RateNotExact { amount, period } => write!(
+                f,
+                "{amount} tokens per {period:?} cannot be refilled exactly; choose a rounder rate"
+            ),
+            Self::InvalidSetting { setting, expected } => {
+                write!(f, "invalid `{setting}`: expected {expected}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

@@ -1,0 +1,185 @@
+//! The in-process global store.
+
+use std::convert::Infallible;
+use std::hash::{BuildHasher, Hash};
+use std::sync::{Arc, Mutex};
+
+use hashbrown::HashTable;
+
+use crate::bucket::TokenBucket;
+use crate::clock::{Clock, MonotonicClock, micros};
+use crate::global::{GlobalStore, Grant, TokenRequest};
+use crate::limit::Limit;
+use crate::sync::lock;
+
+const SHARDS: usize = 16;
+
+/// The embedded global store: token buckets in this process's memory.
+///
+/// It is the whole hierarchy's global level for a single process, and the way tests and
+/// simulations stand up a fleet: several layers sharing one store behave as several hosts.
+/// Cloning it is cheap and **shares the buckets**. Buckets that are full are forgotten (a
+/// full bucket is the same as a new one), so idle keys cost no memory.
+///
+/// ```
+/// use hierarchical_throttle::{Limit, global::{GlobalStore, TokenRequest, memory::MemoryGlobalStore}};
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let store = MemoryGlobalStore::new();
+/// let limit = Limit::per_second(10).burst(10)?;
+/// let grant = store.acquire(&"tenant-a", &limit, TokenRequest { min: 1, want: 4 }).await.unwrap();
+/// assert_eq!((grant.granted, grant.remaining), (4, 6));
+/// # Ok::<(), hierarchical_throttle::ConfigError>(()) }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct MemoryGlobalStore<K, C = MonotonicClock> {
+    inner: Arc<Inner<K, C>>,
+}
+
+#[derive(Debug)]
+struct Inner<K, C> {
+    shards: Box<[Mutex<Shard<K>>]>,
+    hasher: foldhash::fast::RandomState,
+    clock: C,
+}
+
+#[derive(Debug)]
+struct Shard<K> {
+    buckets: HashTable<(K, TokenBucket, Limit)>,
+    /// Calls since the last sweep for full buckets; a sweep runs every `len` calls, so its cost
+    /// is constant per call.
+    since_sweep: usize,
+}
+
+impl<K> MemoryGlobalStore<K> {
+    /// A store on the [`MonotonicClock`].
+    pub fn new() -> Self {
+        Self::with_clock(MonotonicClock::new())
+    }
+}
+
+impl<K> Default for MemoryGlobalStore<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K, C> Clone for MemoryGlobalStore<K, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K, C> MemoryGlobalStore<K, C> {
+    /// A store refilled by `clock` (a [`ManualClock`](crate::clock::ManualClock) in tests).
+    pub fn with_clock(clock: C) -> Self {
+        let shards = (0..SHARDS)
+            .map(|_| {
+                Mutex::new(Shard {
+                    buckets: HashTable::new(),
+                    since_sweep: 0,
+                })
+            })
+            .collect();
+        Self {
+            inner: Arc::new(Inner {
+                shards,
+                hasher: foldhash::fast::RandomState::default(),
+                clock,
+            }),
+        }
+    }
+
+    /// Buckets held now: keys whose bucket is not full (or has not been swept since it filled).
+    pub fn len(&self) -> usize {
+        self.inner
+            .shards
+            .iter()
+            .map(|s| lock(s).buckets.len())
+            .sum()
+    }
+
+    /// Whether no bucket is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<K, C> MemoryGlobalStore<K, C>
+where
+    K: Hash + Eq + Clone,
+    C: Clock,
+{
+    /// Runs `f` on `key`'s bucket brought up to now, creating it full if absent, and forgets it
+    /// again if it is full afterwards.
+    fn with_bucket<R>(
+        &self,
+        key: &K,
+        limit: &Limit,
+        f: impl FnOnce(&mut TokenBucket, u64) -> R,
+    ) -> R {
+        let now = micros(self.inner.clock.now());
+        let hash = self.inner.hasher.hash_one(key);
+        let shard = &self.inner.shards[(hash >> 59) as usize % SHARDS];
+        let mut shard = lock(shard);
+        shard.sweep_full(now);
+        let hasher = |e: &(K, TokenBucket, Limit)| self.inner.hasher.hash_one(&e.0);
+        let mut entry = shard
+            .buckets
+            .entry(hash, |e| e.0 == *key, hasher)
+            .or_insert_with(|| (key.clone(), TokenBucket::full(limit, now), *limit));
+        let (_, bucket, stored_limit) = entry.get_mut();
+        *stored_limit = *limit;
+        let out = f(bucket, now);
+        if bucket.is_full_at(limit, now) {
+            entry.remove();
+        }
+        out
+    }
+}
+
+impl<K> Shard<K> {
+    fn sweep_full(&mut self, now: u64) {
+        self.since_sweep += 1;
+        if self.since_sweep < self.buckets.len().max(64) {
+            return;
+        }
+        self.since_sweep = 0;
+        self.buckets.retain(|(_, b, l)| !b.is_full_at(l, now));
+    }
+}
+
+impl<K, C> GlobalStore<K> for MemoryGlobalStore<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    type Error = Infallible;
+
+    fn acquire(
+        &self,
+        key: &K,
+        limit: &Limit,
+        request: TokenRequest,
+    ) -> impl Future<Output = Result<Grant, Infallible>> + Send {
+        let taken = self.with_bucket(key, limit, |b, now| {
+            b.take(limit, now, request.min, request.want)
+        });
+        std::future::ready(Ok(Grant {
+            granted: taken.granted,
+            remaining: taken.remaining,
+            refill_in: std::time::Duration::from_micros(taken.refill_in_micros),
+        }))
+    }
+
+    fn release(
+        &self,
+        key: &K,
+        limit: &Limit,
+        tokens: u64,
+    ) -> impl Future<Output = Result<(), Infallible>> + Send {
+        self.with_bucket(key, limit, |b, now| b.give_back(limit, now, tokens));
+        std::future::ready(Ok(()))
+    }
+}

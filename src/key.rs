@@ -1,0 +1,49 @@
+//! Throttle keys: what a request is counted against.
+//!
+//! The layer's key closure turns a request into `Option<K>`. These helpers read the usual
+//! sources; any closure works.
+
+/// What to do with a request whose key closure returned `None`.
+///
+/// The default is [`Reject`](Self::Reject): otherwise a client could escape its limit by
+/// leaving out whatever the key is built from (an API-key header, say).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingKey<K> {
+    /// Refuse the request ([`RejectionReason::MissingKey`](crate::RejectionReason): HTTP 400,
+    /// gRPC `INVALID_ARGUMENT`).
+    #[default]
+    Reject,
+    /// Serve the request without throttling it.
+    Admit,
+    /// Count the request against this one shared key.
+    UseKey(K),
+}
+
+/// The value of header `name`, if present and valid UTF-8.
+///
+/// ```
+/// use hierarchical_throttle::key::header_value;
+/// let req = http::Request::builder().header("x-api-key", "k1").body(()).unwrap();
+/// assert_eq!(header_value(&req, "x-api-key").as_deref(), Some("k1"));
+/// assert_eq!(header_value(&req, "x-tenant"), None);
+/// ```
+pub fn header_value<B>(request: &http::Request<B>, name: &str) -> Option<String> {
+    let value = request.headers().get(name)?.to_str().ok()?;
+    Some(value.to_owned())
+}
+
+/// The path of the request, which for gRPC is the method: `/package.Service/Method`.
+pub fn path<B>(request: &http::Request<B>) -> String {
+    request.uri().path().to_owned()
+}
+
+/// The peer's IP address from axum's `ConnectInfo<SocketAddr>` (serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`).
+#[cfg(feature = "axum")]
+pub fn axum_peer_ip<B>(request: &http::Request<B>) -> Option<std::net::IpAddr> {
+    let info = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()?;
+    Some(info.0.ip())
+}

@@ -1,0 +1,437 @@
+//! The layer and its builder.
+
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use crate::batch::{BatchPolicy, MAX_DEMAND_INTERVALS, WeightedDemand};
+use crate::clock::{Clock, MonotonicClock};
+use crate::error::ConfigError;
+use crate::failure::FailurePolicy;
+use crate::global::GlobalStore;
+use crate::key::MissingKey;
+use crate::limit::Limit;
+use crate::local::LocalStore;
+use crate::local::memory::MemoryLocalStore;
+use crate::response::DefaultRejection;
+use crate::service::HierarchicalThrottle;
+use crate::stats::ThrottleStats;
+use crate::throttle::{Config, Limits, Throttle};
+
+/// Applies hierarchical token-bucket throttling to requests, per key, across a fleet.
+///
+/// Built with [`HierarchicalThrottleLayer::builder`]. Cloning the layer does **not** create new
+/// buckets: every clone, and every service it wraps, shares one local store, one connection to
+/// the global store and one set of [`stats`](Self::stats). Build one layer per limit you want
+/// enforced, and clone it freely.
+///
+/// Type parameters: `Req` the request, `K` the throttle key, `G` the [`GlobalStore`], `L` the
+/// [`LocalStore`], `C` the [`Clock`] and `R` the [`OnRejection`](crate::OnRejection) handler.
+pub struct HierarchicalThrottleLayer<
+    Req,
+    K,
+    G,
+    L = MemoryLocalStore<K>,
+    C = MonotonicClock,
+    R = DefaultRejection,
+> {
+    pub(crate) throttle: Arc<Throttle<K, G, L, C>>,
+    pub(crate) policy: Arc<RequestPolicy<Req, K, R>>,
+}
+
+/// How a request becomes a key and a cost, and a rejection a response.
+pub(crate) struct RequestPolicy<Req, K, R> {
+    pub(crate) key: KeyFn<Req, K>,
+    pub(crate) cost: Option<CostFn<Req>>,
+    pub(crate) missing_key: MissingKey<K>,
+    pub(crate) on_rejection: R,
+}
+
+impl<Req, K, R> RequestPolicy<Req, K, R> {
+    pub(crate) fn cost(&self, request: &Req) -> u64 {
+        self.cost.as_ref().map_or(1, |cost| cost(request))
+    }
+}
+
+impl<Req, K, G, L, C, R> Clone for HierarchicalThrottleLayer<Req, K, G, L, C, R> {
+    fn clone(&self) -> Self {
+        Self {
+            throttle: self.throttle.clone(),
+            policy: self.policy.clone(),
+        }
+    }
+}
+
+impl<Req, K, G, L, C, R> fmt::Debug for HierarchicalThrottleLayer<Req, K, G, L, C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HierarchicalThrottleLayer")
+            .field("config", &self.throttle.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
+    /// Starts a builder. Set the key first, then the limit and the global store:
+    ///
+    /// ```
+    /// use axum::{Router, body::Body, routing::get};
+    /// use http::Request;
+    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
+    ///
+    /// let layer = HierarchicalThrottleLayer::builder()
+    ///     .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+    ///     .limit(Limit::per_second(100).burst(200)?)
+    ///     .global_store(MemoryGlobalStore::new())
+    ///     .build()?;
+    /// let app: Router = Router::new().route("/", get(|| async { "hi" })).layer(layer);
+    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
+    /// ```
+    pub fn builder() -> Builder<Unset, Unset, Unset, Unset, MonotonicClock, DefaultRejection> {
+        Builder {
+            key: None,
+            cost: None,
+            limit: None,
+            limit_per_key: None,
+            missing_key: MissingKey::Reject,
+            global: Unset,
+            local: Unset,
+            clock: MonotonicClock::new(),
+            on_rejection: DefaultRejection,
+            batch: Box::new(WeightedDemand),
+            config: Config {
+                store_timeout: Duration::from_millis(50),
+                lease_ttl: Duration::from_secs(1),
+                demand_interval: Duration::from_millis(100),
+                demand_intervals: 10,
+                failure_policy: FailurePolicy::default(),
+                max_backoff: Duration::from_secs(1),
+            },
+            error: None,
+        }
+    }
+}
+
+impl<Req, K, G, L, C, R> HierarchicalThrottleLayer<Req, K, G, L, C, R>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<K>,
+    L: LocalStore<K>,
+    C: Clock,
+{
+    /// Counters of the decisions made so far, shared by all clones.
+    pub fn stats(&self) -> ThrottleStats {
+        self.throttle.stats()
+    }
+
+    /// Hands back to the global store the leased tokens not used within the lease time-to-live,
+    /// and the leases of evicted buckets.
+    ///
+    /// A background task does this every half lease time once the layer has served its first
+    /// request; call it yourself to do it at a moment of your choosing (for example in tests on
+    /// a manual clock).
+    pub async fn return_unused_leases(&self) {
+        self.throttle.return_unused_leases().await;
+    }
+
+    /// The local store, to inspect it.
+    pub fn local_store(&self) -> &L {
+        &self.throttle.local
+    }
+
+    /// The global store.
+    pub fn global_store(&self) -> &G {
+        &self.throttle.global
+    }
+}
+
+impl<S, Req, K, G, L, C, R> Layer<S> for HierarchicalThrottleLayer<Req, K, G, L, C, R> {
+    type Service = HierarchicalThrottle<S, Req, K, G, L, C, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        HierarchicalThrottle::from_parts(inner, self.throttle.clone(), self.policy.clone())
+    }
+}
+
+/// A builder setting not given yet.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unset;
+
+type KeyFn<Req, K> = Box<dyn Fn(&Req) -> Option<K> + Send + Sync>;
+type CostFn<Req> = Box<dyn Fn(&Req) -> u64 + Send + Sync>;
+type LimitFn<K> = Box<dyn Fn(&K) -> Limit + Send + Sync>;
+
+/// Builds a [`HierarchicalThrottleLayer`]. Setters consume and return the builder; invalid
+/// values are reported by [`build`](Self::build).
+#[must_use = "call .build() to make the layer"]
+pub struct Builder<Req, K, G, L, C, R> {
+    key: Option<KeyFn<Req, K>>,
+    cost: Option<CostFn<Req>>,
+    limit: Option<Limit>,
+    limit_per_key: Option<LimitFn<K>>,
+    missing_key: MissingKey<K>,
+    global: G,
+    local: L,
+    clock: C,
+    on_rejection: R,
+    batch: Box<dyn BatchPolicy>,
+    config: Config,
+    error: Option<ConfigError>,
+}
+
+impl<Req, K, G, L, C, R> fmt::Debug for Builder<Req, K, G, L, C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("limit", &self.limit)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C, R> Builder<Unset, Unset, Unset, Unset, C, R> {
+    /// How a request becomes its throttle key: `None` when it has none (see
+    /// [`missing_key`](Builder::missing_key)).
+    pub fn key<Req, K, F>(self, key: F) -> Builder<Req, K, Unset, MemoryLocalStore<K>, C, R>
+    where
+        F: Fn(&Req) -> Option<K> + Send + Sync + 'static,
+    {
+        Builder {
+            key: Some(Box::new(key)),
+            cost: None,
+            limit: self.limit,
+            limit_per_key: None,
+            missing_key: MissingKey::Reject,
+            global: Unset,
+            local: MemoryLocalStore::new(),
+            clock: self.clock,
+            on_rejection: self.on_rejection,
+            batch: self.batch,
+            config: self.config,
+            error: self.error,
+        }
+    }
+}
+
+impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
+    /// The limit every key gets.
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// How long a request may wait for the global store before the
+    /// [`failure_policy`](Self::failure_policy) decides it. Default: 50 ms.
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.check(!timeout.is_zero(), "store_timeout", "a positive duration");
+        self.config.store_timeout = timeout;
+        self
+    }
+
+    /// What to do when the global store fails or times out. Default:
+    /// [`FailurePolicy::LocalFallback`] with one expected host (see [`FailurePolicy`]).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.config.failure_policy = policy;
+        self
+    }
+
+    /// The longest the throttle leaves a failing global store alone before probing it again
+    /// (back-off starts at 50 ms and doubles). Default: 1 s.
+    pub fn max_store_backoff(mut self, backoff: Duration) -> Self {
+        self.check(
+            !backoff.is_zero(),
+            "max_store_backoff",
+            "a positive duration",
+        );
+        self.config.max_backoff = backoff;
+        self
+    }
+
+    /// How long leased tokens may sit unused on a host before they are handed back, so tokens
+    /// stranded on a quiet host return to the fleet. Default: 1 s.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.check(
+            ttl >= Duration::from_millis(1),
+            "lease_ttl",
+            "at least 1 ms",
+        );
+        self.config.lease_ttl = ttl;
+        self
+    }
+
+    /// The demand history that sizes batches: `intervals` intervals (1 to 16) of `interval`
+    /// each. Default: 10 intervals of 100 ms.
+    pub fn demand_window(mut self, intervals: usize, interval: Duration) -> Self {
+        self.check(
+            (1..=MAX_DEMAND_INTERVALS).contains(&intervals),
+            "demand_window",
+            "1 to 16 intervals",
+        );
+        self.check(
+            interval >= Duration::from_millis(1),
+            "demand_window",
+            "intervals of at least 1 ms",
+        );
+        self.config.demand_intervals = intervals;
+        self.config.demand_interval = interval;
+        self
+    }
+
+    /// How batches are sized. Default: [`WeightedDemand`].
+    pub fn batch_policy(mut self, policy: impl BatchPolicy) -> Self {
+        self.batch = Box::new(policy);
+        self
+    }
+
+    /// The clock that times leases, demand and throttled keys. Default: [`MonotonicClock`].
+    pub fn clock<C2: Clock>(self, clock: C2) -> Builder<Req, K, G, L, C2, R> {
+        Builder {
+            key: self.key,
+            cost: self.cost,
+            limit: self.limit,
+            limit_per_key: self.limit_per_key,
+            missing_key: self.missing_key,
+            global: self.global,
+            local: self.local,
+            clock,
+            on_rejection: self.on_rejection,
+            batch: self.batch,
+            config: self.config,
+            error: self.error,
+        }
+    }
+
+    /// How a rejection becomes a response or an error. Default: [`DefaultRejection`] (HTTP).
+    pub fn on_rejection<R2>(self, on_rejection: R2) -> Builder<Req, K, G, L, C, R2> {
+        Builder {
+            key: self.key,
+            cost: self.cost,
+            limit: self.limit,
+            limit_per_key: self.limit_per_key,
+            missing_key: self.missing_key,
+            global: self.global,
+            local: self.local,
+            clock: self.clock,
+            on_rejection,
+            batch: self.batch,
+            config: self.config,
+            error: self.error,
+        }
+    }
+
+    fn check(&mut self, ok: bool, setting: &'static str, expected: &'static str) {
+        if !ok && self.error.is_none() {
+            self.error = Some(ConfigError::InvalidSetting { setting, expected });
+        }
+    }
+}
+
+impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// How many tokens a request costs. Default: 1. A request costing more than its limit's
+    /// capacity is refused at once ([`RejectionReason::CostExceedsCapacity`](crate::RejectionReason)).
+    pub fn cost(mut self, cost: impl Fn(&Req) -> u64 + Send + Sync + 'static) -> Self {
+        self.cost = Some(Box::new(cost));
+        self
+    }
+
+    /// A limit chosen per key (for tiers of customers), instead of [`limit`](Self::limit).
+    /// It is asked when a key's tokens run short, never on the hot path.
+    pub fn limit_per_key(mut self, limit: impl Fn(&K) -> Limit + Send + Sync + 'static) -> Self {
+        self.limit_per_key = Some(Box::new(limit));
+        self
+    }
+
+    /// What to do with a request without a key. Default: [`MissingKey::Reject`].
+    pub fn missing_key(mut self, policy: MissingKey<K>) -> Self {
+        self.missing_key = policy;
+        self
+    }
+
+    /// The global store: [`MemoryGlobalStore`](crate::MemoryGlobalStore) for one process, a
+    /// Redis store for a fleet, or your own.
+    pub fn global_store<G2: GlobalStore<K>>(self, global: G2) -> Builder<Req, K, G2, L, C, R> {
+        Builder {
+            key: self.key,
+            cost: self.cost,
+            limit: self.limit,
+            limit_per_key: self.limit_per_key,
+            missing_key: self.missing_key,
+            global,
+            local: self.local,
+            clock: self.clock,
+            on_rejection: self.on_rejection,
+            batch: self.batch,
+            config: self.config,
+            error: self.error,
+        }
+    }
+
+    /// The local store. Default: [`MemoryLocalStore::new`] (at most 100,000 keys).
+    pub fn local_store<L2: LocalStore<K>>(self, local: L2) -> Builder<Req, K, G, L2, C, R> {
+        Builder {
+            key: self.key,
+            cost: self.cost,
+            limit: self.limit,
+            limit_per_key: self.limit_per_key,
+            missing_key: self.missing_key,
+            global: self.global,
+            local,
+            clock: self.clock,
+            on_rejection: self.on_rejection,
+            batch: self.batch,
+            config: self.config,
+            error: self.error,
+        }
+    }
+}
+
+impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<K>,
+    L: LocalStore<K>,
+    C: Clock,
+{
+    /// The layer, or the first invalid setting.
+    pub fn build(self) -> Result<HierarchicalThrottleLayer<Req, K, G, L, C, R>, ConfigError> {
+        if let Some(error) = self.error {
+            return Err(error);
+        }
+        let limits = match (self.limit_per_key, self.limit) {
+            (Some(per_key), _) => Limits::PerKey(per_key),
+            (None, Some(limit)) => Limits::Fixed(limit),
+            (None, None) => {
+                return Err(ConfigError::InvalidSetting {
+                    setting: "limit",
+                    expected: "a limit: call .limit() or .limit_per_key()",
+                });
+            }
+        };
+        let key = self.key.ok_or(ConfigError::InvalidSetting {
+            setting: "key",
+            expected: "a key closure",
+        })?;
+        let throttle = Throttle::new(
+            self.global,
+            self.local,
+            self.clock,
+            limits,
+            self.batch,
+            self.config,
+        );
+        let policy = RequestPolicy {
+            key,
+            cost: self.cost,
+            missing_key: self.missing_key,
+            on_rejection: self.on_rejection,
+        };
+        Ok(HierarchicalThrottleLayer {
+            throttle: Arc::new(throttle),
+            policy: Arc::new(policy),
+        })
+    }
+}

@@ -1,0 +1,86 @@
+//! Tower middleware that throttles requests per key across a whole fleet of hosts, with
+//! hierarchical token buckets.
+//!
+//! ```
+//! use axum::{Router, body::Body, routing::get};
+//! use http::{Request, StatusCode};
+//! use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let global = MemoryGlobalStore::new(); // one per process; RedisGlobalStore for a fleet
+//! let app = Router::new().route("/", get(|| async { "hello" })).layer(
+//!     HierarchicalThrottleLayer::builder()
+//!         .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+//!         .limit(Limit::per_second(1).burst(2)?)
+//!         .global_store(global.clone())
+//!         .build()?,
+//! );
+//!
+//! let call = || Request::get("/").header("x-api-key", "k1").body(Body::empty());
+//! assert_eq!(app.clone().oneshot(call()?).await?.status(), StatusCode::OK);
+//! assert_eq!(app.clone().oneshot(call()?).await?.status(), StatusCode::OK);
+//! let throttled = app.clone().oneshot(call()?).await?;
+//! assert_eq!(throttled.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(throttled.headers()["retry-after"], "1");
+//! # Ok(()) }
+//! ```
+//!
+//! # How it works
+//!
+//! Each host keeps a **local** token bucket per key, filled with tokens leased in batches from
+//! a **global** token bucket per key ([`MemoryGlobalStore`] in one process, a Redis store for a
+//! fleet). A request is served from local tokens when it can be: one hash, one uncontended
+//! lock, no clock read, no I/O. When the local tokens run short, the host asks the global store
+//! for a batch sized by its recent demand ([`batch`]); one request per key and host is in flight,
+//! and concurrent requests share its answer. A batch is also fetched in the background when the
+//! local tokens run low, so steady traffic never waits. When the global bucket is empty, the key
+//! is remembered as throttled until tokens are due and rejected without further global calls,
+//! and the client is told how long to wait (`429` with `Retry-After`).
+//!
+//! Tokens leased to a host and not used within the lease time-to-live are handed back, so the
+//! fleet admits close to its limit and never more: every admitted token was dispensed once by
+//! the global bucket.
+//!
+//! # Runtime
+//!
+//! The service must run on a Tokio runtime with the time driver enabled (as axum and tonic do):
+//! global calls have a time-out and background fetches are spawned.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod batch;
+pub mod bucket;
+pub mod clock;
+mod error;
+mod failure;
+mod future;
+pub mod global;
+pub mod key;
+mod layer;
+mod limit;
+pub mod local;
+mod response;
+mod service;
+mod stats;
+mod sync;
+mod throttle;
+
+pub use error::ConfigError;
+pub use failure::FailurePolicy;
+pub use future::ResponseFuture;
+pub use global::memory::MemoryGlobalStore;
+pub use key::MissingKey;
+pub use layer::{Builder, HierarchicalThrottleLayer, Unset};
+pub use limit::{Limit, LimitBuilder};
+pub use local::memory::MemoryLocalStore;
+pub use response::{DefaultRejection, OnRejection, Rejection, RejectionReason, http_response};
+pub use service::HierarchicalThrottle;
+pub use stats::ThrottleStats;
+
+/// The README's examples, run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -1,0 +1,221 @@
+//! The in-memory, sharded, bounded local store.
+
+use std::hash::{BuildHasher, Hash};
+use std::sync::Mutex;
+
+use hashbrown::HashTable;
+
+use crate::error::ConfigError;
+use crate::local::{LocalBucket, LocalStore};
+use crate::sync::lock;
+
+/// The default local store: buckets in memory, in independently locked shards, bounded to a
+/// maximum number of keys.
+///
+/// A request touches one shard's lock for a few nanoseconds; a known key costs one hash and one
+/// probe, and no allocation. When a shard is full, a new key evicts buckets that were not used
+/// since the previous eviction pass (second chance), then any that are not fetching; evicted
+/// leases are handed back to the global store. Memory stays bounded however many distinct keys
+/// arrive.
+#[derive(Debug)]
+pub struct MemoryLocalStore<K> {
+    shards: Box<[Mutex<Shard<K>>]>,
+    shard_bits: u32,
+    per_shard: usize,
+    hasher: foldhash::fast::RandomState,
+    /// Evicted buckets holding leased tokens or uncounted requests, until the throttle takes
+    /// them.
+    evicted: Mutex<Vec<(K, LocalBucket)>>,
+}
+
+/// Evicted buckets kept for the throttle; beyond this (the throttle takes them every half lease
+/// time), further ones are dropped and their leases stranded, so memory stays bounded.
+type Shard<K> = HashTable<(K, LocalBucket)>;
+
+const MAX_PENDING_RETURNS: usize = 4096;
+
+impl<K> MemoryLocalStore<K> {
+    /// The default bound: 100,000 keys.
+    pub const DEFAULT_MAX_KEYS: usize = 100_000;
+
+    /// A store holding at most [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) keys.
+    pub fn new() -> Self {
+        Self::build(Self::DEFAULT_MAX_KEYS)
+    }
+
+    /// A store holding at most `max_keys` keys (at least 64).
+    pub fn with_max_keys(max_keys: usize) -> Result<Self, ConfigError> {
+        if max_keys < 64 {
+            return Err(ConfigError::InvalidSetting {
+                setting: "MemoryLocalStore::with_max_keys",
+                expected: "at least 64 keys",
+            });
+        }
+        Ok(Self::build(max_keys))
+    }
+
+    fn build(max_keys: usize) -> Self {
+        // About four shards per core, and at least 64 keys per shard.
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+        let shards = (cores * 4)
+            .next_power_of_two()
+            .min((max_keys / 64).max(1).next_power_of_two());
+        let shards = if shards > max_keys / 64 {
+            (shards / 2).max(1)
+        } else {
+            shards
+        };
+        let shard_bits = shards.trailing_zeros();
+        Self {
+            shards: (0..shards).map(|_| Mutex::new(HashTable::new())).collect(),
+            shard_bits,
+            per_shard: max_keys / shards,
+            hasher: foldhash::fast::RandomState::default(),
+            evicted: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The most keys this store holds.
+    pub fn max_keys(&self) -> usize {
+        self.per_shard * self.shards.len()
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<Shard<K>> {
+        let index = if self.shard_bits == 0 {
+            0
+        } else {
+            (hash >> (64 - self.shard_bits)) as usize
+        };
+        &self.shards[index]
+    }
+}
+
+impl<K> Default for MemoryLocalStore<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: Clone> MemoryLocalStore<K> {
+    /// Frees at least an eighth of a full shard: first buckets not used since the last pass,
+    /// then any that are not fetching.
+    fn make_room(&self, table: &mut Shard<K>) {
+        let target = self.per_shard - (self.per_shard / 8).max(1);
+        let mut evicted = Vec::new();
+        for second_chance in [true, false] {
+            if table.len() <= target {
+                break;
+            }
+            let mut len = table.len();
+            let victims = table.extract_if(|(_, bucket)| {
+                let used = second_chance && bucket.take_used_mark();
+                let evict = len > target && !used && !bucket.is_fetching();
+                len -= usize::from(evict);
+                evict
+            });
+            evicted.extend(victims.filter(|(_, b)| b.leased_tokens() > 0 || b.uncounted > 0));
+        }
+        if !evicted.is_empty() {
+            let mut pending = lock(&self.evicted);
+            evicted.truncate(MAX_PENDING_RETURNS.saturating_sub(pending.len()));
+            pending.append(&mut evicted);
+        }
+    }
+}
+
+impl<K> LocalStore<K> for MemoryLocalStore<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    #[inline]
+    fn with_bucket<R>(&self, key: &K, f: impl FnOnce(&mut LocalBucket) -> R) -> R {
+        let hash = self.hasher.hash_one(key);
+        let mut table = lock(self.shard(hash));
+        match table.find_entry(hash, |(k, _)| k == key) {
+            Ok(entry) => {
+                let bucket = &mut entry.into_mut().1;
+                bucket.mark_used();
+                f(bucket)
+            }
+            Err(absent) => {
+                let table = absent.into_table();
+                if table.len() >= self.per_shard {
+                    self.make_room(table);
+                }
+                let entry =
+                    table.insert_unique(hash, (key.clone(), LocalBucket::default()), |(k, _)| {
+                        self.hasher.hash_one(k)
+                    });
+                let bucket = &mut entry.into_mut().1;
+                bucket.mark_used();
+                f(bucket)
+            }
+        }
+    }
+
+    fn for_each_bucket(&self, mut f: impl FnMut(&K, &mut LocalBucket)) {
+        for shard in self.shards.iter() {
+            for (key, bucket) in lock(shard).iter_mut() {
+                f(key, bucket);
+            }
+        }
+    }
+
+    fn take_evicted(&self) -> Vec<(K, LocalBucket)> {
+        std::mem::take(&mut *lock(&self.evicted))
+    }
+
+    fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_million_keys_stay_within_the_bound() {
+        let store = MemoryLocalStore::<u64>::with_max_keys(10_000).unwrap();
+        let max = store.max_keys();
+        assert!((9_000..=10_000).contains(&max), "max_keys {max}");
+        let table_capacity = || -> usize { store.shards.iter().map(|s| lock(s).capacity()).sum() };
+        for key in 0..1_000_000u64 {
+            store.with_bucket(&key, |b| b.mark_used());
+            assert!(store.len() <= max);
+            if key % 100_000 == 0 {
+                // Eviction leaves tombstones, so a table may double once, then rehashes in place.
+                assert!(
+                    table_capacity() <= 3 * max,
+                    "table capacity {}",
+                    table_capacity()
+                );
+            }
+        }
+        assert!(store.len() > max / 2, "eviction frees only part of a shard");
+        assert!(
+            table_capacity() <= 3 * max,
+            "table capacity {}",
+            table_capacity()
+        );
+    }
+
+    #[test]
+    fn recently_used_keys_survive_eviction() {
+        let store = MemoryLocalStore::<u64>::with_max_keys(64).unwrap();
+        assert_eq!(store.shards.len(), 1);
+        for key in 0..64u64 {
+            store.with_bucket(&key, |_| ());
+        }
+        // A first pass clears every mark and evicts in table order; mark key 7 after it.
+        store.with_bucket(&1000, |_| ());
+        store.with_bucket(&7, |_| ());
+        for key in 2000..2060u64 {
+            store.with_bucket(&key, |_| ());
+            store.with_bucket(&7, |_| ());
+        }
+        let mut present = false;
+        store.for_each_bucket(|k, _| present |= *k == 7);
+        assert!(present, "a key used between passes is kept");
+    }
+}

@@ -1,0 +1,181 @@
+//! Rejections, and how they become responses.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::{HeaderValue, Response, StatusCode, header};
+
+use crate::limit::Limit;
+
+/// Why a request was not served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RejectionReason {
+    /// The key's tokens are used up, fleet-wide (or, while the global store is unavailable,
+    /// on this host's fallback bucket). Retry after [`Rejection::retry_after`].
+    Throttled,
+    /// The request costs more tokens than the bucket can ever hold: it can never be served.
+    CostExceedsCapacity {
+        /// The request's cost.
+        cost: u64,
+        /// The bucket's capacity.
+        capacity: u64,
+    },
+    /// The key closure found no key, and the [`MissingKey`](crate::MissingKey) policy rejects.
+    MissingKey,
+    /// The global store failed and the [`FailurePolicy`](crate::FailurePolicy) rejects.
+    StoreUnavailable,
+}
+
+impl fmt::Display for RejectionReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Throttled => f.write_str("rate limit exceeded"),
+            Self::CostExceedsCapacity { cost, capacity } => write!(
+                f,
+                "request costs {cost} tokens but the limit holds at most {capacity}"
+            ),
+            Self::MissingKey => f.write_str("request has no throttle key"),
+            Self::StoreUnavailable => f.write_str("rate limit store unavailable"),
+        }
+    }
+}
+
+/// A request the throttle refused, with everything needed to answer the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Rejection<K> {
+    /// The request's key, if it had one.
+    pub key: Option<K>,
+    /// Why it was refused.
+    pub reason: RejectionReason,
+    /// How long until a retry can succeed, when one can.
+    pub retry_after: Option<Duration>,
+    /// The key's limit, when one applies.
+    pub limit: Option<Limit>,
+}
+
+impl<K> Rejection<K> {
+    pub(crate) fn new(key: Option<K>, reason: RejectionReason, limit: Option<Limit>) -> Self {
+        Self {
+            key,
+            reason,
+            retry_after: None,
+            limit,
+        }
+    }
+
+    pub(crate) fn retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
+    }
+
+    /// [`retry_after`](Self::retry_after) in whole seconds, rounded up (so never 0 when a wait
+    /// is needed), as `Retry-After` wants it.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after.map(ceil_secs)
+    }
+}
+
+/// Turns a [`Rejection`] into the wrapped service's response or error.
+///
+/// Implemented by [`DefaultRejection`] for HTTP, and by any closure
+/// `Fn(&Request, Rejection<K>) -> Result<Response, Error>`.
+pub trait OnRejection<Req, K, Res, E>: Send + Sync + 'static {
+    /// The answer to a refused `request`.
+    fn on_rejection(&self, request: &Req, rejection: Rejection<K>) -> Result<Res, E>;
+}
+
+impl<F, Req, K, Res, E> OnRejection<Req, K, Res, E> for F
+where
+    F: Fn(&Req, Rejection<K>) -> Result<Res, E> + Send + Sync + 'static,
+{
+    fn on_rejection(&self, request: &Req, rejection: Rejection<K>) -> Result<Res, E> {
+        self(request, rejection)
+    }
+}
+
+/// The default answer for HTTP services: a response, never an error, so the layer keeps the
+/// inner service's error type and axum needs no `HandleErrorLayer`.
+///
+/// | reason | status | headers |
+/// |---|---|---|
+/// | throttled | 429 Too Many Requests | `Retry-After`, `RateLimit-Policy`, `RateLimit` |
+/// | cost above capacity | 413 Content Too Large | `RateLimit-Policy` |
+/// | missing key | 400 Bad Request | |
+/// | store unavailable | 503 Service Unavailable | `Retry-After` |
+///
+/// `Retry-After` is in whole seconds rounded up. `RateLimit-Policy` and `RateLimit` follow the
+/// IETF draft (`"default";q=<capacity>;w=<seconds to refill>` and
+/// `"default";r=<remaining>;t=<seconds>`). Bodies are empty.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultRejection;
+
+impl<ReqB, K, ResB, E> OnRejection<http::Request<ReqB>, K, Response<ResB>, E> for DefaultRejection
+where
+    ResB: Default,
+    K: 'static,
+{
+    fn on_rejection(
+        &self,
+        _request: &http::Request<ReqB>,
+        rejection: Rejection<K>,
+    ) -> Result<Response<ResB>, E> {
+        Ok(http_response(&rejection))
+    }
+}
+
+/// The HTTP response [`DefaultRejection`] gives for `rejection`.
+pub fn http_response<K, B: Default>(rejection: &Rejection<K>) -> Response<B> {
+    let status = match rejection.reason {
+        RejectionReason::Throttled => StatusCode::TOO_MANY_REQUESTS,
+        RejectionReason::CostExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        RejectionReason::MissingKey => StatusCode::BAD_REQUEST,
+        RejectionReason::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let mut response = Response::new(B::default());
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    if let Some(secs) = rejection.retry_after_secs() {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        if rejection.reason == RejectionReason::Throttled {
+            headers.insert(
+                "ratelimit",
+                header_value(format!("\"default\";r=0;t={secs}")),
+            );
+        }
+    }
+    if let Some(limit) = &rejection.limit {
+        headers.insert("ratelimit-policy", policy_header(limit));
+    }
+    response
+}
+
+/// `RateLimit-Policy` for `limit`: its capacity, and the seconds an empty bucket takes to fill.
+pub(crate) fn policy_header(limit: &Limit) -> HeaderValue {
+    let window = ceil_secs(limit.time_to_accrue(limit.capacity()));
+    header_value(format!("\"default\";q={};w={window}", limit.capacity()))
+}
+
+fn header_value(s: String) -> HeaderValue {
+    // Built only from digits and fixed ASCII, so always a valid header value.
+    HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    secs.max(u64::from(!d.is_zero()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_and_is_never_zero_for_a_wait() {
+        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(ceil_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+    }
+}

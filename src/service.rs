@@ -1,0 +1,146 @@
+//! The throttling service.
+
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tower_service::Service;
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::future::ResponseFuture;
+use crate::global::GlobalStore;
+use crate::key::MissingKey;
+use crate::layer::RequestPolicy;
+use crate::local::LocalStore;
+use crate::local::memory::MemoryLocalStore;
+use crate::response::{DefaultRejection, OnRejection, Rejection, RejectionReason};
+use crate::stats::ThrottleStats;
+use crate::throttle::{Check, Throttle};
+
+/// Throttles requests to the inner service per key; made by
+/// [`HierarchicalThrottleLayer`](crate::HierarchicalThrottleLayer).
+///
+/// Clones share the layer's buckets and counters.
+pub struct HierarchicalThrottle<
+    S,
+    Req,
+    K,
+    G,
+    L = MemoryLocalStore<K>,
+    C = MonotonicClock,
+    R = DefaultRejection,
+> {
+    inner: S,
+    throttle: Arc<Throttle<K, G, L, C>>,
+    policy: Arc<RequestPolicy<Req, K, R>>,
+}
+
+impl<S, Req, K, G, L, C, R> HierarchicalThrottle<S, Req, K, G, L, C, R> {
+    pub(crate) fn from_parts(
+        inner: S,
+        throttle: Arc<Throttle<K, G, L, C>>,
+        policy: Arc<RequestPolicy<Req, K, R>>,
+    ) -> Self {
+        Self {
+            inner,
+            throttle,
+            policy,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the throttle, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, Req, K, G, L, C, R> Clone for HierarchicalThrottle<S, Req, K, G, L, C, R> {
+    fn clone(&self) -> Self {
+        Self::from_parts(
+            self.inner.clone(),
+            self.throttle.clone(),
+            self.policy.clone(),
+        )
+    }
+}
+
+impl<S: fmt::Debug, Req, K, G, L, C, R> fmt::Debug for HierarchicalThrottle<S, Req, K, G, L, C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HierarchicalThrottle")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, Req, K, G, L, C, R> Service<Req> for HierarchicalThrottle<S, Req, K, G, L, C, R>
+where
+    S: Service<Req> + Clone,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<K>,
+    L: LocalStore<K>,
+    C: Clock,
+    R: OnRejection<Req, K, S::Response, S::Error>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, Req, K, R>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        let cost = self.policy.cost(&request);
+        let check = match (self.policy.key)(&request) {
+            Some(key) => self.throttle.check(key, cost),
+            None => self.check_keyless(cost),
+        };
+        match check {
+            Check::Admit => ResponseFuture::called(self.inner.call(request)),
+            Check::Reject(rejection) => {
+                ResponseFuture::rejected(self.policy.on_rejection.on_rejection(&request, rejection))
+            }
+            Check::Wait(decision) => {
+                // The ready service waits with the request; a clone, maybe not ready, stays.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::waiting(decision, inner, request, self.policy.clone())
+            }
+        }
+    }
+}
+
+impl<S, Req, K, G, L, C, R> HierarchicalThrottle<S, Req, K, G, L, C, R>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<K>,
+    L: LocalStore<K>,
+    C: Clock,
+{
+    /// Counters of the decisions made so far, shared with the layer and all its services.
+    pub fn stats(&self) -> ThrottleStats {
+        self.throttle.stats()
+    }
+
+    fn check_keyless(&self, cost: u64) -> Check<K> {
+        self.throttle.stats.missing_key.incr();
+        match &self.policy.missing_key {
+            MissingKey::Reject => {
+                Check::Reject(Rejection::new(None, RejectionReason::MissingKey, None))
+            }
+            MissingKey::Admit => Check::Admit,
+            MissingKey::UseKey(key) => self.throttle.check(key.clone(), cost),
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Counters of what the throttle decided, for metrics and tests.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A snapshot of a throttle's counters since it was built. All clones of a layer, and every
+/// service it wraps, share one set of counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ThrottleStats {
+    /// Requests served from tokens already held by this host: no global call.
+    pub admitted_local: u64,
+    /// Requests served after waiting for a batch from the global store.
+    pub admitted_after_fetch: u64,
+    /// Requests rejected at once because their key was cached as throttled.
+    pub rejected_cached: u64,
+    /// Requests rejected because the global store had too few tokens.
+    pub rejected_global: u64,
+    /// Requests refused because their cost exceeds the bucket's capacity.
+    pub refused_cost: u64,
+    /// Requests without a key (handled by the [`MissingKey`](crate::MissingKey) policy).
+    pub missing_key: u64,
+    /// Calls to the global store to acquire tokens.
+    pub global_calls: u64,
+    /// Global calls that returned an error.
+    pub global_errors: u64,
+    /// Global calls that did not answer within the time-out.
+    pub global_timeouts: u64,
+    /// Requests decided by the [`FailurePolicy`](crate::FailurePolicy) because the global store
+    /// failed, timed out or was backing off.
+    pub fallback_decisions: u64,
+    /// Unused leased tokens handed back to the global store (expired or evicted leases).
+    pub tokens_returned: u64,
+}
+
+macro_rules! counters {
+    ($($name:ident),* $(,)?) => {
+        #[derive(Debug, Default)]
+        pub(crate) struct Stats {
+            $(pub(crate) $name: Counter,)*
+        }
+
+        impl Stats {
+            pub(crate) fn snapshot(&self) -> ThrottleStats {
+                ThrottleStats { $($name: self.$name.get(),)* }
+            }
+        }
+    };
+}
+
+counters!(
+    admitted_local,
+    admitted_after_fetch,
+    rejected_cached,
+    rejected_global,
+    refused_cost,
+    missing_key,
+    global_calls,
+    global_errors,
+    global_timeouts,
+    fallback_decisions,
+    tokens_returned,
+);
+
+const STRIPES: usize = 8;
+
+/// A counter split over cache lines, so threads counting hot-path decisions do not contend.
+#[derive(Debug, Default)]
+pub(crate) struct Counter {
+    stripes: [Padded; STRIPES],
+}
+
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded(AtomicU64);
+
+thread_local! {
+    static STRIPE: usize = {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed) as usize % STRIPES
+    };
+}
+
+impl Counter {
+    pub(crate) fn incr(&self) {
+        self.add(1);
+    }
+
+    pub(crate) fn add(&self, n: u64) {
+        let stripe = STRIPE.with(|s| *s);
+        self.stripes[stripe].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u64 {
+        self.stripes
+            .iter()
+            .map(|s| s.0.load(Ordering::Relaxed))
+            .sum()
+    }
+}

@@ -1,0 +1,152 @@
+//! The layer in an axum `Router`, driven with `ServiceExt::oneshot`.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use hierarchical_throttle::clock::ManualClock;
+use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MissingKey, key};
+use http::{Request, StatusCode};
+use tower::ServiceExt;
+
+fn app(clock: &ManualClock, missing: MissingKey<String>) -> Router {
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+        .clock(clock.clone())
+        .limit(Limit::per_second(1).burst(3).unwrap())
+        .missing_key(missing)
+        .cost(|req: &Request<Body>| if req.uri().path() == "/bulk" { 5 } else { 1 })
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/bulk", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+async fn get_status(app: &Router, path: &str, api_key: Option<&str>) -> http::Response<Body> {
+    let mut req = Request::get(path);
+    if let Some(k) = api_key {
+        req = req.header("x-api-key", k);
+    }
+    app.clone()
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn serves_then_answers_429_with_retry_after_and_ratelimit_fields() {
+    let clock = ManualClock::new();
+    let app = app(&clock, MissingKey::Reject);
+    for _ in 0..3 {
+        assert_eq!(
+            get_status(&app, "/", Some("k1")).await.status(),
+            StatusCode::OK
+        );
+    }
+    clock.advance(Duration::from_millis(200));
+    let refused = get_status(&app, "/", Some("k1")).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let headers = refused.headers();
+    // 0.8 s until the next token: Retry-After rounds up to 1.
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(headers["ratelimit"], "\"default\";r=0;t=1");
+    assert_eq!(headers["ratelimit-policy"], "\"default\";q=3;w=3");
+
+    // Other keys have their own buckets.
+    assert_eq!(
+        get_status(&app, "/", Some("k2")).await.status(),
+        StatusCode::OK
+    );
+
+    clock.advance(Duration::from_millis(800));
+    assert_eq!(
+        get_status(&app, "/", Some("k1")).await.status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn a_long_wait_rounds_retry_after_up_to_whole_seconds() {
+    let clock = ManualClock::new();
+    let app = app(&clock, MissingKey::Reject);
+    for _ in 0..3 {
+        get_status(&app, "/", Some("k1")).await;
+    }
+    // Cost 5 > capacity 3: refused at once, 413, whatever tokens there are.
+    let bulk = get_status(&app, "/bulk", Some("k1")).await;
+    assert_eq!(bulk.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        bulk.headers().get("retry-after").is_none(),
+        "waiting cannot help"
+    );
+    clock.advance(Duration::from_millis(1));
+    let refused = get_status(&app, "/", Some("k1")).await;
+    assert_eq!(
+        refused.headers()["retry-after"],
+        "1",
+        "999 ms rounds up to 1 s"
+    );
+}
+
+#[tokio::test]
+async fn requests_without_a_key_are_rejected_by_default() {
+    let clock = ManualClock::new();
+    let app = app(&clock, MissingKey::Reject);
+    assert_eq!(
+        get_status(&app, "/", None).await.status(),
+        StatusCode::BAD_REQUEST
+    );
+}
+
+#[tokio::test]
+async fn requests_without_a_key_can_share_one_bucket_or_pass() {
+    let clock = ManualClock::new();
+    let shared = app(&clock, MissingKey::UseKey("anonymous".to_owned()));
+    for _ in 0..3 {
+        assert_eq!(
+            get_status(&shared, "/", None).await.status(),
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        get_status(&shared, "/", None).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    let open = app(&clock, MissingKey::Admit);
+    for _ in 0..10 {
+        assert_eq!(get_status(&open, "/", None).await.status(), StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn clones_of_the_router_and_of_the_layer_share_limits() {
+    let clock = ManualClock::new();
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+        .clock(clock.clone())
+        .limit(Limit::per_minute(4).burst(4).unwrap())
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let a = Router::new()
+        .route("/", get(|| async { "a" }))
+        .layer(layer.clone());
+    let b = Router::new()
+        .route("/", get(|| async { "b" }))
+        .layer(layer.clone());
+    let a2 = a.clone();
+    let mut statuses = Vec::new();
+    for app in [&a, &b, &a2, &b, &a] {
+        statuses.push(get_status(app, "/", Some("k")).await.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 429]);
+    assert_eq!(
+        layer.stats().rejected_global + layer.stats().rejected_cached,
+        1
+    );
+}

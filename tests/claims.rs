@@ -1,0 +1,219 @@
+//! The hierarchy's claims, one host on a manual clock: local tokens serve without global
+//! calls, a batch serves the requests after it, a throttled key is rejected without a global
+//! call until its tokens are due, low leases are refilled ahead of need, unused leases return.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use hierarchical_throttle::batch::FractionOfCapacity;
+use hierarchical_throttle::clock::ManualClock;
+use hierarchical_throttle::{Limit, MemoryGlobalStore, RejectionReason};
+use tower::Layer;
+
+fn store(clock: &ManualClock) -> Store {
+    MemoryGlobalStore::with_clock(clock.clone())
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn one_fetch_brings_a_batch_that_serves_the_next_requests_locally() {
+    let clock = ManualClock::new();
+    let limit = Limit::per_second(10).burst(10).unwrap();
+    let layer = host_builder(&clock, limit)
+        .batch_policy(FractionOfCapacity::new(0.5).unwrap())
+        .global_store(store(&clock))
+        .build()
+        .unwrap();
+    let mut host = layer.layer(backend());
+
+    assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
+    let after_first = layer.stats();
+    assert_eq!(
+        (after_first.global_calls, after_first.admitted_after_fetch),
+        (1, 1)
+    );
+
+    // The batch was 5: 4 left, and a prefetch starts only below half of it (2).
+    assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
+    assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
+    let stats = layer.stats();
+    assert_eq!(stats.global_calls, 1, "local tokens need no global call");
+    assert_eq!(stats.admitted_local, 2);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_low_lease_is_refilled_in_the_background_before_it_runs_out() {
+    let clock = ManualClock::new();
+    let limit = Limit::per_second(100).burst(100).unwrap();
+    let layer = host_builder(&clock, limit)
+        .batch_policy(FractionOfCapacity::new(0.1).unwrap())
+        .global_store(store(&clock))
+        .build()
+        .unwrap();
+    let mut host = layer.layer(backend());
+    // 10 tokens leased; the 5th request leaves 5, the 6th leaves 4 < 5: fetch ahead.
+    for _ in 0..6 {
+        assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
+    }
+    settle_background().await;
+    assert_eq!(layer.stats().global_calls, 2);
+    for _ in 0..8 {
+        assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
+    }
+    let stats = layer.stats();
+    assert_eq!(
+        stats.admitted_after_fetch, 1,
+        "only the very first request waited"
+    );
+    assert_eq!(stats.admitted_local, 13);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_throttled_key_is_refused_without_global_calls_until_its_tokens_are_due() {
+    let clock = ManualClock::new();
+    // One token per 100 ms, at most 2.
+    let limit = Limit::per_second(10).burst(2).unwrap();
+    let layer = host_builder(&clock, limit)
+        .batch_policy(FractionOfCapacity::new(1.0).unwrap())
+        .global_store(store(&clock))
+        .build()
+        .unwrap();
+    let mut host = layer.layer(backend());
+    assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
+    assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
+    assert_eq!(layer.stats().global_calls, 1);
+
+    let throttled =
+        |ms| Outcome::Refused(RejectionReason::Throttled, Some(Duration::from_millis(ms)));
+    assert_eq!(send(&mut host, "a", 1).await, throttled(100));
+    assert_eq!(
+        (layer.stats().global_calls, layer.stats().rejected_global),
+        (2, 1)
+    );
+
+    clock.advance(Duration::from_millis(60));
+    for _ in 0..5 {
+        assert_eq!(send(&mut host, "a", 1).await, throttled(40));
+    }
+    let stats = layer.stats();
+    assert_eq!(
+        (stats.global_calls, stats.rejected_cached),
+        (2, 5),
+        "the cache answered"
+    );
+
+    // Another key is not affected.
+    assert_eq!(send(&mut host, "b", 1).await, Outcome::Served);
+
+    clock.advance(Duration::from_millis(40));
+    assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
+    assert_eq!(
+        layer.stats().global_calls,
+        4,
+        "asked again once the token was due"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_cost_above_capacity_is_refused_at_once_with_its_reason() {
+    let clock = ManualClock::new();
+    let limit = Limit::per_second(10).burst(5).unwrap();
+    let layer = host_builder(&clock, limit)
+        .global_store(store(&clock))
+        .build()
+        .unwrap();
+    let mut host = layer.layer(backend());
+    assert_eq!(
+        send(&mut host, "a", 6).await,
+        Outcome::Refused(
+            RejectionReason::CostExceedsCapacity {
+                cost: 6,
+                capacity: 5
+            },
+            None
+        )
+    );
+    assert_eq!(
+        (layer.stats().global_calls, layer.stats().refused_cost),
+        (0, 1)
+    );
+    assert_eq!(
+        send(&mut host, "a", 5).await,
+        Outcome::Served,
+        "a cost equal to capacity fits"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn unused_leases_return_to_the_fleet_after_their_time_to_live() {
+    let clock = ManualClock::new();
+    let global = store(&clock);
+    let limit = Limit::per_hour(10).burst(10).unwrap();
+    let hosts: Vec<_> = (0..2)
+        .map(|_| {
+            host_builder(&clock, limit)
+                .batch_policy(FractionOfCapacity::new(1.0).unwrap())
+                .lease_ttl(Duration::from_secs(5))
+                .global_store(global.clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut quiet = hosts[0].layer(backend());
+    let mut busy = hosts[1].layer(backend());
+
+    // The quiet host leases all 10 tokens and uses one.
+    assert_eq!(send(&mut quiet, "a", 1).await, Outcome::Served);
+    assert!(matches!(
+        send(&mut busy, "a", 1).await,
+        Outcome::Refused(RejectionReason::Throttled, _)
+    ));
+
+    clock.advance(Duration::from_secs(4));
+    hosts[0].return_unused_leases().await;
+    assert_eq!(
+        hosts[0].stats().tokens_returned,
+        0,
+        "the lease has not expired yet"
+    );
+
+    clock.advance(Duration::from_secs(1));
+    hosts[0].return_unused_leases().await;
+    assert_eq!(hosts[0].stats().tokens_returned, 9);
+    // The busy host's throttled entry lasts until a token would have refilled (6 minutes);
+    // a new key on it shows the tokens are back.
+    clock.advance(Duration::from_secs(360));
+    for _ in 0..10 {
+        assert_eq!(send(&mut busy, "a", 1).await, Outcome::Served);
+    }
+    assert!(matches!(
+        send(&mut busy, "a", 1).await,
+        Outcome::Refused(RejectionReason::Throttled, _)
+    ));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn limits_can_differ_per_key() {
+    let clock = ManualClock::new();
+    let free = Limit::per_minute(2).burst(2).unwrap();
+    let paid = Limit::per_minute(5).burst(5).unwrap();
+    let layer = host_builder(&clock, free)
+        .limit_per_key(move |key: &String| if key.starts_with("paid-") { paid } else { free })
+        .global_store(store(&clock))
+        .build()
+        .unwrap();
+    let host = layer.layer(backend());
+    let served = |key: &'static str| {
+        let mut host = host.clone();
+        async move {
+            let mut n = 0;
+            while send(&mut host, key, 1).await == Outcome::Served {
+                n += 1;
+            }
+            n
+        }
+    };
+    assert_eq!(served("free-1").await, 2);
+    assert_eq!(served("paid-1").await, 5);
+}

@@ -1,0 +1,108 @@
+//! The token-bucket worked examples of the rate-limiting notes: TB(1/3 token per ms, 4), full at
+//! t = 0, each request costing 1. Checked on the global store's arithmetic and through a whole
+//! layer that fetches exactly one token per request.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use hierarchical_throttle::bucket::TokenBucket;
+use hierarchical_throttle::clock::ManualClock;
+use hierarchical_throttle::global::{GlobalStore, TokenRequest};
+use hierarchical_throttle::{Limit, MemoryGlobalStore, RejectionReason};
+
+fn tb() -> Limit {
+    Limit::per(1, Duration::from_millis(3)).burst(4).unwrap()
+}
+
+const ALL_CONFORM: &[u64] = &[0, 0, 0, 2, 3, 6, 9, 12];
+const BURSTS: &[u64] = &[0, 0, 0, 0, 12, 12, 12, 12, 24, 24, 24, 24];
+const STEADY: &[u64] = &[0, 1, 2, 3, 4, 5];
+
+async fn conforming_on_store(arrivals: &[u64]) -> Vec<bool> {
+    let clock = ManualClock::new();
+    let store = MemoryGlobalStore::with_clock(clock.clone());
+    let mut out = Vec::new();
+    for &ms in arrivals {
+        clock.set(Duration::from_millis(ms));
+        let request = TokenRequest { min: 1, want: 1 };
+        let grant = store.acquire(&"k", &tb(), request).await.unwrap();
+        out.push(grant.granted == 1);
+    }
+    out
+}
+
+async fn conforming_through_layer(arrivals: &[u64]) -> Vec<bool> {
+    let clock = ManualClock::new();
+    let store = MemoryGlobalStore::with_clock(clock.clone());
+    // A batch of exactly the request's cost: every decision is the global bucket's.
+    let layer = host_builder(&clock, tb())
+        .batch_policy(|_: &hierarchical_throttle::batch::BatchContext<'_>| 0)
+        .global_store(store)
+        .build()
+        .unwrap();
+    let mut host = tower::Layer::layer(&layer, backend());
+    let mut out = Vec::new();
+    for &ms in arrivals {
+        clock.set(Duration::from_millis(ms));
+        out.push(send(&mut host, "k", 1).await == Outcome::Served);
+    }
+    out
+}
+
+#[tokio::test]
+async fn all_arrivals_conform_when_they_follow_the_rate() {
+    assert_eq!(conforming_on_store(ALL_CONFORM).await, vec![true; 8]);
+    assert_eq!(conforming_through_layer(ALL_CONFORM).await, vec![true; 8]);
+}
+
+#[tokio::test]
+async fn bursts_of_four_every_twelve_ms_conform() {
+    assert_eq!(conforming_on_store(BURSTS).await, vec![true; 12]);
+    assert_eq!(conforming_through_layer(BURSTS).await, vec![true; 12]);
+}
+
+#[tokio::test]
+async fn the_sixth_of_one_per_ms_does_not_conform() {
+    let expected = vec![true, true, true, true, true, false];
+    assert_eq!(conforming_on_store(STEADY).await, expected);
+    assert_eq!(conforming_through_layer(STEADY).await, expected);
+}
+
+#[test]
+fn tokens_before_each_steady_arrival_match_the_notes() {
+    // Tokens before each: 4, 3 1/3, 2 2/3, 2, 1 1/3, 2/3; in thirds 12, 10, 8, 6, 4, 2. One
+    // third accrues per ms, so the time to fill up tells the thirds held.
+    let limit = tb();
+    let mut bucket = TokenBucket::full(&limit, 0);
+    let mut thirds_before = Vec::new();
+    for ms in 0..6u64 {
+        bucket.refill(&limit, ms * 1000);
+        thirds_before.push(12 - bucket.micros_until(&limit, 4) / 1000);
+        bucket.take(&limit, ms * 1000, 1, 1);
+    }
+    assert_eq!(thirds_before, vec![12, 10, 8, 6, 4, 2]);
+}
+
+#[tokio::test]
+async fn the_refused_arrival_is_told_when_a_token_is_due() {
+    let clock = ManualClock::new();
+    let store = MemoryGlobalStore::with_clock(clock.clone());
+    let layer = host_builder(&clock, tb())
+        .batch_policy(|_: &hierarchical_throttle::batch::BatchContext<'_>| 0)
+        .global_store(store)
+        .build()
+        .unwrap();
+    let mut host = tower::Layer::layer(&layer, backend());
+    for ms in 0..5 {
+        clock.set(Duration::from_millis(ms));
+        assert_eq!(send(&mut host, "k", 1).await, Outcome::Served);
+    }
+    clock.set(Duration::from_millis(5));
+    // 2/3 of a token at t = 5 ms: the next whole one is due 1 ms later.
+    assert_eq!(
+        send(&mut host, "k", 1).await,
+        Outcome::Refused(RejectionReason::Throttled, Some(Duration::from_millis(1)))
+    );
+}
