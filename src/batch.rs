@@ -8,7 +8,9 @@ use crate::limit::Limit;
 /// The most intervals of demand a host remembers per key.
 pub const MAX_DEMAND_INTERVALS: usize = 16;
 
-/// Tokens a host served for one key in each of its recent intervals, most recent first.
+/// Tokens a host was asked for, for one key, in each of its recent intervals, most recent
+/// first: those it served, and those it refused because the key was throttled (so that a
+/// throttled key's batches follow its real demand rather than shrinking to single tokens).
 ///
 /// Tokens served from local leases are counted without reading the clock; they are attributed
 /// to the interval in which the host next reads it (when a bucket runs low or a batch arrives),

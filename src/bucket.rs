@@ -8,6 +8,10 @@
 
 use crate::limit::Limit;
 
+/// The longest wait a bucket reports: 2^53 microseconds, the largest integer every store
+/// represents exactly.
+pub const MAX_WAIT_MICROS: u64 = 1 << 53;
+
 /// The state of one token bucket at one instant (`updated_micros`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenBucket {
@@ -101,7 +105,7 @@ impl TokenBucket {
     }
 
     /// Microseconds from the last update until the bucket holds `tokens` (capped at capacity),
-    /// rounded up.
+    /// rounded up, and at most [`MAX_WAIT_MICROS`] (about 285 years).
     pub fn micros_until(&self, limit: &Limit, tokens: u64) -> u64 {
         let tokens = tokens.min(limit.capacity());
         if self.tokens >= tokens {
@@ -112,7 +116,7 @@ impl TokenBucket {
             u128::from(limit.period_micros()),
         );
         let needed = u128::from(tokens - self.tokens) * p - u128::from(self.remainder);
-        u64::try_from(needed.div_ceil(a)).unwrap_or(u64::MAX)
+        u64::try_from(needed.div_ceil(a)).map_or(MAX_WAIT_MICROS, |m| m.min(MAX_WAIT_MICROS))
     }
 
     /// Whether the bucket is full at `now_micros`: then it is the same as no bucket at all, and a

@@ -103,8 +103,8 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
             batch: Box::new(WeightedDemand),
             config: Config {
                 store_timeout: Duration::from_millis(50),
-                lease_ttl: Duration::from_secs(1),
-                demand_interval: Duration::from_millis(100),
+                lease_ttl: Duration::from_secs(2),
+                demand_interval: Duration::from_secs(1),
                 demand_intervals: 10,
                 failure_policy: FailurePolicy::default(),
                 max_backoff: Duration::from_secs(1),
@@ -249,7 +249,8 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     }
 
     /// How long leased tokens may sit unused on a host before they are handed back, so tokens
-    /// stranded on a quiet host return to the fleet. Default: 1 s.
+    /// stranded on a quiet host return to the fleet. Default: 2 s (two demand intervals: a
+    /// batch is sized to last about one).
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.check(
             ttl >= Duration::from_millis(1),
@@ -261,7 +262,9 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     }
 
     /// The demand history that sizes batches: `intervals` intervals (1 to 16) of `interval`
-    /// each. Default: 10 intervals of 100 ms.
+    /// each. Default: 10 intervals of 1 s, so a batch is about one second of this host's
+    /// demand: a host at 10 requests per second for a key calls the global store about once
+    /// per 10 requests, and strands at most a second's worth of tokens when it goes quiet.
     pub fn demand_window(mut self, intervals: usize, interval: Duration) -> Self {
         self.check(
             (1..=MAX_DEMAND_INTERVALS).contains(&intervals),

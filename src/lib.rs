@@ -81,6 +81,6 @@ pub use service::HierarchicalThrottle;
 pub use stats::ThrottleStats;
 
 /// The README's examples, run as doc tests.
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "redis"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

@@ -146,8 +146,9 @@ impl LimitBuilder {
             return Err(ConfigError::InvalidPeriod(period));
         }
         let (a, p) = lowest_terms(amount, micros);
-        // The stores compute `remainder + r * a` with r < p and remainder < p: it must stay exact.
-        if u128::from(p) * (u128::from(a) + 1) >= EXACT {
+        // The stores compute `remainder + r * a` (r, remainder < p) and round its quotient by p
+        // with one correction step: every intermediate stays below p * (a + 2), kept exact.
+        if u128::from(p) * (u128::from(a) + 2) >= EXACT {
             return Err(ConfigError::RateNotExact { amount, period });
         }
         Ok(Limit {

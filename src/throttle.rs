@@ -15,7 +15,7 @@ use futures_util::future::{BoxFuture, Shared};
 use crate::batch::BatchPolicy;
 use crate::clock::{Clock, micros};
 use crate::failure::FailurePolicy;
-use crate::global::{GlobalStore, Grant};
+use crate::global::{GlobalStore, Grant, TokenRequest};
 use crate::limit::Limit;
 use crate::local::{LocalStore, Miss};
 use crate::response::{Rejection, RejectionReason};
@@ -27,7 +27,11 @@ pub(crate) type Fetch = Shared<BoxFuture<'static, FetchOutcome>>;
 /// How a fetch ended.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum FetchOutcome {
-    Granted(Grant),
+    /// The store answered `grant` to `request`.
+    Granted {
+        request: TokenRequest,
+        grant: Grant,
+    },
     /// Nothing was asked: the key is throttled or the bucket is full.
     Skipped,
     Failed,
@@ -252,7 +256,7 @@ where
                             "global acquire"
                         );
                         self.health.succeeded();
-                        FetchOutcome::Granted(grant)
+                        FetchOutcome::Granted { request, grant }
                     }
                     Ok(Err(error)) => {
                         self.stats.global_errors.incr();

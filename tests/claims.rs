@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use hierarchical_throttle::batch::FractionOfCapacity;
+use hierarchical_throttle::batch::{BatchContext, FractionOfCapacity};
 use hierarchical_throttle::clock::ManualClock;
 use hierarchical_throttle::{Limit, MemoryGlobalStore, RejectionReason};
 use tower::Layer;
@@ -72,24 +72,24 @@ async fn a_low_lease_is_refilled_in_the_background_before_it_runs_out() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_throttled_key_is_refused_without_global_calls_until_its_tokens_are_due() {
     let clock = ManualClock::new();
-    // One token per 100 ms, at most 2.
+    // One token per 100 ms, at most 2; batches of one token.
     let limit = Limit::per_second(10).burst(2).unwrap();
     let layer = host_builder(&clock, limit)
-        .batch_policy(FractionOfCapacity::new(1.0).unwrap())
+        .batch_policy(|_: &BatchContext<'_>| 1)
         .global_store(store(&clock))
         .build()
         .unwrap();
     let mut host = layer.layer(backend());
     assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
     assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
-    assert_eq!(layer.stats().global_calls, 1);
+    assert_eq!(layer.stats().global_calls, 2);
 
     let throttled =
         |ms| Outcome::Refused(RejectionReason::Throttled, Some(Duration::from_millis(ms)));
     assert_eq!(send(&mut host, "a", 1).await, throttled(100));
     assert_eq!(
         (layer.stats().global_calls, layer.stats().rejected_global),
-        (2, 1)
+        (3, 1)
     );
 
     clock.advance(Duration::from_millis(60));
@@ -99,7 +99,7 @@ async fn a_throttled_key_is_refused_without_global_calls_until_its_tokens_are_du
     let stats = layer.stats();
     assert_eq!(
         (stats.global_calls, stats.rejected_cached),
-        (2, 5),
+        (3, 5),
         "the cache answered"
     );
 
@@ -110,7 +110,7 @@ async fn a_throttled_key_is_refused_without_global_calls_until_its_tokens_are_du
     assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
     assert_eq!(
         layer.stats().global_calls,
-        4,
+        5,
         "asked again once the token was due"
     );
 }
@@ -150,7 +150,7 @@ async fn unused_leases_return_to_the_fleet_after_their_time_to_live() {
     let clock = ManualClock::new();
     let global = store(&clock);
     let limit = Limit::per_hour(10).burst(10).unwrap();
-    let hosts: Vec<_> = (0..2)
+    let hosts: Vec<_> = (0..3)
         .map(|_| {
             host_builder(&clock, limit)
                 .batch_policy(FractionOfCapacity::new(1.0).unwrap())
@@ -161,12 +161,13 @@ async fn unused_leases_return_to_the_fleet_after_their_time_to_live() {
         })
         .collect();
     let mut quiet = hosts[0].layer(backend());
-    let mut busy = hosts[1].layer(backend());
+    let mut early = hosts[1].layer(backend());
+    let mut late = hosts[2].layer(backend());
 
-    // The quiet host leases all 10 tokens and uses one.
+    // The quiet host leases all 10 tokens and uses one: none are left for another host.
     assert_eq!(send(&mut quiet, "a", 1).await, Outcome::Served);
     assert!(matches!(
-        send(&mut busy, "a", 1).await,
+        send(&mut early, "a", 1).await,
         Outcome::Refused(RejectionReason::Throttled, _)
     ));
 
@@ -181,14 +182,12 @@ async fn unused_leases_return_to_the_fleet_after_their_time_to_live() {
     clock.advance(Duration::from_secs(1));
     hosts[0].return_unused_leases().await;
     assert_eq!(hosts[0].stats().tokens_returned, 9);
-    // The busy host's throttled entry lasts until a token would have refilled (6 minutes);
-    // a new key on it shows the tokens are back.
-    clock.advance(Duration::from_secs(360));
-    for _ in 0..10 {
-        assert_eq!(send(&mut busy, "a", 1).await, Outcome::Served);
+    // The 9 unused tokens serve another host.
+    for _ in 0..9 {
+        assert_eq!(send(&mut late, "a", 1).await, Outcome::Served);
     }
     assert!(matches!(
-        send(&mut busy, "a", 1).await,
+        send(&mut late, "a", 1).await,
         Outcome::Refused(RejectionReason::Throttled, _)
     ));
 }
@@ -216,4 +215,43 @@ async fn limits_can_differ_per_key() {
     };
     assert_eq!(served("free-1").await, 2);
     assert_eq!(served("paid-1").await, 5);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_refused_host_waits_for_its_whole_batch_before_asking_again() {
+    let clock = ManualClock::new();
+    // One token per 10 ms, at most 10; this host asks for batches of 5.
+    let limit = Limit::per_second(100).burst(10).unwrap();
+    let layer = host_builder(&clock, limit)
+        .batch_policy(|_: &BatchContext<'_>| 5)
+        .global_store(store(&clock))
+        .build()
+        .unwrap();
+    let mut host = layer.layer(backend());
+    for _ in 0..10 {
+        assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
+    }
+    // Empty: the next token is due in 10 ms, the batch of 5 in 50 ms.
+    let refused = Outcome::Refused(RejectionReason::Throttled, Some(Duration::from_millis(50)));
+    assert_eq!(send(&mut host, "a", 1).await, refused);
+    let calls = layer.stats().global_calls;
+    clock.advance(Duration::from_millis(49));
+    assert!(matches!(
+        send(&mut host, "a", 1).await,
+        Outcome::Refused(RejectionReason::Throttled, _)
+    ));
+    assert_eq!(
+        layer.stats().global_calls,
+        calls,
+        "no call for single tokens"
+    );
+    clock.advance(Duration::from_millis(1));
+    for _ in 0..5 {
+        assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
+    }
+    assert_eq!(
+        layer.stats().global_calls,
+        calls + 1,
+        "one call brought the batch"
+    );
 }

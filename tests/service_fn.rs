@@ -29,6 +29,8 @@ async fn a_plain_service_gets_its_own_error_on_rejection() {
         .cost(|q: &Query| q.rows)
         .clock(clock.clone())
         .limit(Limit::per_second(100).burst(100).unwrap())
+        // Batches of exactly what a query needs, so the wait below is the query's own.
+        .batch_policy(|_: &hierarchical_throttle::batch::BatchContext<'_>| 0)
         .global_store(MemoryGlobalStore::with_clock(clock.clone()))
         .on_rejection(|_: &Query, r: Rejection<u64>| match r.reason {
             RejectionReason::CostExceedsCapacity { .. } => {

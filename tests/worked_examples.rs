@@ -106,3 +106,10 @@ async fn the_refused_arrival_is_told_when_a_token_is_due() {
         Outcome::Refused(RejectionReason::Throttled, Some(Duration::from_millis(1)))
     );
 }
+
+#[tokio::test]
+async fn the_memory_store_passes_the_conformance_suite() {
+    let clock = ManualClock::new();
+    let store = MemoryGlobalStore::with_clock(clock.clone());
+    common::conformance::assert_conformance(&store, &clock).await;
+}

@@ -9,6 +9,8 @@ use std::time::Duration;
 use crate::limit::Limit;
 
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 /// A request for tokens: at least `min`, ideally `want`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -170,6 +170,9 @@ impl LocalBucket {
         }
         self.record_demand(interval);
         if now < self.cold.throttled_until {
+            // Refused requests are demand too: batches sized by what was served alone would
+            // shrink to single tokens exactly when the key is over its limit.
+            self.cold.demand.record(interval, cost);
             return Miss::Throttled {
                 until: self.cold.throttled_until,
             };
@@ -209,13 +212,18 @@ impl LocalBucket {
     }
 
     /// Takes in a fetch's outcome; returns tokens beyond capacity, to be handed back.
+    ///
+    /// A refusal throttles the key until the global bucket is due to hold the whole batch the
+    /// host asked for, not merely the next token: a host asking again for every token would
+    /// make one global call per request exactly when the fleet is over its limit.
     pub(crate) fn settle(&mut self, outcome: &FetchOutcome, now: u64, limit: &Limit) -> u64 {
         self.fetch = None;
-        let FetchOutcome::Granted(grant) = outcome else {
+        let FetchOutcome::Granted { request, grant } = outcome else {
             return 0;
         };
         if grant.granted == 0 {
-            let wait = crate::clock::micros(grant.refill_in).max(1);
+            let batch_wait = limit.time_to_accrue(request.want.saturating_sub(request.min));
+            let wait = crate::clock::micros(grant.refill_in + batch_wait).max(1);
             self.cold.throttled_until = now.saturating_add(wait);
             return 0;
         }
@@ -262,11 +270,17 @@ mod tests {
     use std::time::Duration;
 
     fn grant(tokens: u64) -> FetchOutcome {
-        FetchOutcome::Granted(Grant {
-            granted: tokens,
-            remaining: 0,
-            refill_in: Duration::ZERO,
-        })
+        FetchOutcome::Granted {
+            request: TokenRequest {
+                min: 1,
+                want: tokens,
+            },
+            grant: Grant {
+                granted: tokens,
+                remaining: 0,
+                refill_in: Duration::ZERO,
+            },
+        }
     }
 
     fn no_fetch() -> Fetch {
@@ -310,16 +324,20 @@ mod tests {
     fn a_refused_batch_throttles_the_key_until_tokens_are_due() {
         let limit = Limit::per_second(10).burst(10).unwrap();
         let mut b = LocalBucket::default();
-        let refused = FetchOutcome::Granted(Grant {
-            granted: 0,
-            remaining: 0,
-            refill_in: Duration::from_millis(100),
-        });
+        // The host asked for a batch of 3: 1 token is due in 100 ms, the other 2 in 200 more.
+        let refused = FetchOutcome::Granted {
+            request: TokenRequest { min: 1, want: 3 },
+            grant: Grant {
+                granted: 0,
+                remaining: 0,
+                refill_in: Duration::from_millis(100),
+            },
+        };
         b.settle(&refused, 1_000, &limit);
         assert!(matches!(
-            b.miss(1, 100_999, 0, no_fetch),
-            Miss::Throttled { until: 101_000 }
+            b.miss(1, 300_999, 0, no_fetch),
+            Miss::Throttled { until: 301_000 }
         ));
-        assert!(matches!(b.miss(1, 101_000, 0, no_fetch), Miss::Wait(_)));
+        assert!(matches!(b.miss(1, 301_000, 0, no_fetch), Miss::Wait(_)));
     }
 }

@@ -2,6 +2,9 @@
 //! stores that record or fail.
 #![allow(dead_code)]
 
+pub mod conformance;
+pub mod redis_server;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};

@@ -1,0 +1,281 @@
+//! The fleet-wide global store on Redis and Redis Cluster.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Script};
+
+use crate::clock::{Clock, micros};
+use crate::error::ConfigError;
+use crate::global::{GlobalStore, Grant, TokenRequest};
+use crate::limit::Limit;
+
+/// A global store on Redis: one hash per key holding the bucket, updated atomically by a Lua
+/// script that reads **Redis's clock** (`TIME`), so hosts' clocks never matter.
+///
+/// Every host of a fleet points its layer at the same Redis (or Redis Cluster). A call is one
+/// `EVALSHA` (the script is loaded again automatically after a Redis restart). Buckets expire
+/// when they would be full again, so idle keys cost Redis no memory. Cloning the store is cheap
+/// and shares the connection.
+///
+/// ```no_run
+/// use hierarchical_throttle::global::redis::RedisGlobalStore;
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// let store: RedisGlobalStore<String> = RedisGlobalStore::connect("redis://127.0.0.1:6379").await?;
+/// let cluster: RedisGlobalStore<String> =
+///     RedisGlobalStore::connect_cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Keys
+///
+/// The bucket for key `k` lives at `<prefix>{<k>}` (prefix `throttle:` by default), with `k`'s
+/// bytes percent-encoded except for ASCII letters, digits and `-_.:@`: any key (spaces, braces,
+/// newlines, binary) maps to exactly one Redis key, no two keys to the same one, and the braces
+/// form a hash tag that keeps each bucket on one cluster slot.
+pub struct RedisGlobalStore<K> {
+    connection: Connection,
+    scripts: Arc<Scripts>,
+    prefix: Arc<[u8]>,
+    now_override: Option<Arc<dyn Fn() -> u64 + Send + Sync>>,
+    _key: PhantomData<fn(&K)>,
+}
+
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+struct Scripts {
+    acquire: Script,
+    release: Script,
+}
+
+const ACQUIRE: &str = concat!(
+    include_str!("redis/bucket.lua"),
+    include_str!("redis/acquire.lua")
+);
+const RELEASE: &str = concat!(
+    include_str!("redis/bucket.lua"),
+    include_str!("redis/release.lua")
+);
+
+impl<K> Clone for RedisGlobalStore<K> {
+    fn clone(&self) -> Self {
+        Self {
+            connection: self.connection.clone(),
+            scripts: self.scripts.clone(),
+            prefix: self.prefix.clone(),
+            now_override: self.now_override.clone(),
+            _key: PhantomData,
+        }
+    }
+}
+
+impl<K> fmt::Debug for RedisGlobalStore<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mode = match self.connection {
+            Connection::Single(_) => "single",
+            Connection::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisGlobalStore")
+            .field("connection", &mode)
+            .field("prefix", &String::from_utf8_lossy(&self.prefix))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> RedisGlobalStore<K> {
+    /// Connects to a single Redis (`redis://host:port/db`) through a [`ConnectionManager`],
+    /// which reconnects by itself after failures.
+    pub async fn connect(url: &str) -> Result<Self, RedisError> {
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new().set_number_of_retries(1);
+        let manager = client.get_connection_manager_with_config(config).await?;
+        Ok(Self::from_connection_manager(manager))
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes.
+    pub async fn connect_cluster<I, T>(nodes: I) -> Result<Self, RedisError>
+    where
+        I: IntoIterator<Item = T>,
+        T: redis::IntoConnectionInfo,
+    {
+        let client = redis::cluster::ClusterClient::new(nodes)?;
+        Ok(Self::from_cluster_connection(
+            client.get_async_connection().await?,
+        ))
+    }
+
+    /// A store on an existing connection manager.
+    pub fn from_connection_manager(manager: ConnectionManager) -> Self {
+        Self::new(Connection::Single(manager))
+    }
+
+    /// A store on an existing cluster connection.
+    pub fn from_cluster_connection(connection: ClusterConnection) -> Self {
+        Self::new(Connection::Cluster(connection))
+    }
+
+    fn new(connection: Connection) -> Self {
+        Self {
+            connection,
+            scripts: Arc::new(Scripts {
+                acquire: Script::new(ACQUIRE),
+                release: Script::new(RELEASE),
+            }),
+            prefix: Arc::from(&b"throttle:"[..]),
+            now_override: None,
+            _key: PhantomData,
+        }
+    }
+
+    /// Puts this store's buckets under `prefix` (default `throttle:`), to keep several limits
+    /// apart in one Redis. A prefix with `{` or `}` is an error: it would change the hash tag.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, ConfigError> {
+        if prefix.contains(['{', '}']) {
+            return Err(ConfigError::InvalidSetting {
+                setting: "RedisGlobalStore::with_prefix",
+                expected: "a prefix without `{` or `}`",
+            });
+        }
+        self.prefix = Arc::from(prefix.as_bytes());
+        Ok(self)
+    }
+
+    /// Refills by `clock` instead of Redis's `TIME`, for exact tests and simulations only: in
+    /// production, hosts' clocks drift, and only Redis's own clock keeps a fleet's limit.
+    /// Buckets do not expire in this mode (Redis expires keys in real time).
+    pub fn with_clock_override(mut self, clock: impl Clock) -> Self {
+        self.now_override = Some(Arc::new(move || micros(clock.now())));
+        self
+    }
+}
+
+impl<K: RedisKey> RedisGlobalStore<K> {
+    /// The Redis key holding `key`'s bucket.
+    pub fn redis_key(&self, key: &K) -> Vec<u8> {
+        let bytes = key.key_bytes();
+        let mut out = Vec::with_capacity(self.prefix.len() + bytes.len() + 2);
+        out.extend_from_slice(&self.prefix);
+        out.push(b'{');
+        for &b in bytes.iter() {
+            if b.is_ascii_alphanumeric() || b"-_.:@".contains(&b) {
+                out.push(b);
+            } else {
+                out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+            }
+        }
+        out.push(b'}');
+        out
+    }
+
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        key: &K,
+        limit: &Limit,
+        args: [u64; 2],
+    ) -> Result<T, RedisError> {
+        let mut invocation = script.prepare_invoke();
+        invocation
+            .key(self.redis_key(key))
+            .arg(limit.capacity())
+            .arg(limit.refill_amount())
+            .arg(limit.period_micros())
+            .arg(args[0])
+            .arg(args[1]);
+        if let Some(now) = &self.now_override {
+            invocation.arg(now());
+        }
+        match &self.connection {
+            Connection::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+            Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+        }
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+impl<K> GlobalStore<K> for RedisGlobalStore<K>
+where
+    K: RedisKey + Send + Sync + 'static,
+{
+    type Error = RedisError;
+
+    async fn acquire(
+        &self,
+        key: &K,
+        limit: &Limit,
+        request: TokenRequest,
+    ) -> Result<Grant, RedisError> {
+        let (granted, remaining, refill_in): (u64, u64, u64) = self
+            .run(
+                &self.scripts.acquire,
+                key,
+                limit,
+                [request.min, request.want],
+            )
+            .await?;
+        Ok(Grant {
+            granted,
+            remaining,
+            refill_in: std::time::Duration::from_micros(refill_in),
+        })
+    }
+
+    async fn release(&self, key: &K, limit: &Limit, tokens: u64) -> Result<(), RedisError> {
+        let _held: u64 = self
+            .run(&self.scripts.release, key, limit, [tokens, 0])
+            .await?;
+        Ok(())
+    }
+}
+
+/// A throttle key that can name a Redis key: its bytes.
+pub trait RedisKey {
+    /// The key's bytes; distinct keys must have distinct bytes.
+    fn key_bytes(&self) -> Cow<'_, [u8]>;
+}
+
+impl RedisKey for String {
+    fn key_bytes(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.as_bytes())
+    }
+}
+
+impl RedisKey for &'static str {
+    fn key_bytes(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.as_bytes())
+    }
+}
+
+impl RedisKey for Vec<u8> {
+    fn key_bytes(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self)
+    }
+}
+
+impl RedisKey for Arc<str> {
+    fn key_bytes(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.as_bytes())
+    }
+}
+
+macro_rules! display_keys {
+    ($($t:ty),*) => {$(
+        impl RedisKey for $t {
+            fn key_bytes(&self) -> Cow<'_, [u8]> {
+                Cow::Owned(self.to_string().into_bytes())
+            }
+        }
+    )*};
+}
+
+display_keys!(u32, u64, u128, i32, i64, IpAddr);

@@ -1,0 +1,213 @@
+//! Arithmetic cases every global store must answer identically: one suite, run against the
+//! in-memory store and against Redis. Times are relative to where the clock stands.
+
+use std::time::Duration;
+
+use hierarchical_throttle::Limit;
+use hierarchical_throttle::clock::{Clock, ManualClock};
+use hierarchical_throttle::global::{GlobalStore, TokenRequest};
+
+/// One step: advance the clock by `after_us`, then acquire (`min`, `want`) or release `want`.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Acquire { after_us: u64, min: u64, want: u64 },
+    Release { after_us: u64, tokens: u64 },
+}
+
+use Step::*;
+
+const fn take(after_us: u64, min: u64, want: u64) -> Step {
+    Acquire {
+        after_us,
+        min,
+        want,
+    }
+}
+
+/// (name, limit, steps, expected `(granted, remaining, refill_in_us)` of each acquire).
+type Case = (&'static str, Limit, Vec<Step>, Vec<(u64, u64, u64)>);
+
+fn cases() -> Vec<Case> {
+    let tb = Limit::per(1, Duration::from_millis(3)).burst(4).unwrap();
+    let ones = |times_ms: &[u64]| {
+        let mut last = 0;
+        times_ms
+            .iter()
+            .map(|&t| {
+                let step = take((t - last) * 1000, 1, 1);
+                last = t;
+                step
+            })
+            .collect::<Vec<_>>()
+    };
+    vec![
+        (
+            "worked example: all conform",
+            tb,
+            ones(&[0, 0, 0, 2, 3, 6, 9, 12]),
+            vec![
+                (1, 3, 0),
+                (1, 2, 0),
+                (1, 1, 0),
+                (1, 0, 1000),
+                (1, 0, 3000),
+                (1, 0, 3000),
+                (1, 0, 3000),
+                (1, 0, 3000),
+            ],
+        ),
+        (
+            "worked example: bursts of four",
+            tb,
+            ones(&[0, 0, 0, 0, 12, 12, 12, 12]),
+            vec![
+                (1, 3, 0),
+                (1, 2, 0),
+                (1, 1, 0),
+                (1, 0, 3000),
+                (1, 3, 0),
+                (1, 2, 0),
+                (1, 1, 0),
+                (1, 0, 3000),
+            ],
+        ),
+        (
+            "worked example: the sixth does not conform",
+            tb,
+            ones(&[0, 1, 2, 3, 4, 5]),
+            vec![
+                (1, 3, 0),
+                (1, 2, 0),
+                (1, 1, 0),
+                (1, 1, 0),
+                (1, 0, 2000),
+                (0, 0, 1000),
+            ],
+        ),
+        (
+            "batches between min and want",
+            Limit::per_second(10).burst(10).unwrap(),
+            vec![
+                take(0, 2, 4),
+                take(0, 1, 100),
+                take(0, 3, 3),
+                take(250_000, 3, 3),
+                take(50_000, 3, 3),
+            ],
+            vec![
+                (4, 6, 0),
+                (6, 0, 100_000),
+                (0, 0, 300_000),
+                (0, 2, 50_000),
+                (3, 0, 300_000),
+            ],
+        ),
+        (
+            "released tokens come back, never past capacity",
+            Limit::per_minute(60).burst(10).unwrap(),
+            vec![
+                take(0, 10, 10),
+                Release {
+                    after_us: 0,
+                    tokens: 4,
+                },
+                take(0, 1, 100),
+                Release {
+                    after_us: 0,
+                    tokens: 100,
+                },
+                take(0, 1, 100),
+            ],
+            vec![(10, 0, 10_000_000), (4, 0, 1_000_000), (10, 0, 1_000_000)],
+        ),
+        (
+            "a billion tokens at one per day",
+            Limit::per_day(1).burst(1_000_000_000).unwrap(),
+            vec![
+                take(0, 1_000_000_000, 1_000_000_000),
+                take(0, 1, 1),
+                take(86_399_999_999, 1, 1),
+                take(1, 1, 1),
+            ],
+            // A billion days is past the longest reported wait, 2^53 us.
+            vec![
+                (1_000_000_000, 0, 1 << 53),
+                (0, 0, 86_400_000_000),
+                (0, 0, 1),
+                (1, 0, 86_400_000_000),
+            ],
+        ),
+        (
+            "five million per second",
+            Limit::per_second(5_000_000).burst(1_000_000_000).unwrap(),
+            vec![
+                take(0, 1, 1_000_000_000),
+                take(1_000, 1, 1_000_000_000),
+                take(1, 6, 6),
+            ],
+            vec![(1_000_000_000, 0, 1), (5_000, 0, 1), (0, 5, 1)],
+        ),
+        (
+            "seven per three seconds keeps its fractions",
+            Limit::per(7, Duration::from_secs(3)).burst(100).unwrap(),
+            vec![
+                take(0, 100, 100),
+                take(1_000_000, 1, 100),
+                take(285_714, 1, 1),
+                take(1, 1, 1),
+                take(1_714_285, 1, 100),
+            ],
+            // After 1 s: 2 1/3 tokens; the next whole one needs 2/3 * 3/7 s = 285,714.3 us.
+            vec![
+                (100, 0, 42_857_143),
+                (2, 0, 285_715),
+                (0, 0, 1),
+                (1, 0, 428_571),
+                (4, 0, 428_572),
+            ],
+        ),
+        (
+            "the largest capacity",
+            Limit::per_second(1).burst(Limit::MAX_CAPACITY).unwrap(),
+            vec![
+                take(0, Limit::MAX_CAPACITY, Limit::MAX_CAPACITY),
+                take(2_000_000, 1, 5),
+            ],
+            vec![(Limit::MAX_CAPACITY, 0, 1 << 53), (2, 0, 1_000_000)],
+        ),
+    ]
+}
+
+/// Runs every case against `store`, whose time is `clock`, and checks the expected answers.
+pub async fn assert_conformance<G>(store: &G, clock: &ManualClock)
+where
+    G: GlobalStore<String>,
+{
+    for (n, (name, limit, steps, expected)) in cases().into_iter().enumerate() {
+        let key = format!("conformance-{n}-{}", clock.now().as_micros());
+        let mut answers = Vec::new();
+        for step in steps {
+            match step {
+                Acquire {
+                    after_us,
+                    min,
+                    want,
+                } => {
+                    clock.advance(Duration::from_micros(after_us));
+                    let request = TokenRequest { min, want };
+                    let grant = store.acquire(&key, &limit, request).await.expect("acquire");
+                    answers.push((
+                        grant.granted,
+                        grant.remaining,
+                        grant.refill_in.as_micros() as u64,
+                    ));
+                }
+                Release { after_us, tokens } => {
+                    clock.advance(Duration::from_micros(after_us));
+                    store.release(&key, &limit, tokens).await.expect("release");
+                }
+            }
+        }
+        assert_eq!(answers, expected, "case `{name}`");
+    }
+}

@@ -1,0 +1,208 @@
+//! Real redis-server processes for tests, on free loopback ports, in the target's temp dir.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A redis-server this test started; killed when dropped.
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    dir: PathBuf,
+    cluster: bool,
+}
+
+fn require(binary: &str) {
+    let found = Command::new(binary)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "`{binary}` is not installed: run ./scripts/test.sh, which installs redis-server \
+         (apt-get install redis-server), or install it yourself"
+    );
+}
+
+/// A port free on 127.0.0.1, and for a cluster node also its bus port (+10000).
+fn free_port(cluster: bool) -> u16 {
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let port = listener.local_addr().expect("local address").port();
+        if port == 6379
+            || (cluster
+                && (port > 55_000 || TcpListener::bind(("127.0.0.1", port + 10_000)).is_err()))
+        {
+            continue;
+        }
+        return port;
+    }
+}
+
+impl RedisServer {
+    pub fn start() -> Self {
+        Self::launch(free_port(false), false)
+    }
+
+    fn launch(port: u16, cluster: bool) -> Self {
+        require("redis-server");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{port}"));
+        std::fs::create_dir_all(&dir).expect("create the server's directory");
+        let mut server = Self {
+            child: None,
+            port,
+            dir,
+            cluster,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.args([
+            "--port",
+            &self.port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--logfile", "", "--enable-debug-command", "yes"])
+        .arg("--dir")
+        .arg(&self.dir);
+        if self.cluster {
+            cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]);
+            cmd.args(["--cluster-config-file", "nodes.conf"]);
+            let _ = std::fs::remove_file(self.dir.join("nodes.conf"));
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        // The server says when it listens: read its log until then.
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut log = String::new();
+        let ready = BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .any(|line| {
+                log.push_str(&line);
+                log.push('\n');
+                line.contains("Ready to accept connections")
+            });
+        if !ready {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "redis-server on port {} exited before it was ready:\n{log}",
+                self.port
+            );
+        }
+        self.child = Some(child);
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("server running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+
+    /// Freezes the server (SIGSTOP): it accepts connections and answers nothing.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Runs a redis-cli command against this server and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        require("redis-cli");
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A Redis Cluster of three primaries this test started.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<_> = (0..3)
+            .map(|_| RedisServer::launch(free_port(true), true))
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        // The nodes agree on the slot map shortly after creation; wait for it, bounded.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !nodes
+            .iter()
+            .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not become ready"
+            );
+            std::thread::yield_now();
+        }
+        Self { nodes }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}

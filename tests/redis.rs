@@ -1,0 +1,368 @@
+//! RedisGlobalStore against real redis-server processes that the tests start on free loopback
+//! ports: the shared arithmetic suite, a fleet, skewed host clocks, a 3-primary cluster,
+//! hostile keys, and crashes and stalls of the server under each failure policy.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis_server::{RedisCluster, RedisServer};
+use common::*;
+use hierarchical_throttle::clock::ManualClock;
+use hierarchical_throttle::global::redis::RedisGlobalStore;
+use hierarchical_throttle::global::{GlobalStore, TokenRequest};
+use hierarchical_throttle::{FailurePolicy, Limit, RejectionReason};
+use redis::AsyncCommands;
+use tower::Layer;
+
+async fn store(server: &RedisServer) -> RedisGlobalStore<String> {
+    RedisGlobalStore::connect(&server.url())
+        .await
+        .expect("connect to the test's redis-server")
+}
+
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(server.url()).unwrap();
+    client.get_multiplexed_async_connection().await.unwrap()
+}
+
+#[tokio::test]
+async fn redis_passes_the_same_conformance_suite_as_memory() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(1_000_000));
+    let redis = store(&server).await.with_clock_override(clock.clone());
+    conformance::assert_conformance(&redis, &clock).await;
+}
+
+#[tokio::test]
+async fn buckets_expire_when_they_would_be_full_again() {
+    let server = RedisServer::start();
+    let redis = store(&server).await;
+    let limit = Limit::per_second(10).burst(10).unwrap();
+    let key = "expiring".to_owned();
+    let grant = redis
+        .acquire(&key, &limit, TokenRequest { min: 3, want: 3 })
+        .await
+        .unwrap();
+    assert_eq!(grant.granted, 3);
+    let mut conn = raw(&server).await;
+    let redis_key = redis.redis_key(&key);
+    let ttl: i64 = conn.pttl(&redis_key).await.unwrap();
+    // 3 tokens at 10 per second: full again in 300 ms (less the time since the call).
+    assert!((200..=300).contains(&ttl), "pttl {ttl}");
+    redis.release(&key, &limit, 3).await.unwrap();
+    let exists: bool = conn.exists(&redis_key).await.unwrap();
+    assert!(
+        !exists,
+        "a full bucket is deleted: it is the same as a new one"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn four_hosts_on_one_redis_hold_the_limit_with_few_redis_calls() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = store(&server).await.with_clock_override(clock.clone());
+    let (rate, burst) = (100u64, 200u64);
+    let limit = Limit::per_second(rate).burst(burst).unwrap();
+    let layers: Vec<_> = (0..4)
+        .map(|_| {
+            host_builder(&clock, limit)
+                .global_store(redis.clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut hosts: Vec<_> = layers.iter().map(|l| l.layer(backend())).collect();
+
+    // Uneven load at about 1.5x the limit: host i sends every 10 * (i + 1) ms.
+    let seconds = 60u64;
+    let (mut requests, mut admitted) = (0u64, 0u64);
+    for ms in 1..=seconds * 1000 {
+        clock.set(Duration::from_millis(ms));
+        for (i, host) in hosts.iter_mut().enumerate() {
+            if ms % (10 * (i as u64 + 1)) == 0 || (i == 0 && ms % 5 == 0) {
+                requests += 1;
+                admitted += u64::from(send(host, "tenant", 1).await == Outcome::Served);
+            }
+        }
+        if ms % 500 == 0 {
+            for layer in &layers {
+                layer.return_unused_leases().await;
+            }
+        }
+    }
+    let allowed = burst + rate * seconds;
+    let calls: u64 = layers.iter().map(|l| l.stats().global_calls).sum();
+    println!(
+        "redis fleet: admitted {admitted} of {allowed} allowed ({:.2}%), {requests} requests, \
+         {calls} redis calls ({:.1} per 1000 requests)",
+        100.0 * admitted as f64 / allowed as f64,
+        1000.0 * calls as f64 / requests as f64
+    );
+    assert!(
+        admitted <= allowed,
+        "over-admission: {admitted} > {allowed}"
+    );
+    assert!(
+        admitted * 100 >= allowed * 97,
+        "under-admission: {admitted} < 97% of {allowed}"
+    );
+    assert!(
+        calls * 4 < requests,
+        "redis calls {calls} are not a small fraction of {requests}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn skewed_host_clocks_do_not_change_the_answer() {
+    let server = RedisServer::start();
+    let redis = store(&server).await;
+    // One token per hour: if any host's clock drove refills, hours of skew would mint tokens.
+    let limit = Limit::per_hour(1).burst(10).unwrap();
+    let skews = [0u64, 2 * 3600, 5 * 3600];
+    let layers: Vec<_> = skews
+        .iter()
+        .map(|&skew| {
+            let clock = ManualClock::new();
+            clock.set(Duration::from_secs(skew));
+            host_builder(&clock, limit)
+                .batch_policy(|_: &hierarchical_throttle::batch::BatchContext<'_>| 1)
+                .global_store(redis.clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut hosts: Vec<_> = layers.iter().map(|l| l.layer(backend())).collect();
+    let mut admitted = 0;
+    for round in 0..10 {
+        for host in &mut hosts {
+            admitted += u32::from(send(host, &format!("skew-{round}"), 1).await == Outcome::Served);
+            admitted += u32::from(send(host, "skew", 1).await == Outcome::Served);
+        }
+    }
+    // Ten distinct keys get one token each... no: each "skew-n" key is fresh (10 tokens), so
+    // three hosts take 3 of it; the shared key "skew" admits exactly its 10.
+    assert_eq!(admitted, 30 + 10);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_three_primary_cluster_spreads_keys_over_slots_and_holds_limits() {
+    let cluster = RedisCluster::start();
+    let redis: RedisGlobalStore<String> = RedisGlobalStore::connect_cluster(cluster.urls())
+        .await
+        .expect("connect to the test's cluster");
+    let clock = ManualClock::new();
+    let limit = Limit::per_hour(5).burst(5).unwrap();
+    let layers: Vec<_> = (0..2)
+        .map(|_| {
+            host_builder(&clock, limit)
+                .global_store(redis.clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut hosts: Vec<_> = layers.iter().map(|l| l.layer(backend())).collect();
+    for k in 0..30 {
+        let key = format!("tenant-{k}");
+        let mut admitted = 0;
+        for _ in 0..4 {
+            for host in &mut hosts {
+                admitted += u32::from(send(host, &key, 1).await == Outcome::Served);
+            }
+        }
+        assert_eq!(admitted, 5, "key {key}");
+    }
+    let per_node: Vec<u64> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.cli(&["dbsize"]).trim().parse().unwrap())
+        .collect();
+    assert_eq!(per_node.iter().sum::<u64>(), 30);
+    assert!(
+        per_node.iter().all(|&n| n > 0),
+        "every primary holds buckets: {per_node:?}"
+    );
+}
+
+#[tokio::test]
+async fn hostile_keys_get_distinct_redis_keys_and_buckets() {
+    let server = RedisServer::start();
+    let redis = store(&server).await;
+    let long = "x".repeat(10_000);
+    let keys: Vec<String> = vec![
+        "plain".into(),
+        "with space".into(),
+        "a{b}".into(),
+        "a%7Bb%7D".into(),
+        "}{".into(),
+        "line\nbreak".into(),
+        "line\r\nbreak".into(),
+        "\"quoted\" 'and' \\slashed".into(),
+        "ünïcødé".into(),
+        "".into(),
+        long.clone(),
+        format!("{long}y"),
+    ];
+    let redis_keys: std::collections::HashSet<Vec<u8>> =
+        keys.iter().map(|k| redis.redis_key(k)).collect();
+    assert_eq!(
+        redis_keys.len(),
+        keys.len(),
+        "no two keys share a Redis key"
+    );
+    for rk in &redis_keys {
+        let tag = &rk[b"throttle:".len()..];
+        assert!(tag.starts_with(b"{") && tag.ends_with(b"}"));
+        assert!(
+            !tag[1..tag.len() - 1]
+                .iter()
+                .any(|b| matches!(b, b'{' | b'}' | b'\n' | b' '))
+        );
+    }
+    let limit = Limit::per_hour(2).burst(2).unwrap();
+    for key in &keys {
+        let grant = redis
+            .acquire(key, &limit, TokenRequest { min: 1, want: 2 })
+            .await
+            .unwrap();
+        assert_eq!(grant.granted, 2, "key {key:?} has its own full bucket");
+    }
+    let mut conn = raw(&server).await;
+    let stored: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+    assert_eq!(stored, keys.len() as u64);
+    assert!(redis.clone().with_prefix("bad{prefix").is_err());
+}
+
+/// A host per failure policy on one Redis, on `clock`.
+fn policy_hosts(
+    redis: &RedisGlobalStore<String>,
+    clock: &ManualClock,
+    timeout: Duration,
+) -> Vec<HostLayer<RedisGlobalStore<String>>> {
+    let limit = Limit::per_hour(20).burst(20).unwrap();
+    [
+        FailurePolicy::Admit,
+        FailurePolicy::Reject,
+        FailurePolicy::local_fallback(4).unwrap(),
+    ]
+    .into_iter()
+    .map(|policy| {
+        host_builder(clock, limit)
+            .batch_policy(|_: &hierarchical_throttle::batch::BatchContext<'_>| 1)
+            .failure_policy(policy)
+            .store_timeout(timeout)
+            .max_store_backoff(Duration::from_millis(200))
+            .global_store(redis.clone())
+            .build()
+            .unwrap()
+    })
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_load_follows_each_policy_and_limits_hold_after_restart() {
+    let mut server = RedisServer::start();
+    let redis = store(&server).await;
+    let timeout = Duration::from_millis(50);
+    // The hosts' clock follows real time here: back-offs must pass.
+    let clock = ManualClock::new();
+    let origin = Instant::now();
+    let layers = policy_hosts(&redis, &clock, timeout);
+    let mut hosts: Vec<_> = layers.iter().map(|l| l.layer(backend())).collect();
+    let timed = async |host: &mut _, key: &str| {
+        clock.set(origin.elapsed());
+        let start = Instant::now();
+        let outcome = send(host, key, 1).await;
+        let waited = start.elapsed();
+        // The time-out, plus scheduling slack on a loaded 2-core machine.
+        assert!(
+            waited < timeout + Duration::from_millis(40),
+            "waited {waited:?}"
+        );
+        outcome
+    };
+
+    // Before the crash: each host's key is decided by Redis.
+    for (i, host) in hosts.iter_mut().enumerate() {
+        for _ in 0..5 {
+            assert_eq!(timed(host, &format!("before-{i}")).await, Outcome::Served);
+        }
+    }
+    server.kill();
+    let mut after: Vec<Vec<Outcome>> = vec![Vec::new(); 3];
+    for (i, host) in hosts.iter_mut().enumerate() {
+        for _ in 0..8 {
+            after[i].push(timed(host, &format!("during-{i}")).await);
+        }
+    }
+    assert!(
+        after[0].iter().all(|o| *o == Outcome::Served),
+        "fail open: {:?}",
+        after[0]
+    );
+    assert!(
+        after[1].iter().all(|o| matches!(
+            o,
+            Outcome::Refused(RejectionReason::StoreUnavailable, Some(_))
+        )),
+        "fail closed: {:?}",
+        after[1]
+    );
+    // A quarter of 20 on this host alone: 5 served, then throttled.
+    let served = after[2].iter().filter(|o| **o == Outcome::Served).count();
+    assert_eq!(served, 5, "local fallback: {:?}", after[2]);
+    assert!(layers.iter().all(|l| l.stats().fallback_decisions > 0));
+    assert!(
+        layers
+            .iter()
+            .all(|l| l.stats().global_errors + l.stats().global_timeouts > 0)
+    );
+
+    // Back up, empty: after the back-off, a new key gets exactly its 20 from Redis.
+    server.restart();
+    let recovered = Instant::now();
+    let mut served = 0;
+    while served == 0 {
+        assert!(
+            recovered.elapsed() < Duration::from_secs(2),
+            "did not recover"
+        );
+        served = u32::from(timed(&mut hosts[1], "recovered").await == Outcome::Served);
+        tokio::task::yield_now().await;
+    }
+    println!(
+        "back on the global limit {:?} after the restart",
+        recovered.elapsed()
+    );
+    for _ in 0..30 {
+        served += u32::from(timed(&mut hosts[1], "recovered").await == Outcome::Served);
+    }
+    assert_eq!(served, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_trips_the_time_out() {
+    let server = RedisServer::start();
+    let redis = store(&server).await;
+    let timeout = Duration::from_millis(40);
+    let layers = policy_hosts(&redis, &ManualClock::new(), timeout);
+    let mut host = layers[0].layer(backend());
+    assert_eq!(send(&mut host, "warm", 1).await, Outcome::Served);
+    server.pause();
+    let start = Instant::now();
+    assert_eq!(
+        send(&mut host, "frozen", 1).await,
+        Outcome::Served,
+        "fail open"
+    );
+    let waited = start.elapsed();
+    server.resume();
+    assert!(
+        waited >= timeout && waited < timeout + Duration::from_millis(40),
+        "waited {waited:?}"
+    );
+    settle_background().await;
+    assert_eq!(layers[0].stats().global_timeouts, 1);
+}
