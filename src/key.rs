@@ -33,7 +33,8 @@ pub fn header_value<B>(request: &http::Request<B>, name: &str) -> Option<String>
     Some(value.to_owned())
 }
 
-/// The path of the request, which for gRPC is the method: `/package.Service/Method`.
+/// The path of the request, which for gRPC is the method: `/package.Service/Method`. gRPC
+/// metadata are headers: read them with [`header_value`].
 pub fn path<B>(request: &http::Request<B>) -> String {
     request.uri().path().to_owned()
 }
@@ -46,4 +47,14 @@ pub fn axum_peer_ip<B>(request: &http::Request<B>) -> Option<std::net::IpAddr> {
         .extensions()
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()?;
     Some(info.0.ip())
+}
+
+/// The peer's IP address from tonic's `TcpConnectInfo` (present on requests served by
+/// `tonic::transport::Server`).
+#[cfg(feature = "tonic")]
+pub fn tonic_peer_ip<B>(request: &http::Request<B>) -> Option<std::net::IpAddr> {
+    let info = request
+        .extensions()
+        .get::<tonic::transport::server::TcpConnectInfo>()?;
+    Some(info.remote_addr()?.ip())
 }

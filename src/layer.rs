@@ -99,7 +99,7 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
             global: Unset,
             local: Unset,
             clock: MonotonicClock::new(),
-            on_rejection: DefaultRejection,
+            on_rejection: DefaultRejection::default(),
             batch: Box::new(WeightedDemand),
             config: Config {
                 store_timeout: Duration::from_millis(50),
@@ -305,7 +305,8 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
         }
     }
 
-    /// How a rejection becomes a response or an error. Default: [`DefaultRejection`] (HTTP).
+    /// How a rejection becomes a response or an error. Default: [`DefaultRejection`] (HTTP and
+    /// gRPC, told apart by content type).
     pub fn on_rejection<R2>(self, on_rejection: R2) -> Builder<Req, K, G, L, C, R2> {
         Builder {
             key: self.key,

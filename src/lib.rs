@@ -58,6 +58,7 @@ mod error;
 mod failure;
 mod future;
 pub mod global;
+pub mod grpc;
 pub mod key;
 mod layer;
 mod limit;

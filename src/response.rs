@@ -95,8 +95,14 @@ where
     }
 }
 
-/// The default answer for HTTP services: a response, never an error, so the layer keeps the
-/// inner service's error type and axum needs no `HandleErrorLayer`.
+/// The default answer for HTTP and gRPC services: a response, never an error, so the layer
+/// keeps the inner service's error type and axum needs no `HandleErrorLayer`.
+///
+/// It tells gRPC calls from plain HTTP by their `content-type` (`application/grpc…`), so one
+/// layer can front a server that serves both; [`DefaultRejection::http`] and
+/// [`DefaultRejection::grpc`] force one answer.
+///
+/// Plain HTTP ([`http_response`]):
 ///
 /// | reason | status | headers |
 /// |---|---|---|
@@ -108,8 +114,44 @@ where
 /// `Retry-After` is in whole seconds rounded up. `RateLimit-Policy` and `RateLimit` follow the
 /// IETF draft (`"default";q=<capacity>;w=<seconds to refill>` and
 /// `"default";r=<remaining>;t=<seconds>`). Bodies are empty.
+///
+/// gRPC ([`grpc_response`](crate::grpc::grpc_response)): HTTP 200 with `grpc-status`
+/// `RESOURCE_EXHAUSTED` (throttled), `UNAVAILABLE` (store unavailable) or `INVALID_ARGUMENT`
+/// (missing key, cost above capacity), a `grpc-message` saying why, and when a retry can
+/// succeed, `retry-after` metadata and a `google.rpc.RetryInfo` status detail.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct DefaultRejection;
+pub struct DefaultRejection {
+    protocol: Protocol,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Protocol {
+    #[default]
+    ByContentType,
+    Http,
+    Grpc,
+}
+
+impl DefaultRejection {
+    /// Answers gRPC calls as gRPC and everything else as HTTP (the default).
+    pub fn by_content_type() -> Self {
+        Self::default()
+    }
+
+    /// Always answers as plain HTTP.
+    pub fn http() -> Self {
+        Self {
+            protocol: Protocol::Http,
+        }
+    }
+
+    /// Always answers as gRPC.
+    pub fn grpc() -> Self {
+        Self {
+            protocol: Protocol::Grpc,
+        }
+    }
+}
 
 impl<ReqB, K, ResB, E> OnRejection<http::Request<ReqB>, K, Response<ResB>, E> for DefaultRejection
 where
@@ -118,10 +160,19 @@ where
 {
     fn on_rejection(
         &self,
-        _request: &http::Request<ReqB>,
+        request: &http::Request<ReqB>,
         rejection: Rejection<K>,
     ) -> Result<Response<ResB>, E> {
-        Ok(http_response(&rejection))
+        let grpc = match self.protocol {
+            Protocol::ByContentType => crate::grpc::is_grpc(request.headers()),
+            Protocol::Http => false,
+            Protocol::Grpc => true,
+        };
+        Ok(if grpc {
+            crate::grpc::grpc_response(&rejection)
+        } else {
+            http_response(&rejection)
+        })
     }
 }
 

@@ -144,3 +144,13 @@ where
         }
     }
 }
+
+/// Lets a throttled generated service go to `Server::builder().add_service(..)` as itself.
+#[cfg(feature = "tonic")]
+impl<S, Req, K, G, L, C, R> tonic::server::NamedService
+    for HierarchicalThrottle<S, Req, K, G, L, C, R>
+where
+    S: tonic::server::NamedService,
+{
+    const NAME: &'static str = S::NAME;
+}
