@@ -118,6 +118,12 @@ where
         micros(self.clock.now())
     }
 
+    /// How long past its next token a refused host may wait for the rest of its batch: a tenth
+    /// of a demand interval.
+    fn max_batch_wait(&self) -> u64 {
+        micros(self.config.demand_interval) / 10
+    }
+
     fn interval(&self, now: u64) -> u64 {
         now / micros(self.config.demand_interval).max(1)
     }
@@ -274,9 +280,9 @@ where
             }
         };
         let now = self.now();
-        let excess = self
-            .local
-            .with_bucket(&key, |b| b.settle(&outcome, now, &limit));
+        let excess = self.local.with_bucket(&key, |b| {
+            b.settle(&outcome, now, &limit, self.max_batch_wait())
+        });
         if excess > 0 {
             spawn(self.clone().release(key, excess));
         }

@@ -213,17 +213,27 @@ impl LocalBucket {
 
     /// Takes in a fetch's outcome; returns tokens beyond capacity, to be handed back.
     ///
-    /// A refusal throttles the key until the global bucket is due to hold the whole batch the
-    /// host asked for, not merely the next token: a host asking again for every token would
-    /// make one global call per request exactly when the fleet is over its limit.
-    pub(crate) fn settle(&mut self, outcome: &FetchOutcome, now: u64, limit: &Limit) -> u64 {
+    /// A refusal throttles the key until the global bucket is due to hold the batch the host
+    /// asked for, not merely the next token (a host asking again for every token would make one
+    /// global call per request exactly when the fleet is over its limit), but waits at most
+    /// `max_batch_wait` micros beyond the next token, so admission stays smooth.
+    pub(crate) fn settle(
+        &mut self,
+        outcome: &FetchOutcome,
+        now: u64,
+        limit: &Limit,
+        max_batch_wait: u64,
+    ) -> u64 {
         self.fetch = None;
         let FetchOutcome::Granted { request, grant } = outcome else {
             return 0;
         };
         if grant.granted == 0 {
             let batch_wait = limit.time_to_accrue(request.want.saturating_sub(request.min));
-            let wait = crate::clock::micros(grant.refill_in + batch_wait).max(1);
+            let batch_wait = crate::clock::micros(batch_wait).min(max_batch_wait);
+            let wait = crate::clock::micros(grant.refill_in)
+                .saturating_add(batch_wait)
+                .max(1);
             self.cold.throttled_until = now.saturating_add(wait);
             return 0;
         }
@@ -294,7 +304,7 @@ mod tests {
         // 12 tokens served in interval 0, 6 in interval 1, none yet in interval 2.
         for (interval, served) in [(0, 12), (1, 6)] {
             for _ in 0..served {
-                b.settle(&grant(1), 0, &limit);
+                b.settle(&grant(1), 0, &limit, u64::MAX);
                 assert!(matches!(b.miss(1, 0, interval, no_fetch), Miss::Admitted));
             }
         }
@@ -333,11 +343,17 @@ mod tests {
                 refill_in: Duration::from_millis(100),
             },
         };
-        b.settle(&refused, 1_000, &limit);
+        b.settle(&refused, 1_000, &limit, u64::MAX);
         assert!(matches!(
             b.miss(1, 300_999, 0, no_fetch),
             Miss::Throttled { until: 301_000 }
         ));
         assert!(matches!(b.miss(1, 301_000, 0, no_fetch), Miss::Wait(_)));
+        // With the batch wait capped at 50 ms: 100 + 50 ms.
+        b.settle(&refused, 1_000, &limit, 50_000);
+        assert!(matches!(
+            b.miss(1, 1_000, 0, no_fetch),
+            Miss::Throttled { until: 151_000 }
+        ));
     }
 }
