@@ -1,4 +1,5 @@
-//! The local fast path against governor's keyed `check_key`, in the same run.
+//! The local fast path against governor's keyed `check_key`, in the same run, on one and two
+//! threads; and the slow path that fetches a batch from the global store.
 //!
 //! Both sides do the same work around the decision: take a request, decide, and call the same
 //! trivial inner service. Keys are `u64`; every key holds tokens before measuring, so each
@@ -16,7 +17,7 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures_util::FutureExt;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use hierarchical_throttle::batch::FractionOfCapacity;
+use hierarchical_throttle::batch::{BatchContext, FractionOfCapacity};
 use hierarchical_throttle::{
     HierarchicalThrottle, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore,
     Rejection,
@@ -98,20 +99,16 @@ fn next(i: usize, len: usize) -> usize {
     if i + 1 == len { 0 } else { i + 1 }
 }
 
-fn bench(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let _guard = runtime.enter();
-    let mut group = c.benchmark_group("fast_path");
+/// One thread, 1 / 10k / 1M known keys.
+fn one_thread(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
+    let mut group = c.benchmark_group("fast_path_1_thread");
     for n in [1u64, 10_000, 1_000_000] {
         let keys = keys(n);
         // Built on first use, so a filtered run sets up only what it measures.
         let mut service = None;
         let mut i = 0;
         group.bench_function(format!("hierarchical_throttle/{n}"), |b| {
-            let service = service.get_or_insert_with(|| ours(&runtime, &keys));
+            let service = service.get_or_insert_with(|| ours(runtime, &keys));
             b.iter(|| {
                 i = next(i, keys.len());
                 black_box(service.call(black_box(keys[i])).now_or_never())
@@ -133,6 +130,109 @@ fn bench(c: &mut Criterion) {
         });
     }
     group.finish();
+}
+
+/// Two threads deciding at once: on one key (both contend for it) and on distinct keys (each
+/// thread its own half of 10k). Reported per decision of one thread.
+fn two_threads(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
+    let mut group = c.benchmark_group("fast_path_2_threads");
+    for (name, n) in [("same_key", 1u64), ("distinct_keys", 10_000)] {
+        let keys = keys(n);
+        let halves: Vec<&[u64]> = if n == 1 {
+            vec![&keys, &keys]
+        } else {
+            keys.chunks(keys.len() / 2).collect()
+        };
+
+        let service = ours(runtime, &keys);
+        group.bench_function(format!("hierarchical_throttle/{name}"), |b| {
+            b.iter_custom(|iters| {
+                in_parallel(&halves, |keys| {
+                    let mut service = service.clone();
+                    let mut i = 0;
+                    for _ in 0..iters {
+                        i = next(i, keys.len());
+                        black_box(service.call(black_box(keys[i])).now_or_never());
+                    }
+                })
+            })
+        });
+        drop(service);
+
+        let limiter = governor(&keys);
+        group.bench_function(format!("governor_check_key/{name}"), |b| {
+            b.iter_custom(|iters| {
+                in_parallel(&halves, |keys| {
+                    let mut echo = Echo;
+                    let mut i = 0;
+                    for _ in 0..iters {
+                        i = next(i, keys.len());
+                        let key = black_box(keys[i]);
+                        let admitted = limiter.check_key(&key).is_ok();
+                        black_box(admitted.then(|| echo.call(key).now_or_never()));
+                    }
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+/// Runs `work` on one thread per slice of keys, all at once; returns the wall time.
+fn in_parallel<F>(slices: &[&[u64]], work: F) -> Duration
+where
+    F: Fn(&[u64]) + Sync,
+{
+    let barrier = std::sync::Barrier::new(slices.len());
+    let start = std::sync::Mutex::new(None);
+    std::thread::scope(|scope| {
+        for keys in slices {
+            scope.spawn(|| {
+                if barrier.wait().is_leader() {
+                    *start.lock().unwrap() = Some(std::time::Instant::now());
+                }
+                work(keys);
+            });
+        }
+    });
+    start
+        .into_inner()
+        .unwrap()
+        .map_or(Duration::ZERO, |s| s.elapsed())
+}
+
+/// A decision whose local bucket is always empty: every request waits for a batch of one token
+/// from a `MemoryGlobalStore` (the slow path, with its task spawn and wake-ups).
+fn global_fetch(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|k: &u64| Some(*k))
+        .limit(
+            Limit::per_second(1_000_000)
+                .burst(Limit::MAX_CAPACITY)
+                .unwrap(),
+        )
+        .batch_policy(|_: &BatchContext<'_>| 0)
+        .global_store(MemoryGlobalStore::new())
+        .on_rejection((|_, _| Ok(u64::MAX)) as Reject)
+        .build()
+        .unwrap();
+    let mut service = layer.layer(Echo);
+    let mut group = c.benchmark_group("slow_path");
+    group.bench_function("hierarchical_throttle/fetch_from_memory_store", |b| {
+        b.iter(|| runtime.block_on(async { service.ready().await?.call(black_box(7)).await }))
+    });
+    group.finish();
+}
+
+fn bench(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = runtime.enter();
+    one_thread(c, &runtime);
+    two_threads(c, &runtime);
+    global_fetch(c, &runtime);
 }
 
 criterion_group!(benches, bench);

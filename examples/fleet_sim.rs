@@ -168,21 +168,22 @@ trait Fleet {
     async fn tick(&mut self, _now: Duration) {}
 }
 
-type Reject = fn(&(usize, usize), Rejection<usize>) -> Result<bool, Infallible>;
+type Reject = fn(&usize, Rejection<usize>) -> Result<bool, Infallible>;
+type HostLayer = HierarchicalThrottleLayer<
+    usize,
+    usize,
+    MemoryGlobalStore<usize, ManualClock>,
+    MemoryLocalStore<usize>,
+    ManualClock,
+    Reject,
+>;
+/// A host: decides a request for a key.
+type Host = Box<dyn FnMut(usize) -> futures_util::future::BoxFuture<'static, bool>>;
 
 struct Hierarchical {
     clock: ManualClock,
-    layers: Vec<
-        HierarchicalThrottleLayer<
-            (usize, usize),
-            usize,
-            MemoryGlobalStore<usize, ManualClock>,
-            MemoryLocalStore<usize>,
-            ManualClock,
-            Reject,
-        >,
-    >,
-    services: Vec<Box<dyn FnMut(usize) -> futures_util::future::BoxFuture<'static, bool>>>,
+    layers: Vec<HostLayer>,
+    hosts: Vec<Host>,
 }
 
 impl Hierarchical {
@@ -190,12 +191,10 @@ impl Hierarchical {
         let clock = ManualClock::new();
         let global = MemoryGlobalStore::with_clock(clock.clone());
         let mut layers = Vec::new();
-        let mut services: Vec<
-            Box<dyn FnMut(usize) -> futures_util::future::BoxFuture<'static, bool>>,
-        > = Vec::new();
+        let mut hosts: Vec<Host> = Vec::new();
         for _ in 0..HOSTS {
             let builder = HierarchicalThrottleLayer::builder()
-                .key(|req: &(usize, usize)| Some(req.0))
+                .key(|key: &usize| Some(*key))
                 .clock(clock.clone())
                 .limit(limit())
                 .on_rejection((|_, _| Ok(false)) as Reject);
@@ -207,17 +206,12 @@ impl Hierarchical {
                 .global_store(global.clone())
                 .build()
                 .expect("a valid layer");
-            let service = layer.layer(service_fn(|_: (usize, usize)| async {
-                Ok::<_, Infallible>(true)
-            }));
-            services.push(Box::new(move |key| {
+            let service = layer.layer(service_fn(|_: usize| async { Ok::<_, Infallible>(true) }));
+            hosts.push(Box::new(move |key| {
                 let mut service = service.clone();
                 Box::pin(async move {
                     let ready = service.ready().await.unwrap_or_else(|never| match never {});
-                    ready
-                        .call((key, 0))
-                        .await
-                        .unwrap_or_else(|never| match never {})
+                    ready.call(key).await.unwrap_or_else(|never| match never {})
                 })
             }));
             layers.push(layer);
@@ -225,7 +219,7 @@ impl Hierarchical {
         Self {
             clock,
             layers,
-            services,
+            hosts,
         }
     }
 }
@@ -233,7 +227,7 @@ impl Hierarchical {
 impl Fleet for Hierarchical {
     async fn decide(&mut self, now: Duration, arrival: Arrival) -> bool {
         self.clock.set(now);
-        (self.services[arrival.host])(arrival.key).await
+        (self.hosts[arrival.host])(arrival.key).await
     }
 
     fn global_calls(&self) -> u64 {
@@ -242,7 +236,7 @@ impl Fleet for Hierarchical {
 
     async fn tick(&mut self, now: Duration) {
         // What each host's background sweeper does every half lease time.
-        if now.as_millis() % 1000 == 0 {
+        if now.as_millis().is_multiple_of(1000) {
             self.clock.set(now);
             for layer in &self.layers {
                 layer.return_unused_leases().await;

@@ -78,7 +78,7 @@ pub fn weighted_average(served: &[u32], x: usize) -> u64 {
 pub struct BatchContext<'a> {
     /// The key's limit.
     pub limit: &'a Limit,
-    /// Tokens the waiting requests need beyond what is held locally.
+    /// Tokens the requests waiting for this batch need.
     pub needed: u64,
     /// This host's demand for the key, per interval, most recent first.
     pub demand: &'a [u32],

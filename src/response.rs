@@ -213,9 +213,9 @@ fn header_value(s: String) -> HeaderValue {
     HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
+/// Whole seconds, rounded up: never 0 for a wait that is not zero.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    secs.max(u64::from(!d.is_zero()))
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
 #[cfg(test)]

@@ -60,10 +60,6 @@ pub(crate) struct Config {
     pub(crate) max_backoff: Duration,
 }
 
-/// Rounds of fetching a waiting request may go through before it is throttled: a batch is
-/// sized for the requests waiting when it was asked for, so a second round is rare.
-const MAX_ROUNDS: u32 = 4;
-
 pub(crate) struct Throttle<K, G, L, C> {
     pub(crate) global: G,
     pub(crate) local: L,
@@ -160,7 +156,7 @@ where
         let interval = self.interval(now);
         let miss = self.local.with_bucket(&key, |b| {
             self.stats.admitted_local.add(b.take_uncounted());
-            b.miss(cost, now, interval, || self.fetch(key.clone()))
+            b.miss(cost, false, now, interval, || self.fetch(key.clone()))
         });
         match miss {
             Miss::Admitted => {
@@ -184,8 +180,11 @@ where
         limit: Limit,
         mut fetch: Fetch,
     ) -> Result<(), Rejection<K>> {
+        // However many batches it takes (a batch is reserved for the requests waiting for it, so
+        // one is almost always enough), a request waits no longer than the store's time-out;
+        // past it, the failure policy decides.
         let deadline = tokio::time::Instant::now() + self.config.store_timeout;
-        for round in 1.. {
+        loop {
             let outcome = tokio::time::timeout_at(deadline, fetch)
                 .await
                 .unwrap_or(FetchOutcome::Failed);
@@ -195,7 +194,7 @@ where
             let now = self.now();
             let interval = self.interval(now);
             let miss = self.local.with_bucket(&key, |b| {
-                b.miss(cost, now, interval, || self.fetch(key.clone()))
+                b.miss(cost, true, now, interval, || self.fetch(key.clone()))
             });
             match miss {
                 Miss::Admitted => {
@@ -207,14 +206,9 @@ where
                     tracing::debug!(cost, "throttled by the global store");
                     return Err(throttled(key, limit, until - now));
                 }
-                Miss::Wait(next) if round < MAX_ROUNDS => fetch = next,
-                Miss::Wait(_) => break,
+                Miss::Wait(next) => fetch = next,
             }
         }
-        // Batches kept going to other waiters: the bucket is contended; try again shortly.
-        self.stats.rejected_global.incr();
-        let wait = limit.time_to_accrue(cost);
-        Err(throttled(key, limit, micros(wait)))
     }
 
     /// A new fetch for `key`'s next batch, running in its own task so that it is sized only

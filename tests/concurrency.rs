@@ -63,3 +63,36 @@ async fn concurrent_requests_on_two_threads_never_exceed_the_limit() {
         "exactly the capacity is admitted, no more, no less"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_with_tokens_to_spare_refuses_nothing_under_heavy_concurrency() {
+    let clock = ManualClock::new();
+    let global = MemoryGlobalStore::with_clock(clock.clone());
+    let layer = host_builder(&clock, Limit::per_hour(1_000_000).burst(1_000_000).unwrap())
+        .global_store(global)
+        .build()
+        .unwrap();
+    let host = layer.layer(backend());
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let mut host = host.clone();
+            tokio::spawn(async move {
+                let mut refused = 0;
+                for _ in 0..50 {
+                    if send(&mut host, "busy", 1).await != Outcome::Served {
+                        refused += 1;
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    let mut refused = 0;
+    for task in tasks {
+        refused += task.await.unwrap();
+    }
+    let stats = layer.stats();
+    assert_eq!(refused, 0, "stats: {stats:?}");
+    assert_eq!(stats.fallback_decisions, 0, "every decision was the store's: {stats:?}");
+    assert_eq!(stats.admitted_local + stats.admitted_after_fetch, 10_000);
+}

@@ -40,12 +40,15 @@ pub trait LocalStore<K>: Send + Sync + 'static {
 
 /// One key's state on one host. Its fields are the throttle's; a [`LocalStore`] only keeps it.
 ///
-/// What the hot path touches is inline (48 bytes); the rest is boxed, so a large store stays
+/// What the hot path touches is inline (56 bytes); the rest is boxed, so a large store stays
 /// dense in cache.
 #[derive(Default)]
 pub struct LocalBucket {
     /// Tokens leased from the global store and not used yet.
     tokens: u64,
+    /// Of `tokens`, those a batch brought for the requests that were waiting for it: new
+    /// arrivals cannot take them, so a waiting request is never starved by later ones.
+    reserved: u64,
     /// Start a background fetch when `tokens` falls below this (half the last batch).
     low_water: u64,
     /// Tokens served from the lease since the clock was last read for this key.
@@ -69,6 +72,8 @@ struct Cold {
     /// Costs of the requests waiting for the next batch: their sum and the largest.
     waiting_total: u64,
     waiting_largest: u64,
+    /// The waiting costs the batch in flight was asked for.
+    planned: u64,
     /// The host-local bucket used while the global store is unavailable.
     fallback: Option<TokenBucket>,
 }
@@ -122,18 +127,30 @@ impl LocalBucket {
             return false;
         }
         self.uncounted += 1;
-        if self.tokens < self.low_water && self.fetch.is_none() {
+        if self.tokens - self.reserved < self.low_water && self.fetch.is_none() {
             self.fetch = Some(fetch());
         }
         true
     }
 
+    /// Takes `cost` of the tokens not reserved for waiting requests.
     #[inline]
     fn try_take(&mut self, cost: u64) -> bool {
+        if self.tokens - self.reserved < cost {
+            return false;
+        }
+        self.tokens -= cost;
+        self.unrecorded += cost;
+        true
+    }
+
+    /// Takes `cost` for a request that waited for a batch: reserved tokens first.
+    fn take_as_waiter(&mut self, cost: u64) -> bool {
         if self.tokens < cost {
             return false;
         }
         self.tokens -= cost;
+        self.reserved = self.reserved.saturating_sub(cost);
         self.unrecorded += cost;
         true
     }
@@ -155,16 +172,23 @@ impl LocalBucket {
             .record(interval, std::mem::take(&mut self.unrecorded));
     }
 
-    /// A request found too few tokens at `now`: serve it if a batch has arrived meanwhile,
-    /// reject it if the key is throttled, or join (or start) the fetch of the next batch.
+    /// A request found too few tokens at `now` (`waited`: after waiting for a batch): serve it
+    /// if a batch has arrived meanwhile, reject it if the key is throttled, or join (or start)
+    /// the fetch of the next batch.
     pub(crate) fn miss(
         &mut self,
         cost: u64,
+        waited: bool,
         now: u64,
         interval: u64,
         fetch: impl FnOnce() -> Fetch,
     ) -> Miss {
-        if self.try_take(cost) {
+        let taken = if waited {
+            self.take_as_waiter(cost)
+        } else {
+            self.try_take(cost)
+        };
+        if taken {
             self.record_demand(interval);
             return Miss::Admitted;
         }
@@ -195,18 +219,21 @@ impl LocalBucket {
         self.record_demand(interval);
         let waiting_total = std::mem::take(&mut self.cold.waiting_total);
         let waiting_largest = std::mem::take(&mut self.cold.waiting_largest);
+        self.cold.planned = waiting_total;
         let room = limit.capacity().saturating_sub(self.tokens);
         if now < self.cold.throttled_until || room == 0 {
             return None;
         }
-        let needed = waiting_total.saturating_sub(self.tokens);
+        // Tokens held now may go to new arrivals before the batch lands: the batch alone must
+        // cover the waiting requests, and it is reserved for them when it does.
+        let needed = waiting_total;
         let batch = policy.batch_size(&BatchContext {
             limit,
             needed,
             demand: self.cold.demand.recent(),
             intervals,
         });
-        let min = waiting_largest.saturating_sub(self.tokens).clamp(1, room);
+        let min = waiting_largest.clamp(1, room);
         let want = batch.max(needed).clamp(min, room);
         Some(TokenRequest { min, want })
     }
@@ -225,6 +252,8 @@ impl LocalBucket {
         max_batch_wait: u64,
     ) -> u64 {
         self.fetch = None;
+        let planned = std::mem::take(&mut self.cold.planned);
+        self.reserved = 0;
         let FetchOutcome::Granted { request, grant } = outcome else {
             return 0;
         };
@@ -242,6 +271,8 @@ impl LocalBucket {
         self.low_water = grant.granted / 2;
         let tokens = self.tokens + grant.granted;
         self.tokens = tokens.min(limit.capacity());
+        // Everyone waiting on this batch: those it was asked for and those who joined since.
+        self.reserved = self.tokens.min(planned + self.cold.waiting_total);
         tokens - self.tokens
     }
 
@@ -252,6 +283,7 @@ impl LocalBucket {
             return 0;
         }
         self.low_water = 0;
+        self.reserved = 0;
         std::mem::take(&mut self.tokens)
     }
 
@@ -305,7 +337,10 @@ mod tests {
         for (interval, served) in [(0, 12), (1, 6)] {
             for _ in 0..served {
                 b.settle(&grant(1), 0, &limit, u64::MAX);
-                assert!(matches!(b.miss(1, 0, interval, no_fetch), Miss::Admitted));
+                assert!(matches!(
+                    b.miss(1, false, 0, interval, no_fetch),
+                    Miss::Admitted
+                ));
             }
         }
         // x = 3: (3*0 + 2*6 + 1*12) / (1 + 2 + 3) = 4
@@ -321,7 +356,7 @@ mod tests {
         let limit = Limit::per_second(10).burst(10).unwrap();
         let mut b = LocalBucket::default();
         for _ in 0..7 {
-            let _ = b.miss(2, 0, 0, no_fetch);
+            let _ = b.miss(2, false, 0, 0, no_fetch);
         }
         // 7 requests of cost 2 wait: they need 14, the bucket holds at most 10.
         assert_eq!(
@@ -345,14 +380,17 @@ mod tests {
         };
         b.settle(&refused, 1_000, &limit, u64::MAX);
         assert!(matches!(
-            b.miss(1, 300_999, 0, no_fetch),
+            b.miss(1, false, 300_999, 0, no_fetch),
             Miss::Throttled { until: 301_000 }
         ));
-        assert!(matches!(b.miss(1, 301_000, 0, no_fetch), Miss::Wait(_)));
+        assert!(matches!(
+            b.miss(1, false, 301_000, 0, no_fetch),
+            Miss::Wait(_)
+        ));
         // With the batch wait capped at 50 ms: 100 + 50 ms.
         b.settle(&refused, 1_000, &limit, 50_000);
         assert!(matches!(
-            b.miss(1, 1_000, 0, no_fetch),
+            b.miss(1, false, 1_000, 0, no_fetch),
             Miss::Throttled { until: 151_000 }
         ));
     }

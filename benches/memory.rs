@@ -1,0 +1,114 @@
+//! Memory per tracked key, measured as the growth of the process's resident set while a store
+//! fills with distinct `u64` keys: this crate's local store (what each host keeps per key), its
+//! in-memory global store, and governor's keyed limiter (what tower_governor keeps per key).
+//!
+//! Run with: cargo bench --bench memory
+//! (Under `cargo test` it runs on 10,000 keys, only to show that it works.)
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+
+use governor::{Quota, RateLimiter};
+use hierarchical_throttle::global::{GlobalStore, TokenRequest};
+use hierarchical_throttle::local::LocalStore;
+use hierarchical_throttle::{Limit, MemoryGlobalStore, MemoryLocalStore};
+
+/// Resident memory of this process, in bytes (Linux).
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// Bytes of resident memory per key that `fill` adds.
+fn per_key(keys: u64, fill: impl FnOnce() -> Box<dyn std::any::Any>) -> f64 {
+    let before = resident_bytes();
+    let store = fill();
+    let after = resident_bytes();
+    black_box(&store);
+    (after.saturating_sub(before)) as f64 / keys as f64
+}
+
+/// Fills one store in this process and prints its bytes per key.
+fn measure(store: &str, keys: u64) {
+    let limit = Limit::per_second(100).burst(100).expect("a valid limit");
+    let bytes = match store {
+        "local" => per_key(keys, || {
+            let store = MemoryLocalStore::<u64>::with_max_keys(keys as usize * 2).expect("a bound");
+            for k in 0..keys {
+                store.with_bucket(&k, |b| b.mark_used());
+            }
+            assert_eq!(store.len() as u64, keys);
+            Box::new(store)
+        }),
+        "global" => per_key(keys, || {
+            let store = MemoryGlobalStore::<u64>::new();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                for k in 0..keys {
+                    let _ = store
+                        .acquire(&k, &limit, TokenRequest { min: 1, want: 1 })
+                        .await;
+                }
+            });
+            assert_eq!(store.len() as u64, keys);
+            Box::new(store)
+        }),
+        _ => per_key(keys, || {
+            let limiter =
+                RateLimiter::keyed(Quota::per_second(NonZeroU32::new(100).expect("non-zero")));
+            for k in 0..keys {
+                let _ = limiter.check_key(&k);
+            }
+            assert_eq!(limiter.len() as u64, keys);
+            Box::new(limiter)
+        }),
+    };
+    println!("{bytes:.0}");
+}
+
+fn main() {
+    let bench = std::env::args().any(|a| a == "--bench");
+    let keys: u64 = if bench { 1_000_000 } else { 10_000 };
+    // Each store in a fresh process: freed memory would otherwise be reused by the next.
+    if let Ok(store) = std::env::var("MEMORY_BENCH_STORE") {
+        return measure(&store, keys);
+    }
+    let exe = std::env::current_exe().expect("this benchmark's path");
+    let run = |store: &str| -> String {
+        let out = std::process::Command::new(&exe)
+            .args(std::env::args().skip(1))
+            .env("MEMORY_BENCH_STORE", store)
+            .output()
+            .expect("run a measurement");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    println!(
+        "memory per tracked key, {keys} distinct u64 keys (resident set growth, one process each):"
+    );
+    println!("| store | bytes per key |");
+    println!("|---|---:|");
+    println!(
+        "| hierarchical-throttle `MemoryLocalStore` (per host) | {} |",
+        run("local")
+    );
+    println!(
+        "| hierarchical-throttle `MemoryGlobalStore` (one process's global level) | {} |",
+        run("global")
+    );
+    println!(
+        "| governor keyed (dashmap), as tower_governor keeps | {} |",
+        run("governor")
+    );
+}

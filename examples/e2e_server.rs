@@ -1,0 +1,158 @@
+//! Run with: cargo run --release --features redis --example e2e_server -- MODE PORT
+//!
+//! The axum app of `examples/axum.rs` (one route, keyed by `x-api-key`), served on
+//! 127.0.0.1:PORT in one of five modes, for `scripts/bench-e2e.sh` to load in turn:
+//!
+//! - `none`: no throttle;
+//! - `memory`: this crate with `MemoryGlobalStore`;
+//! - `redis`: this crate with `RedisGlobalStore` (`REDIS_URL`);
+//! - `governor`: `tower_governor`, per-host GCRA;
+//! - `redis-per-request`: a Redis Lua token bucket asked on every request, as a plain axum
+//!   middleware (what the usual Redis rate limiters do).
+//!
+//! Every mode's limit is far above the load: this measures what throttling costs, not what it
+//! refuses.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use hierarchical_throttle::global::redis::RedisGlobalStore;
+use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
+use http::StatusCode;
+use redis::aio::ConnectionManager;
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::KeyExtractor;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Tokens per second and burst for every mode: far above what the load reaches.
+const RATE: u64 = 10_000_000;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let mut args = std::env::args().skip(1);
+    let mode = args.next().unwrap_or_else(|| "none".into());
+    let port: u16 = args.next().unwrap_or_else(|| "3000".into()).parse()?;
+    let app = Router::new().route("/", get(|| async { "hello\n" }));
+    let app = match mode.as_str() {
+        "none" => app,
+        "memory" => app.layer(throttle(MemoryGlobalStore::new())?),
+        "redis" => app.layer(throttle(
+            RedisGlobalStore::<String>::connect(&redis_url()?).await?,
+        )?),
+        "governor" => app.layer(governor()?),
+        "redis-per-request" => {
+            let redis = ConnectionManager::new(redis::Client::open(redis_url()?)?).await?;
+            let limiter = Arc::new(PerRequestRedis {
+                redis,
+                script: redis::Script::new(PER_REQUEST_BUCKET),
+            });
+            app.layer(middleware::from_fn_with_state(limiter, per_request_redis))
+        }
+        other => return Err(format!("unknown mode {other}").into()),
+    };
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    println!("serving mode {mode} on {}", listener.local_addr()?);
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+fn redis_url() -> Result<String, Error> {
+    std::env::var("REDIS_URL").map_err(|_| "set REDIS_URL".into())
+}
+
+fn throttle<G>(
+    global: G,
+) -> Result<HierarchicalThrottleLayer<Request, String, G>, hierarchical_throttle::ConfigError>
+where
+    G: hierarchical_throttle::global::GlobalStore<String>,
+{
+    HierarchicalThrottleLayer::builder()
+        .key(|req: &Request| key::header_value(req, "x-api-key"))
+        .limit(Limit::per_second(RATE).burst(RATE)?)
+        .global_store(global)
+        .build()
+}
+
+/// tower_governor keyed by the same header.
+#[derive(Clone)]
+struct ApiKey;
+
+impl KeyExtractor for ApiKey {
+    type Key = String;
+
+    fn extract<T>(&self, req: &http::Request<T>) -> Result<String, tower_governor::GovernorError> {
+        key::header_value(req, "x-api-key").ok_or(tower_governor::GovernorError::UnableToExtractKey)
+    }
+}
+
+fn governor() -> Result<
+    GovernorLayer<
+        ApiKey,
+        governor::middleware::NoOpMiddleware<governor::clock::QuantaInstant>,
+        Body,
+    >,
+    Error,
+> {
+    let config = GovernorConfigBuilder::default()
+        .per_nanosecond(1_000_000_000 / RATE)
+        .burst_size(RATE as u32)
+        .key_extractor(ApiKey)
+        .finish()
+        .ok_or("invalid governor config")?;
+    Ok(GovernorLayer::new(config))
+}
+
+/// A classic Redis token bucket, one script call per request: refill by Redis's clock,
+/// take one token or refuse.
+const PER_REQUEST_BUCKET: &str = r#"
+local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens, ts = tonumber(state[1]) or burst, tonumber(state[2]) or now
+tokens = math.min(burst, tokens + (now - ts) * rate / 1000000)
+local allowed = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+  allowed = 1
+end
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
+redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1)
+return allowed
+"#;
+
+struct PerRequestRedis {
+    redis: ConnectionManager,
+    script: redis::Script,
+}
+
+async fn per_request_redis(
+    State(limiter): State<Arc<PerRequestRedis>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let Some(key) = key::header_value(&req, "x-api-key") else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let mut redis = limiter.redis.clone();
+    let allowed: Result<i64, _> = limiter
+        .script
+        .key(format!("per-request:{{{key}}}"))
+        .arg(RATE)
+        .arg(RATE)
+        .invoke_async(&mut redis)
+        .await;
+    match allowed {
+        Ok(1) => next.run(req).await,
+        Ok(_) => StatusCode::TOO_MANY_REQUESTS.into_response(),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
