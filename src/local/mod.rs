@@ -51,10 +51,12 @@ pub struct LocalBucket {
     reserved: u64,
     /// Start a background fetch when `tokens` falls below this (half the last batch).
     low_water: u64,
-    /// Tokens served from the lease since the clock was last read for this key.
-    unrecorded: u64,
-    /// Requests served from the lease and not yet added to the statistics.
-    uncounted: u64,
+    /// Tokens served from the lease since the clock was last read for this key (saturating:
+    /// it is emptied on every slow-path visit).
+    unrecorded: u32,
+    /// Requests served from the lease and not yet added to the statistics (saturating: it is
+    /// emptied on every slow-path visit and sweep).
+    uncounted: u32,
     fetch: Option<Fetch>,
     cold: Box<Cold>,
     /// Set by the store on every access; cleared by its eviction pass (second chance).
@@ -74,8 +76,8 @@ struct Cold {
     waiting_largest: u64,
     /// The waiting costs the batch in flight was asked for.
     planned: u64,
-    /// The host-local bucket used while the global store is unavailable.
-    fallback: Option<TokenBucket>,
+    /// The host-local bucket used while the global store is unavailable (boxed: rarely there).
+    fallback: Option<Box<TokenBucket>>,
 }
 
 impl std::fmt::Debug for LocalBucket {
@@ -126,7 +128,7 @@ impl LocalBucket {
         if !self.try_take(cost) {
             return false;
         }
-        self.uncounted += 1;
+        self.uncounted = self.uncounted.saturating_add(1);
         if self.tokens - self.reserved < self.low_water && self.fetch.is_none() {
             self.fetch = Some(fetch());
         }
@@ -140,8 +142,14 @@ impl LocalBucket {
             return false;
         }
         self.tokens -= cost;
-        self.unrecorded += cost;
+        self.record_served(cost);
         true
+    }
+
+    #[inline]
+    fn record_served(&mut self, cost: u64) {
+        let cost = u32::try_from(cost).unwrap_or(u32::MAX);
+        self.unrecorded = self.unrecorded.saturating_add(cost);
     }
 
     /// Takes `cost` for a request that waited for a batch: reserved tokens first.
@@ -151,13 +159,13 @@ impl LocalBucket {
         }
         self.tokens -= cost;
         self.reserved = self.reserved.saturating_sub(cost);
-        self.unrecorded += cost;
+        self.record_served(cost);
         true
     }
 
     /// Requests served from the lease since the last call.
     pub(crate) fn take_uncounted(&mut self) -> u64 {
-        std::mem::take(&mut self.uncounted)
+        u64::from(std::mem::take(&mut self.uncounted))
     }
 
     /// The fetch in flight for this bucket, started with `fetch` if there is none.
@@ -169,7 +177,7 @@ impl LocalBucket {
     fn record_demand(&mut self, interval: u64) {
         self.cold
             .demand
-            .record(interval, std::mem::take(&mut self.unrecorded));
+            .record(interval, u64::from(std::mem::take(&mut self.unrecorded)));
     }
 
     /// A request found too few tokens at `now` (`waited`: after waiting for a batch): serve it
@@ -293,7 +301,7 @@ impl LocalBucket {
         let bucket = self
             .cold
             .fallback
-            .get_or_insert_with(|| TokenBucket::full(share, now));
+            .get_or_insert_with(|| Box::new(TokenBucket::full(share, now)));
         let taken = bucket.take(share, now, cost, cost);
         if taken.granted >= cost {
             0
@@ -327,6 +335,11 @@ mod tests {
 
     fn no_fetch() -> Fetch {
         async { FetchOutcome::Skipped }.boxed().shared()
+    }
+
+    #[test]
+    fn the_hot_part_of_a_bucket_stays_small() {
+        assert!(std::mem::size_of::<LocalBucket>() <= 56);
     }
 
     #[test]
