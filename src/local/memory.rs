@@ -19,7 +19,7 @@ use crate::sync::lock;
 /// arrive.
 #[derive(Debug)]
 pub struct MemoryLocalStore<K> {
-    shards: Box<[Mutex<Shard<K>>]>,
+    shards: Box<[CacheLine<Mutex<Shard<K>>>]>,
     shard_bits: u32,
     per_shard: usize,
     hasher: foldhash::fast::RandomState,
@@ -31,6 +31,12 @@ pub struct MemoryLocalStore<K> {
 /// Evicted buckets kept for the throttle; beyond this (the throttle takes them every half lease
 /// time), further ones are dropped and their leases stranded, so memory stays bounded.
 type Shard<K> = HashTable<(K, LocalBucket)>;
+
+/// A shard's lock on a cache line of its own (two, against adjacent-line prefetch), so threads
+/// working different shards do not slow each other down.
+#[derive(Debug)]
+#[repr(align(128))]
+struct CacheLine<T>(T);
 
 const MAX_PENDING_RETURNS: usize = 4096;
 
@@ -55,9 +61,10 @@ impl<K> MemoryLocalStore<K> {
     }
 
     fn build(max_keys: usize) -> Self {
-        // About four shards per core, and at least 64 keys per shard.
+        // Sixteen shards per core, so threads on different keys rarely meet on a lock; at least
+        // 64 keys per shard.
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-        let shards = (cores * 4)
+        let shards = (cores * 16)
             .next_power_of_two()
             .min((max_keys / 64).max(1).next_power_of_two());
         let shards = if shards > max_keys / 64 {
@@ -67,7 +74,7 @@ impl<K> MemoryLocalStore<K> {
         };
         let shard_bits = shards.trailing_zeros();
         Self {
-            shards: (0..shards).map(|_| Mutex::new(HashTable::new())).collect(),
+            shards: (0..shards).map(|_| CacheLine(Mutex::new(HashTable::new()))).collect(),
             shard_bits,
             per_shard: max_keys / shards,
             hasher: foldhash::fast::RandomState::default(),
@@ -86,7 +93,7 @@ impl<K> MemoryLocalStore<K> {
         } else {
             (hash >> (64 - self.shard_bits)) as usize
         };
-        &self.shards[index]
+        &self.shards[index].0
     }
 }
 
@@ -155,7 +162,7 @@ where
 
     fn for_each_bucket(&self, mut f: impl FnMut(&K, &mut LocalBucket)) {
         for shard in self.shards.iter() {
-            for (key, bucket) in lock(shard).iter_mut() {
+            for (key, bucket) in lock(&shard.0).iter_mut() {
                 f(key, bucket);
             }
         }
@@ -166,7 +173,7 @@ where
     }
 
     fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).len()).sum()
+        self.shards.iter().map(|s| lock(&s.0).len()).sum()
     }
 }
 
@@ -179,7 +186,7 @@ mod tests {
         let store = MemoryLocalStore::<u64>::with_max_keys(10_000).unwrap();
         let max = store.max_keys();
         assert!((9_000..=10_000).contains(&max), "max_keys {max}");
-        let table_capacity = || -> usize { store.shards.iter().map(|s| lock(s).capacity()).sum() };
+        let table_capacity = || -> usize { store.shards.iter().map(|s| lock(&s.0).capacity()).sum() };
         for key in 0..1_000_000u64 {
             store.with_bucket(&key, |b| b.mark_used());
             assert!(store.len() <= max);
