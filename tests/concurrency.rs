@@ -93,6 +93,9 @@ async fn a_key_with_tokens_to_spare_refuses_nothing_under_heavy_concurrency() {
     }
     let stats = layer.stats();
     assert_eq!(refused, 0, "stats: {stats:?}");
-    assert_eq!(stats.fallback_decisions, 0, "every decision was the store's: {stats:?}");
+    assert_eq!(
+        stats.fallback_decisions, 0,
+        "every decision was the store's: {stats:?}"
+    );
     assert_eq!(stats.admitted_local + stats.admitted_after_fetch, 10_000);
 }
