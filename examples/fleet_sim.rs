@@ -19,7 +19,10 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::fmt::Write as _;
+use std::future::Future;
 use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use governor::clock::FakeRelativeClock;
@@ -27,7 +30,7 @@ use governor::{Quota, RateLimiter};
 use hierarchical_throttle::batch::FractionOfCapacity;
 use hierarchical_throttle::bucket::TokenBucket;
 use hierarchical_throttle::clock::ManualClock;
-use hierarchical_throttle::global::{GlobalStore, TokenRequest};
+use hierarchical_throttle::global::{GlobalStore, Grant, TokenRequest};
 use hierarchical_throttle::{
     HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore, Rejection,
 };
@@ -157,6 +160,8 @@ struct Outcome {
     offered_per_key: Vec<u64>,
     wrongly_refused: u64,
     global_calls: u64,
+    /// Global calls made for the hottest key.
+    hottest_calls: u64,
     /// Admitted requests of the hottest key per plot bin.
     hottest_series: Vec<u64>,
 }
@@ -164,15 +169,60 @@ struct Outcome {
 /// Decides one arrival; returns whether it was admitted.
 trait Fleet {
     async fn decide(&mut self, now: Duration, arrival: Arrival) -> bool;
-    fn global_calls(&self) -> u64;
+    /// Global calls made, in all and for the hottest key.
+    fn global_calls(&self) -> (u64, u64);
     async fn tick(&mut self, _now: Duration) {}
+}
+
+/// The in-memory global store, counting acquire calls per key.
+#[derive(Clone)]
+struct CountingStore {
+    inner: MemoryGlobalStore<usize, ManualClock>,
+    calls: Arc<Vec<AtomicU64>>,
+}
+
+impl CountingStore {
+    fn new(clock: &ManualClock) -> Self {
+        Self {
+            inner: MemoryGlobalStore::with_clock(clock.clone()),
+            calls: Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect()),
+        }
+    }
+
+    fn calls(&self) -> (u64, u64) {
+        let all = self.calls.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        (all, self.calls[0].load(Ordering::Relaxed))
+    }
+}
+
+impl GlobalStore<usize> for CountingStore {
+    type Error = Infallible;
+
+    fn acquire(
+        &self,
+        key: &usize,
+        limit: &Limit,
+        request: TokenRequest,
+    ) -> impl Future<Output = Result<Grant, Infallible>> + Send {
+        self.calls[*key].fetch_add(1, Ordering::Relaxed);
+        self.inner.acquire(key, limit, request)
+    }
+
+    fn release(
+        &self,
+        key: &usize,
+        limit: &Limit,
+        tokens: u64,
+    ) -> impl Future<Output = Result<(), Infallible>> + Send {
+        self.inner.release(key, limit, tokens)
+    }
 }
 
 type Reject = fn(&usize, Rejection<usize>) -> Result<bool, Infallible>;
 type HostLayer = HierarchicalThrottleLayer<
     usize,
     usize,
-    MemoryGlobalStore<usize, ManualClock>,
+    CountingStore,
     MemoryLocalStore<usize>,
     ManualClock,
     Reject,
@@ -182,6 +232,7 @@ type Host = Box<dyn FnMut(usize) -> futures_util::future::BoxFuture<'static, boo
 
 struct Hierarchical {
     clock: ManualClock,
+    global: CountingStore,
     layers: Vec<HostLayer>,
     hosts: Vec<Host>,
 }
@@ -189,7 +240,7 @@ struct Hierarchical {
 impl Hierarchical {
     fn new(fraction: Option<f64>) -> Self {
         let clock = ManualClock::new();
-        let global = MemoryGlobalStore::with_clock(clock.clone());
+        let global = CountingStore::new(&clock);
         let mut layers = Vec::new();
         let mut hosts: Vec<Host> = Vec::new();
         for _ in 0..HOSTS {
@@ -218,6 +269,7 @@ impl Hierarchical {
         }
         Self {
             clock,
+            global,
             layers,
             hosts,
         }
@@ -230,8 +282,8 @@ impl Fleet for Hierarchical {
         (self.hosts[arrival.host])(arrival.key).await
     }
 
-    fn global_calls(&self) -> u64 {
-        self.layers.iter().map(|l| l.stats().global_calls).sum()
+    fn global_calls(&self) -> (u64, u64) {
+        self.global.calls()
     }
 
     async fn tick(&mut self, now: Duration) {
@@ -247,21 +299,19 @@ impl Fleet for Hierarchical {
 
 struct PerRequestGlobal {
     clock: ManualClock,
-    store: MemoryGlobalStore<usize, ManualClock>,
-    calls: u64,
+    store: CountingStore,
 }
 
 impl Fleet for PerRequestGlobal {
     async fn decide(&mut self, now: Duration, arrival: Arrival) -> bool {
         self.clock.set(now);
-        self.calls += 1;
         let request = TokenRequest { min: 1, want: 1 };
         let grant = self.store.acquire(&arrival.key, &limit(), request).await;
         grant.is_ok_and(|g| g.granted == 1)
     }
 
-    fn global_calls(&self) -> u64 {
-        self.calls
+    fn global_calls(&self) -> (u64, u64) {
+        self.store.calls()
     }
 }
 
@@ -305,8 +355,8 @@ impl Fleet for LocalSplit {
         self.limiters[arrival.host].check_key(&arrival.key).is_ok()
     }
 
-    fn global_calls(&self) -> u64 {
-        0
+    fn global_calls(&self) -> (u64, u64) {
+        (0, 0)
     }
 }
 
@@ -345,7 +395,7 @@ async fn simulate<F: Fleet>(fleet: &mut F, arrivals: &[Arrival]) -> Outcome {
             out.wrongly_refused += 1;
         }
     }
-    out.global_calls = fleet.global_calls();
+    (out.global_calls, out.hottest_calls) = fleet.global_calls();
     out
 }
 
@@ -356,6 +406,7 @@ struct Row {
     over_admitted: u64,
     wrongly_refused_share: f64,
     calls_per_1000: f64,
+    hottest_calls_per_1000: f64,
 }
 
 fn summarize(scenario: &str, strategy: Strategy, out: &Outcome) -> Row {
@@ -374,6 +425,7 @@ fn summarize(scenario: &str, strategy: Strategy, out: &Outcome) -> Row {
         over_admitted: over,
         wrongly_refused_share: out.wrongly_refused as f64 / out.requests as f64,
         calls_per_1000: 1000.0 * out.global_calls as f64 / out.requests as f64,
+        hottest_calls_per_1000: 1000.0 * out.hottest_calls as f64 / out.offered_per_key[0] as f64,
     }
 }
 
@@ -405,16 +457,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         }
                         Strategy::PerRequestGlobal => {
                             let clock = ManualClock::new();
-                            let store = MemoryGlobalStore::with_clock(clock.clone());
-                            simulate(
-                                &mut PerRequestGlobal {
-                                    clock,
-                                    store,
-                                    calls: 0,
-                                },
-                                &arrivals,
-                            )
-                            .await
+                            let store = CountingStore::new(&clock);
+                            simulate(&mut PerRequestGlobal { clock, store }, &arrivals).await
                         }
                         Strategy::LocalSplit => {
                             simulate(&mut LocalSplit::new(HOSTS), &arrivals).await
@@ -451,19 +495,20 @@ fn markdown(rows: &[Row]) -> String {
     );
     let _ = writeln!(
         s,
-        "| scenario | strategy | admitted / allowed | over-admitted | refused within the limit | global calls per 1,000 requests |"
+        "| scenario | strategy | admitted / allowed | over-admitted | refused within the limit | global calls per 1,000 requests | global calls per 1,000 requests of the hottest key |"
     );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|");
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.1}% | {} | {:.2}% | {:.1} |",
+            "| {} | {} | {:.1}% | {} | {:.2}% | {:.1} | {:.1} |",
             r.scenario,
             r.strategy.name(),
             100.0 * r.admitted_share,
             r.over_admitted,
             100.0 * r.wrongly_refused_share,
-            r.calls_per_1000
+            r.calls_per_1000,
+            r.hottest_calls_per_1000
         );
     }
     s
