@@ -289,34 +289,31 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
 
     /// The clock that times leases, demand and throttled keys. Default: [`MonotonicClock`].
     pub fn clock<C2: Clock>(self, clock: C2) -> Builder<Req, K, G, L, C2, R> {
-        Builder {
-            key: self.key,
-            cost: self.cost,
-            limit: self.limit,
-            limit_per_key: self.limit_per_key,
-            missing_key: self.missing_key,
-            global: self.global,
-            local: self.local,
-            clock,
-            on_rejection: self.on_rejection,
-            batch: self.batch,
-            config: self.config,
-            error: self.error,
-        }
+        self.swap(|global, local, _, on_rejection| (global, local, clock, on_rejection))
     }
 
     /// How a rejection becomes a response or an error. Default: [`DefaultRejection`] (HTTP and
     /// gRPC, told apart by content type).
     pub fn on_rejection<R2>(self, on_rejection: R2) -> Builder<Req, K, G, L, C, R2> {
+        self.swap(|global, local, clock, _| (global, local, clock, on_rejection))
+    }
+
+    /// This builder with its store, clock and rejection types replaced by `f`'s.
+    fn swap<G2, L2, C2, R2>(
+        self,
+        f: impl FnOnce(G, L, C, R) -> (G2, L2, C2, R2),
+    ) -> Builder<Req, K, G2, L2, C2, R2> {
+        let (global, local, clock, on_rejection) =
+            f(self.global, self.local, self.clock, self.on_rejection);
         Builder {
             key: self.key,
             cost: self.cost,
             limit: self.limit,
             limit_per_key: self.limit_per_key,
             missing_key: self.missing_key,
-            global: self.global,
-            local: self.local,
-            clock: self.clock,
+            global,
+            local,
+            clock,
             on_rejection,
             batch: self.batch,
             config: self.config,
@@ -358,38 +355,12 @@ where
     /// The global store: [`MemoryGlobalStore`](crate::MemoryGlobalStore) for one process, a
     /// Redis store for a fleet, or your own.
     pub fn global_store<G2: GlobalStore<K>>(self, global: G2) -> Builder<Req, K, G2, L, C, R> {
-        Builder {
-            key: self.key,
-            cost: self.cost,
-            limit: self.limit,
-            limit_per_key: self.limit_per_key,
-            missing_key: self.missing_key,
-            global,
-            local: self.local,
-            clock: self.clock,
-            on_rejection: self.on_rejection,
-            batch: self.batch,
-            config: self.config,
-            error: self.error,
-        }
+        self.swap(|_, local, clock, on_rejection| (global, local, clock, on_rejection))
     }
 
     /// The local store. Default: [`MemoryLocalStore::new`] (at most 100,000 keys).
     pub fn local_store<L2: LocalStore<K>>(self, local: L2) -> Builder<Req, K, G, L2, C, R> {
-        Builder {
-            key: self.key,
-            cost: self.cost,
-            limit: self.limit,
-            limit_per_key: self.limit_per_key,
-            missing_key: self.missing_key,
-            global: self.global,
-            local,
-            clock: self.clock,
-            on_rejection: self.on_rejection,
-            batch: self.batch,
-            config: self.config,
-            error: self.error,
-        }
+        self.swap(|global, _, clock, on_rejection| (global, local, clock, on_rejection))
     }
 }
 

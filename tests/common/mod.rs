@@ -79,6 +79,78 @@ where
     }
 }
 
+/// What a fleet run admitted.
+#[derive(Debug)]
+pub struct FleetRun {
+    pub requests: u64,
+    pub admitted: u64,
+    /// What the limit allows over the run: burst + rate x time.
+    pub allowed: u64,
+    pub global_calls: u64,
+}
+
+impl FleetRun {
+    /// Checks the fleet's promise: never more than the limit allows, and at least 97% of it.
+    pub fn assert_holds_the_limit(&self) {
+        let FleetRun {
+            admitted, allowed, ..
+        } = *self;
+        assert!(admitted <= allowed, "over-admission: {self:?}");
+        assert!(admitted * 100 >= allowed * 97, "under-admission: {self:?}");
+    }
+}
+
+/// Four hosts on `global` with `limit`, on `clock`, for `seconds` simulated seconds: at each
+/// millisecond, host `i` sends a request for `"tenant"` when `sends(i, ms)`. Every 500 ms each
+/// host hands back its expired leases, as its background sweeper would.
+pub async fn run_fleet<G>(
+    clock: &ManualClock,
+    global: G,
+    limit: Limit,
+    seconds: u64,
+    sends: impl Fn(usize, u64) -> bool,
+) -> FleetRun
+where
+    G: GlobalStore<String> + Clone,
+{
+    let layers: Vec<_> = (0..4)
+        .map(|_| {
+            host_builder(clock, limit)
+                .global_store(global.clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut hosts: Vec<_> = layers
+        .iter()
+        .map(|l| tower::Layer::layer(l, backend()))
+        .collect();
+    let (mut requests, mut admitted) = (0, 0);
+    for ms in 1..=seconds * 1000 {
+        clock.set(Duration::from_millis(ms));
+        for (i, host) in hosts.iter_mut().enumerate() {
+            if sends(i, ms) {
+                requests += 1;
+                admitted += u64::from(send(host, "tenant", 1).await == Outcome::Served);
+            }
+        }
+        if ms % 500 == 0 {
+            for layer in &layers {
+                layer.return_unused_leases().await;
+            }
+        }
+    }
+    let allowed = limit.capacity()
+        + seconds * 1_000_000 * limit.refill_amount() / limit.refill_period().as_micros() as u64;
+    let global_calls = layers.iter().map(|l| l.stats().global_calls).sum();
+    FleetRun {
+        requests,
+        admitted,
+        allowed,
+        global_calls,
+    }
+}
+
 /// Lets spawned background tasks (prefetches) run to completion on a current-thread runtime.
 pub async fn settle_background() {
     for _ in 0..16 {
