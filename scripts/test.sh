@@ -35,3 +35,6 @@ cargo test --all-targets --all-features
 
 echo "==> cargo test --doc"
 cargo test --doc --all-features
+
+echo "==> cargo doc (warnings are errors: every public item documented, every link resolves)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features

@@ -43,6 +43,24 @@
 //! fleet admits close to its limit and never more: every admitted token was dispensed once by
 //! the global bucket.
 //!
+//! # Modules
+//!
+//! - [`bucket`]: the lazy token bucket's exact arithmetic, shared by every store;
+//! - [`global`]: the [`GlobalStore`](global::GlobalStore) trait, [`MemoryGlobalStore`] and, with
+//!   the `redis` feature, `global::redis::RedisGlobalStore` (Redis and Redis Cluster);
+//! - [`local`]: the [`LocalStore`](local::LocalStore) trait and [`MemoryLocalStore`];
+//! - [`batch`]: how many tokens a host asks for ([`batch::WeightedDemand`] by default);
+//! - [`clock`]: [`clock::MonotonicClock`], and [`clock::ManualClock`] for exact tests;
+//! - [`key`]: key helpers and the [`MissingKey`] policy;
+//! - [`grpc`]: gRPC rejections (`RESOURCE_EXHAUSTED` with retry information), chosen by
+//!   [`DefaultRejection`] from the request's content type.
+//!
+//! # Failures
+//!
+//! Every global call has a time-out; a failing store is left alone for a back-off, and the
+//! requests that needed it are decided by the [`FailurePolicy`] (by default, each host enforces
+//! the limit on its own until the store is back).
+//!
 //! # Runtime
 //!
 //! The service must run on a Tokio runtime with the time driver enabled (as axum and tonic do):

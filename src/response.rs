@@ -65,7 +65,7 @@ impl<K> Rejection<K> {
         }
     }
 
-    pub(crate) fn retry_after(mut self, wait: Duration) -> Self {
+    pub(crate) fn with_retry_after(mut self, wait: Duration) -> Self {
         self.retry_after = Some(wait);
         self
     }

@@ -311,7 +311,7 @@ where
                 let wait = self.health.down_until().saturating_sub(now).max(1);
                 let rejection =
                     Rejection::new(Some(key), RejectionReason::StoreUnavailable, Some(*limit));
-                Err(rejection.retry_after(Duration::from_micros(wait)))
+                Err(rejection.with_retry_after(Duration::from_micros(wait)))
             }
             FailurePolicy::LocalFallback { expected_hosts } => {
                 let share = limit.share(expected_hosts.get());
@@ -397,7 +397,7 @@ where
 
 fn throttled<K>(key: K, limit: Limit, wait_micros: u64) -> Rejection<K> {
     Rejection::new(Some(key), RejectionReason::Throttled, Some(limit))
-        .retry_after(Duration::from_micros(wait_micros.max(1)))
+        .with_retry_after(Duration::from_micros(wait_micros.max(1)))
 }
 
 /// Runs `future` in the background on the current Tokio runtime; without one it is dropped

@@ -33,16 +33,22 @@ async fn conforming_on_store(arrivals: &[u64]) -> Vec<bool> {
     out
 }
 
-async fn conforming_through_layer(arrivals: &[u64]) -> Vec<bool> {
-    let clock = ManualClock::new();
-    let store = MemoryGlobalStore::with_clock(clock.clone());
-    // A batch of exactly the request's cost: every decision is the global bucket's.
-    let layer = host_builder(&clock, tb())
+/// A host of TB(1/3 per ms, 4) whose batches are exactly a request's cost, so every decision
+/// is the global bucket's.
+fn host_deciding_by_the_global_bucket(
+    clock: &ManualClock,
+) -> impl tower::Service<Job, Response = Outcome, Error = std::convert::Infallible> {
+    let layer = host_builder(clock, tb())
         .batch_policy(|_: &hierarchical_throttle::batch::BatchContext<'_>| 0)
-        .global_store(store)
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
         .build()
         .unwrap();
-    let mut host = tower::Layer::layer(&layer, backend());
+    tower::Layer::layer(&layer, backend())
+}
+
+async fn conforming_through_layer(arrivals: &[u64]) -> Vec<bool> {
+    let clock = ManualClock::new();
+    let mut host = host_deciding_by_the_global_bucket(&clock);
     let mut out = Vec::new();
     for &ms in arrivals {
         clock.set(Duration::from_millis(ms));
@@ -88,13 +94,7 @@ fn tokens_before_each_steady_arrival_match_the_notes() {
 #[tokio::test]
 async fn the_refused_arrival_is_told_when_a_token_is_due() {
     let clock = ManualClock::new();
-    let store = MemoryGlobalStore::with_clock(clock.clone());
-    let layer = host_builder(&clock, tb())
-        .batch_policy(|_: &hierarchical_throttle::batch::BatchContext<'_>| 0)
-        .global_store(store)
-        .build()
-        .unwrap();
-    let mut host = tower::Layer::layer(&layer, backend());
+    let mut host = host_deciding_by_the_global_bucket(&clock);
     for ms in 0..5 {
         clock.set(Duration::from_millis(ms));
         assert_eq!(send(&mut host, "k", 1).await, Outcome::Served);
