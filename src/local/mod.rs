@@ -130,7 +130,7 @@ impl LocalBucket {
             return false;
         }
         self.uncounted = self.uncounted.saturating_add(1);
-        if self.tokens - self.reserved < self.low_water && self.cold.fetch.is_none() {
+        if self.tokens.saturating_sub(self.reserved) < self.low_water && self.cold.fetch.is_none() {
             self.cold.fetch = Some(fetch());
         }
         true
@@ -139,7 +139,7 @@ impl LocalBucket {
     /// Takes `cost` of the tokens not reserved for waiting requests.
     #[inline]
     fn try_take(&mut self, cost: u64) -> bool {
-        if self.tokens - self.reserved < cost {
+        if self.tokens.saturating_sub(self.reserved) < cost {
             return false;
         }
         self.tokens -= cost;
@@ -261,8 +261,11 @@ impl LocalBucket {
         max_batch_wait: u64,
     ) -> u64 {
         self.cold.fetch = None;
-        let planned = std::mem::take(&mut self.cold.planned);
-        self.reserved = 0;
+        // Everyone waiting on this batch: those it was asked for and those who joined since.
+        // Whatever it brings is theirs first; those it cannot serve register again.
+        let waiting =
+            std::mem::take(&mut self.cold.planned) + std::mem::take(&mut self.cold.waiting_total);
+        self.cold.waiting_largest = 0;
         let FetchOutcome::Granted { request, grant } = outcome else {
             return 0;
         };
@@ -280,8 +283,9 @@ impl LocalBucket {
         self.low_water = grant.granted / 2;
         let tokens = self.tokens + grant.granted;
         self.tokens = tokens.min(limit.capacity());
-        // Everyone waiting on this batch: those it was asked for and those who joined since.
-        self.reserved = self.tokens.min(planned + self.cold.waiting_total);
+        // Added to what earlier batches still hold for their waiters: a reservation left by a
+        // request that gave up is taken by the next request that waits.
+        self.reserved = self.tokens.min(self.reserved + waiting);
         tokens - self.tokens
     }
 
