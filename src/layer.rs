@@ -54,6 +54,14 @@ impl<Req, K, R> RequestPolicy<Req, K, R> {
     pub(crate) fn cost(&self, request: &Req) -> u64 {
         self.cost.as_ref().map_or(1, |cost| cost(request))
     }
+
+    pub(crate) fn missing_key_name(&self) -> &'static str {
+        match self.missing_key {
+            MissingKey::Reject => "reject",
+            MissingKey::Admit => "admit",
+            MissingKey::UseKey(_) => "use a shared key",
+        }
+    }
 }
 
 impl<Req, K, G, L, C, R> Clone for HierarchicalThrottleLayer<Req, K, G, L, C, R> {
@@ -340,7 +348,9 @@ where
     }
 
     /// A limit chosen per key (for tiers of customers), instead of [`limit`](Self::limit).
-    /// It is asked when a key's tokens run short, never on the hot path.
+    /// It is asked when a key's tokens run short, never on the hot path; the global store gets
+    /// the limit with every call, so a closure that reads a shared setting changes limits at
+    /// run time (within one batch).
     pub fn limit_per_key(mut self, limit: impl Fn(&K) -> Limit + Send + Sync + 'static) -> Self {
         self.limit_per_key = Some(Box::new(limit));
         self

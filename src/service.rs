@@ -135,6 +135,7 @@ where
 
     fn check_keyless(&self, cost: u64) -> Check<K> {
         self.throttle.stats.missing_key.incr();
+        tracing::debug!(policy = ?self.policy.missing_key_name(), "request without a throttle key");
         match &self.policy.missing_key {
             MissingKey::Reject => {
                 Check::Reject(Rejection::new(None, RejectionReason::MissingKey, None))

@@ -142,6 +142,11 @@ where
         let limit = self.limit_for(&key);
         if cost > limit.capacity() {
             self.stats.refused_cost.incr();
+            tracing::debug!(
+                cost,
+                capacity = limit.capacity(),
+                "refused: cost above capacity"
+            );
             let reason = RejectionReason::CostExceedsCapacity {
                 cost,
                 capacity: limit.capacity(),
@@ -315,6 +320,11 @@ where
             }
             FailurePolicy::LocalFallback { expected_hosts } => {
                 let share = limit.share(expected_hosts.get());
+                if cost > share.capacity() {
+                    // This host's share can never hold it: it waits for the store instead.
+                    let wait = self.health.down_until().saturating_sub(now).max(1);
+                    return Err(throttled(key, share, wait));
+                }
                 let wait = self
                     .local
                     .with_bucket(&key, |b| b.take_fallback(&share, now, cost));

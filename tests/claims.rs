@@ -255,3 +255,34 @@ async fn a_refused_host_waits_for_its_whole_batch_before_asking_again() {
         "one call brought the batch"
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_limit_read_from_shared_settings_changes_at_run_time() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let clock = ManualClock::new();
+    let per_second = Arc::new(AtomicU64::new(1));
+    let setting = per_second.clone();
+    let layer = host_builder(&clock, Limit::per_second(1).burst(1).unwrap())
+        .limit_per_key(move |_: &String| {
+            let n = setting.load(Ordering::Relaxed);
+            Limit::per_second(n).burst(n).unwrap()
+        })
+        .batch_policy(|_: &BatchContext<'_>| 0)
+        .global_store(store(&clock))
+        .build()
+        .unwrap();
+    let mut host = layer.layer(backend());
+    let served = async |host: &mut _| {
+        let mut n = 0;
+        while send(host, "a", 1).await == Outcome::Served {
+            n += 1;
+        }
+        n
+    };
+    assert_eq!(served(&mut host).await, 1);
+    per_second.store(10, Ordering::Relaxed);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(served(&mut host).await, 10, "a second at the new rate");
+}

@@ -74,6 +74,24 @@ async fn local_fallback_enforces_the_hosts_share_of_the_limit() {
     );
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn a_cost_above_the_hosts_fallback_share_waits_for_the_store() {
+    let clock = ManualClock::new();
+    let layer = host_builder(&clock, limit())
+        .failure_policy(FailurePolicy::local_fallback(4).unwrap())
+        .global_store(faulty(&clock, Fault::Error))
+        .build()
+        .unwrap();
+    let mut host = layer.layer(backend());
+    // A quarter of 10 holds at most 3 tokens: a request of 4 is told to come back when the
+    // store is probed again (50 ms), not after a refill that can never make room for it.
+    assert_eq!(
+        send(&mut host, "a", 4).await,
+        Outcome::Refused(RejectionReason::Throttled, Some(Duration::from_millis(50)))
+    );
+    assert_eq!(send(&mut host, "a", 3).await, Outcome::Served);
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_hanging_store_costs_a_request_no_more_than_the_time_out() {
     let clock = ManualClock::new();
