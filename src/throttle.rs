@@ -2,8 +2,9 @@
 //!
 //! Hot path: one local-store lookup and a subtraction. Slow path (the local bucket is short):
 //! read the clock, check the throttled-key cache, then join or start the single fetch in flight
-//! for the key on this host. A fetch is a shared future: whichever waiting request polls it
-//! drives it, so a cancelled request never strands the others.
+//! for the key on this host. A fetch runs in a task of its own and the waiting requests share
+//! its outcome, so a cancelled request never strands the others; what it brings is reserved for
+//! them.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
