@@ -18,9 +18,10 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use futures_util::FutureExt;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use hierarchical_throttle::batch::{BatchContext, FractionOfCapacity};
+use hierarchical_throttle::clock::MonotonicClock;
 use hierarchical_throttle::{
-    HierarchicalThrottle, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore,
-    Rejection,
+    Builder, HierarchicalThrottle, HierarchicalThrottleLayer, Limit, MemoryGlobalStore,
+    MemoryLocalStore, Rejection, Unset,
 };
 use tower::{Layer, Service, ServiceExt};
 
@@ -49,7 +50,7 @@ type Ours = HierarchicalThrottle<
     u64,
     MemoryGlobalStore<u64>,
     MemoryLocalStore<u64>,
-    hierarchical_throttle::clock::MonotonicClock,
+    MonotonicClock,
     Reject,
 >;
 
@@ -60,21 +61,26 @@ fn keys(n: u64) -> Vec<u64> {
         .collect()
 }
 
-/// Our service with tokens leased for every key.
-fn ours(runtime: &tokio::runtime::Runtime, keys: &[u64]) -> Ours {
-    let layer = HierarchicalThrottleLayer::builder()
+/// A layer keyed by the request itself, with a limit the benchmarks never reach.
+fn builder() -> Builder<u64, u64, Unset, MemoryLocalStore<u64>, MonotonicClock, Reject> {
+    HierarchicalThrottleLayer::builder()
         .key(|k: &u64| Some(*k))
         .limit(
             Limit::per_second(1_000_000)
                 .burst(Limit::MAX_CAPACITY)
                 .unwrap(),
         )
+        .on_rejection((|_, _| Ok(u64::MAX)) as Reject)
+}
+
+/// Our service with tokens leased for every key.
+fn ours(runtime: &tokio::runtime::Runtime, keys: &[u64]) -> Ours {
+    let layer = builder()
         .batch_policy(FractionOfCapacity::new(1.0).unwrap())
         // Warming a million keys takes seconds: keep their leases through the run.
         .lease_ttl(Duration::from_secs(3600))
         .local_store(MemoryLocalStore::with_max_keys(2 * keys.len() + 64).unwrap())
         .global_store(MemoryGlobalStore::new())
-        .on_rejection((|_, _| Ok(u64::MAX)) as Reject)
         .build()
         .unwrap();
     let mut service = layer.layer(Echo);
@@ -204,16 +210,9 @@ where
 /// A decision whose local bucket is always empty: every request waits for a batch of one token
 /// from a `MemoryGlobalStore` (the slow path, with its task spawn and wake-ups).
 fn global_fetch(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
-    let layer = HierarchicalThrottleLayer::builder()
-        .key(|k: &u64| Some(*k))
-        .limit(
-            Limit::per_second(1_000_000)
-                .burst(Limit::MAX_CAPACITY)
-                .unwrap(),
-        )
+    let layer = builder()
         .batch_policy(|_: &BatchContext<'_>| 0)
         .global_store(MemoryGlobalStore::new())
-        .on_rejection((|_, _| Ok(u64::MAX)) as Reject)
         .build()
         .unwrap();
     let mut service = layer.layer(Echo);

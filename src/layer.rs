@@ -99,7 +99,8 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
     /// ```
     pub fn builder() -> Builder<Unset, Unset, Unset, Unset, MonotonicClock, DefaultRejection> {
         Builder {
-            key: None,
+            // Until `key` is set the builder cannot build: `Unset` is not a key.
+            key: Box::new(|_| None),
             cost: None,
             limit: None,
             limit_per_key: None,
@@ -175,7 +176,7 @@ type LimitFn<K> = Box<dyn Fn(&K) -> Limit + Send + Sync>;
 /// values are reported by [`build`](Self::build).
 #[must_use = "call .build() to make the layer"]
 pub struct Builder<Req, K, G, L, C, R> {
-    key: Option<KeyFn<Req, K>>,
+    key: KeyFn<Req, K>,
     cost: Option<CostFn<Req>>,
     limit: Option<Limit>,
     limit_per_key: Option<LimitFn<K>>,
@@ -206,7 +207,7 @@ impl<C, R> Builder<Unset, Unset, Unset, Unset, C, R> {
         F: Fn(&Req) -> Option<K> + Send + Sync + 'static,
     {
         Builder {
-            key: Some(Box::new(key)),
+            key: Box::new(key),
             cost: None,
             limit: self.limit,
             limit_per_key: None,
@@ -396,10 +397,6 @@ where
                 });
             }
         };
-        let key = self.key.ok_or(ConfigError::InvalidSetting {
-            setting: "key",
-            expected: "a key closure",
-        })?;
         let throttle = Throttle::new(
             self.global,
             self.local,
@@ -409,7 +406,7 @@ where
             self.config,
         );
         let policy = RequestPolicy {
-            key,
+            key: self.key,
             cost: self.cost,
             missing_key: self.missing_key,
             on_rejection: self.on_rejection,

@@ -284,15 +284,15 @@ where
             b.settle(&outcome, now, &limit, self.max_batch_wait())
         });
         if excess > 0 {
-            spawn(self.clone().release(key, excess));
+            spawn(async move { self.release(&key, excess).await });
         }
         outcome
     }
 
     /// Hands `tokens` of `key` back to the global store.
-    async fn release(self: Arc<Self>, key: K, tokens: u64) {
-        let limit = self.limit_for(&key);
-        let call = self.global.release(&key, &limit, tokens);
+    async fn release(&self, key: &K, tokens: u64) {
+        let limit = self.limit_for(key);
+        let call = self.global.release(key, &limit, tokens);
         match tokio::time::timeout(self.config.store_timeout, call).await {
             Ok(Ok(())) => self.stats.tokens_returned.add(tokens),
             Ok(Err(error)) => tracing::debug!(%error, tokens, "global release failed"),
@@ -342,7 +342,8 @@ where
     pub(crate) async fn return_unused_leases(&self) {
         let now = self.now();
         let ttl = micros(self.config.lease_ttl);
-        let mut returns = self.take_evicted();
+        self.collect_evicted();
+        let mut returns = std::mem::take(&mut *crate::sync::lock(&self.evicted_leases));
         self.local.for_each_bucket(|key, b| {
             self.stats.admitted_local.add(b.take_uncounted());
             let tokens = b.take_expired(now, ttl);
@@ -351,18 +352,16 @@ where
             }
         });
         for (key, tokens) in returns {
-            let limit = self.limit_for(&key);
-            let call = self.global.release(&key, &limit, tokens);
-            match tokio::time::timeout(self.config.store_timeout, call).await {
-                Ok(Ok(())) => self.stats.tokens_returned.add(tokens),
-                _ => tracing::debug!(tokens, "could not hand back an unused lease"),
-            }
+            self.release(&key, tokens).await;
         }
     }
 
-    /// Counts the requests served by evicted buckets, and returns their leases.
-    fn take_evicted(&self) -> Vec<(K, u64)> {
+    /// Counts the requests served by evicted buckets, and keeps their leases for the next sweep.
+    fn collect_evicted(&self) {
         let evicted = self.local.take_evicted();
+        if evicted.is_empty() {
+            return;
+        }
         let mut leases = crate::sync::lock(&self.evicted_leases);
         for (key, mut bucket) in evicted {
             self.stats.admitted_local.add(bucket.take_uncounted());
@@ -370,16 +369,13 @@ where
                 leases.push((key, bucket.leased_tokens()));
             }
         }
-        std::mem::take(&mut *leases)
     }
 
     /// The counters, with every request served so far counted.
     pub(crate) fn stats(&self) -> ThrottleStats {
         self.local
             .for_each_bucket(|_, b| self.stats.admitted_local.add(b.take_uncounted()));
-        let leases = self.take_evicted();
-        // Keep the evicted leases for the next sweep: this call cannot wait on the store.
-        crate::sync::lock(&self.evicted_leases).extend(leases);
+        self.collect_evicted();
         self.stats.snapshot()
     }
 

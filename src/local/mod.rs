@@ -126,7 +126,7 @@ impl LocalBucket {
     /// shared counter: the request is counted when the bucket is next on the slow path.
     #[inline]
     pub(crate) fn take_leased(&mut self, cost: u64, fetch: impl FnOnce() -> Fetch) -> bool {
-        if !self.try_take(cost) {
+        if !self.take(cost, false) {
             return false;
         }
         self.uncounted = self.uncounted.saturating_add(1);
@@ -136,31 +136,24 @@ impl LocalBucket {
         true
     }
 
-    /// Takes `cost` of the tokens not reserved for waiting requests.
+    /// Takes `cost` tokens: a request that `waited` for a batch may take the tokens reserved for
+    /// the waiting requests; any other only those not reserved.
     #[inline]
-    fn try_take(&mut self, cost: u64) -> bool {
-        if self.tokens.saturating_sub(self.reserved) < cost {
+    fn take(&mut self, cost: u64, waited: bool) -> bool {
+        let available = if waited {
+            self.tokens
+        } else {
+            self.tokens.saturating_sub(self.reserved)
+        };
+        if available < cost {
             return false;
         }
         self.tokens -= cost;
-        self.record_served(cost);
-        true
-    }
-
-    #[inline]
-    fn record_served(&mut self, cost: u64) {
+        if waited {
+            self.reserved = self.reserved.saturating_sub(cost);
+        }
         let cost = u32::try_from(cost).unwrap_or(u32::MAX);
         self.unrecorded = self.unrecorded.saturating_add(cost);
-    }
-
-    /// Takes `cost` for a request that waited for a batch: reserved tokens first.
-    fn take_as_waiter(&mut self, cost: u64) -> bool {
-        if self.tokens < cost {
-            return false;
-        }
-        self.tokens -= cost;
-        self.reserved = self.reserved.saturating_sub(cost);
-        self.record_served(cost);
         true
     }
 
@@ -192,12 +185,7 @@ impl LocalBucket {
         interval: u64,
         fetch: impl FnOnce() -> Fetch,
     ) -> Miss {
-        let taken = if waited {
-            self.take_as_waiter(cost)
-        } else {
-            self.try_take(cost)
-        };
-        if taken {
+        if self.take(cost, waited) {
             self.record_demand(interval);
             return Miss::Admitted;
         }
