@@ -1,9 +1,10 @@
 //! The local fast path against governor's keyed `check_key`, in the same run, on one and two
 //! threads; and the slow path that fetches a batch from the global store.
 //!
-//! Both sides do the same work around the decision: take a request, decide, and call the same
-//! trivial inner service. Keys are `u64`; every key holds tokens before measuring, so each
-//! iteration is a hit on a known key.
+//! Three ways to decide, each taking a `u64` key and calling the same trivial inner service when
+//! admitted: this crate's decision alone (`acquire`), this crate's whole service (key closure,
+//! decision, response future), and governor's keyed `check_key`. Every key holds tokens before
+//! measuring, so each iteration is a hit on a known key.
 //!
 //! Run with: cargo bench --bench fast_path
 
@@ -15,7 +16,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use futures_util::FutureExt;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use hierarchical_throttle::batch::{BatchContext, FractionOfCapacity};
 use hierarchical_throttle::clock::MonotonicClock;
@@ -73,8 +73,17 @@ fn builder() -> Builder<u64, u64, Unset, MemoryLocalStore<u64>, MonotonicClock, 
         .on_rejection((|_, _| Ok(u64::MAX)) as Reject)
 }
 
-/// Our service with tokens leased for every key.
-fn ours(runtime: &tokio::runtime::Runtime, keys: &[u64]) -> Ours {
+type OursLayer = HierarchicalThrottleLayer<
+    u64,
+    u64,
+    MemoryGlobalStore<u64>,
+    MemoryLocalStore<u64>,
+    MonotonicClock,
+    Reject,
+>;
+
+/// Our layer and a service from it, with tokens leased for every key.
+fn ours(runtime: &tokio::runtime::Runtime, keys: &[u64]) -> (OursLayer, Ours) {
     let layer = builder()
         .batch_policy(FractionOfCapacity::new(1.0).unwrap())
         // Warming a million keys takes seconds: keep their leases through the run.
@@ -88,7 +97,7 @@ fn ours(runtime: &tokio::runtime::Runtime, keys: &[u64]) -> Ours {
         let warm = runtime.block_on(async { service.ready().await?.call(k).await });
         assert_eq!(warm, Ok(k), "every key holds tokens before measuring");
     }
-    service
+    (layer, service)
 }
 
 fn governor(keys: &[u64]) -> DefaultKeyedRateLimiter<u64> {
@@ -99,10 +108,70 @@ fn governor(keys: &[u64]) -> DefaultKeyedRateLimiter<u64> {
     limiter
 }
 
+/// Polls a future once, as a server would on an answer that is ready: inlined on every side,
+/// so none pays a call that another does not.
+#[inline(always)]
+fn poll_once<F: std::future::Future>(future: F) -> Option<F::Output> {
+    let mut context = Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(future).poll(&mut context) {
+        Poll::Ready(output) => Some(output),
+        Poll::Pending => None,
+    }
+}
+
 /// The next index, wrapping without a division (which would cost more than a decision).
 #[inline]
 fn next(i: usize, len: usize) -> usize {
     if i + 1 == len { 0 } else { i + 1 }
+}
+
+/// The three ways to decide a request for `key` and call the inner service when admitted.
+#[derive(Clone, Copy)]
+enum Way {
+    /// `HierarchicalThrottleLayer::acquire`: the decision alone.
+    Acquire,
+    /// The throttling service: key closure, decision and response future.
+    Service,
+    /// governor's keyed `check_key`.
+    Governor,
+}
+
+impl Way {
+    const ALL: [Way; 3] = [Way::Acquire, Way::Service, Way::Governor];
+
+    fn name(self) -> &'static str {
+        match self {
+            Way::Acquire => "hierarchical_throttle_acquire",
+            Way::Service => "hierarchical_throttle_service",
+            Way::Governor => "governor_check_key",
+        }
+    }
+}
+
+/// What one thread decides with: its own clone of our service (clones share the buckets), or
+/// the shared governor limiter.
+enum Decider<'a> {
+    Ours(&'a OursLayer, Ours),
+    Governor(&'a DefaultKeyedRateLimiter<u64>),
+}
+
+impl Decider<'_> {
+    #[inline(always)]
+    fn decide(&mut self, way: Way, key: u64) -> Option<Result<u64, Infallible>> {
+        let mut echo = Echo;
+        match (way, self) {
+            (Way::Service, Decider::Ours(_, service)) => poll_once(service.call(key)),
+            (Way::Acquire, Decider::Ours(layer, _)) => {
+                let admitted = poll_once(layer.acquire(key, 1)).is_some_and(|d| d.is_ok());
+                admitted.then(|| poll_once(echo.call(key)))?
+            }
+            (_, Decider::Governor(limiter)) => {
+                let admitted = limiter.check_key(&key).is_ok();
+                admitted.then(|| poll_once(echo.call(key)))?
+            }
+            (Way::Governor, Decider::Ours(..)) => None,
+        }
+    }
 }
 
 /// One thread, 1 / 10k / 1M known keys.
@@ -111,29 +180,27 @@ fn one_thread(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
     for n in [1u64, 10_000, 1_000_000] {
         let keys = keys(n);
         // Built on first use, so a filtered run sets up only what it measures.
-        let mut service = None;
-        let mut i = 0;
-        group.bench_function(format!("hierarchical_throttle/{n}"), |b| {
-            let service = service.get_or_insert_with(|| ours(runtime, &keys));
-            b.iter(|| {
-                i = next(i, keys.len());
-                black_box(service.call(black_box(keys[i])).now_or_never())
-            })
-        });
-        drop(service);
-
+        let mut ours_state = None;
         let mut limiter = None;
-        let mut echo = Echo;
-        let mut j = 0;
-        group.bench_function(format!("governor_check_key/{n}"), |b| {
-            let limiter = limiter.get_or_insert_with(|| governor(&keys));
-            b.iter(|| {
-                j = next(j, keys.len());
-                let key = black_box(keys[j]);
-                let admitted = limiter.check_key(&key).is_ok();
-                black_box(admitted.then(|| echo.call(key).now_or_never()))
-            })
-        });
+        for way in Way::ALL {
+            let mut i = 0;
+            group.bench_function(format!("{}/{n}", way.name()), |b| {
+                let mut decider = match way {
+                    Way::Governor => {
+                        Decider::Governor(limiter.get_or_insert_with(|| governor(&keys)))
+                    }
+                    _ => {
+                        let (layer, service) =
+                            ours_state.get_or_insert_with(|| ours(runtime, &keys));
+                        Decider::Ours(layer, service.clone())
+                    }
+                };
+                b.iter(|| {
+                    i = next(i, keys.len());
+                    black_box(decider.decide(way, black_box(keys[i])))
+                })
+            });
+        }
     }
     group.finish();
 }
@@ -149,37 +216,25 @@ fn two_threads(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
         } else {
             keys.chunks(keys.len() / 2).collect()
         };
-
-        let service = ours(runtime, &keys);
-        group.bench_function(format!("hierarchical_throttle/{name}"), |b| {
-            b.iter_custom(|iters| {
-                in_parallel(&halves, |keys| {
-                    let mut service = service.clone();
-                    let mut i = 0;
-                    for _ in 0..iters {
-                        i = next(i, keys.len());
-                        black_box(service.call(black_box(keys[i])).now_or_never());
-                    }
-                })
-            })
-        });
-        drop(service);
-
+        let (layer, service) = ours(runtime, &keys);
         let limiter = governor(&keys);
-        group.bench_function(format!("governor_check_key/{name}"), |b| {
-            b.iter_custom(|iters| {
-                in_parallel(&halves, |keys| {
-                    let mut echo = Echo;
-                    let mut i = 0;
-                    for _ in 0..iters {
-                        i = next(i, keys.len());
-                        let key = black_box(keys[i]);
-                        let admitted = limiter.check_key(&key).is_ok();
-                        black_box(admitted.then(|| echo.call(key).now_or_never()));
-                    }
+        for way in Way::ALL {
+            group.bench_function(format!("{}/{name}", way.name()), |b| {
+                b.iter_custom(|iters| {
+                    in_parallel(&halves, |keys| {
+                        let mut decider = match way {
+                            Way::Governor => Decider::Governor(&limiter),
+                            _ => Decider::Ours(&layer, service.clone()),
+                        };
+                        let mut i = 0;
+                        for _ in 0..iters {
+                            i = next(i, keys.len());
+                            black_box(decider.decide(way, black_box(keys[i])));
+                        }
+                    })
                 })
-            })
-        });
+            });
+        }
     }
     group.finish();
 }

@@ -11,6 +11,7 @@ use crate::batch::{BatchPolicy, MAX_DEMAND_INTERVALS, WeightedDemand};
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::ConfigError;
 use crate::failure::FailurePolicy;
+use crate::future::Acquire;
 use crate::global::GlobalStore;
 use crate::key::MissingKey;
 use crate::limit::Limit;
@@ -19,7 +20,7 @@ use crate::local::memory::MemoryLocalStore;
 use crate::response::DefaultRejection;
 use crate::service::HierarchicalThrottle;
 use crate::stats::ThrottleStats;
-use crate::throttle::{Config, Limits, Throttle};
+use crate::throttle::{Check, Config, Limits, Throttle};
 
 /// Applies hierarchical token-bucket throttling to requests, per key, across a fleet.
 ///
@@ -133,6 +134,39 @@ where
     /// Counters of the decisions made so far, shared by all clones.
     pub fn stats(&self) -> ThrottleStats {
         self.throttle.stats()
+    }
+
+    /// Decides one use of `key` costing `cost` tokens, outside a tower service: a message on a
+    /// WebSocket, a job taken from a queue, one step of a handler.
+    ///
+    /// It draws on the same buckets as the layer's services, with the same batches,
+    /// throttled-key cache, counters and failure policy; `Err` carries the
+    /// [`Rejection`](crate::Rejection) a request would get. The returned future is ready at once
+    /// when the host's leased tokens cover `cost`.
+    ///
+    /// ```
+    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = HierarchicalThrottleLayer::builder()
+    ///     .key(|message: &(u64, String)| Some(message.0)) // the sender
+    ///     .limit(Limit::per_second(1).burst(1)?)
+    ///     .global_store(MemoryGlobalStore::new())
+    ///     .build()?;
+    ///
+    /// assert!(layer.acquire(7, 1).await.is_ok());
+    /// let refused = layer.acquire(7, 1).await.unwrap_err();
+    /// assert_eq!(refused.retry_after_secs(), Some(1));
+    /// # Ok(()) }
+    /// ```
+    #[inline]
+    pub fn acquire(&self, key: K, cost: u64) -> Acquire<K> {
+        match self.throttle.check(key, cost) {
+            Check::Admit => Acquire::admitted(),
+            Check::Reject(rejection) => Acquire::rejected(rejection),
+            Check::Wait(decision) => Acquire::waiting(decision),
+        }
     }
 
     /// Hands back to the global store the leased tokens not used within the lease time-to-live,

@@ -89,7 +89,7 @@ mod throttle;
 
 pub use error::ConfigError;
 pub use failure::FailurePolicy;
-pub use future::ResponseFuture;
+pub use future::{Acquire, ResponseFuture};
 pub use global::memory::MemoryGlobalStore;
 pub use key::MissingKey;
 pub use layer::{Builder, HierarchicalThrottleLayer, Unset};

@@ -100,12 +100,29 @@ where
         self.inner.poll_ready(cx)
     }
 
+    #[inline(always)]
     fn call(&mut self, request: Req) -> Self::Future {
         let cost = self.policy.cost(&request);
         let check = match (self.policy.key)(&request) {
             Some(key) => self.throttle.check(key, cost),
             None => self.check_keyless(cost),
         };
+        match check {
+            Check::Admit => ResponseFuture::called(self.inner.call(request)),
+            not_yet => self.defer(not_yet, request),
+        }
+    }
+}
+
+impl<S, Req, K, G, L, C, R> HierarchicalThrottle<S, Req, K, G, L, C, R>
+where
+    S: Service<Req> + Clone,
+    R: OnRejection<Req, K, S::Response, S::Error>,
+{
+    /// A request not admitted at once: rejected now, or waiting for a batch. Out of line, so
+    /// `call` stays small enough to inline.
+    #[inline(never)]
+    fn defer(&mut self, check: Check<K>, request: Req) -> ResponseFuture<S, Req, K, R> {
         match check {
             Check::Admit => ResponseFuture::called(self.inner.call(request)),
             Check::Reject(rejection) => {
@@ -133,6 +150,7 @@ where
         self.throttle.stats()
     }
 
+    #[inline(never)]
     fn check_keyless(&self, cost: u64) -> Check<K> {
         self.throttle.stats.missing_key.incr();
         tracing::debug!(policy = ?self.policy.missing_key_name(), "request without a throttle key");

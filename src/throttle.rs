@@ -125,8 +125,9 @@ where
         now / micros(self.config.demand_interval).max(1)
     }
 
-    /// Decides a request for `key` costing `cost` tokens.
-    #[inline]
+    /// Decides a request for `key` costing `cost` tokens. Inlined into its callers, so a hit
+    /// builds no decision value in memory; the slow path stays out of line.
+    #[inline(always)]
     pub(crate) fn check(self: &Arc<Self>, key: K, cost: u64) -> Check<K> {
         let taken = self
             .local
@@ -139,6 +140,7 @@ where
     }
 
     /// The slow path: the local bucket held fewer than `cost` tokens.
+    #[inline(never)]
     fn check_short(self: &Arc<Self>, key: K, cost: u64) -> Check<K> {
         let limit = self.limit_for(&key);
         if cost > limit.capacity() {
