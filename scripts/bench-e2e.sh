@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end over real sockets: the axum app served in each mode (examples/e2e_server.rs) and
-# loaded in turn by wrk on loopback; rounds interleave the modes; medians, and throughput and
-# p99 latency as ratios to the unthrottled app. Writes docs/e2e.md.
+# loaded in turn by wrk on loopback; rounds interleave the modes, each round starting with
+# another; medians, and throughput and p99 latency as ratios to the unthrottled app. Writes
+# docs/e2e.md.
 #
 #   scripts/bench-e2e.sh [ROUNDS] [SECONDS] [CONNECTIONS]
 set -euo pipefail
@@ -39,7 +40,9 @@ export REDIS_URL="redis://127.0.0.1:$redis_port"
 for _ in $(seq 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.05; done
 
 for round in $(seq "$rounds"); do
-    for mode in "${modes[@]}"; do
+    # Each round starts with a different mode, so no mode always runs first or last.
+    for i in "${!modes[@]}"; do
+        mode=${modes[$(((i + round) % ${#modes[@]}))]}
         port=$(free_port)
         "$server_bin" "$mode" "$port" >"$work/server.log" 2>&1 &
         server_pid=$!
@@ -71,8 +74,8 @@ for line in open(path):
     rows.setdefault(mode, []).append((float(rps), micros(p99), int(non2xx)))
 base_rps = statistics.median(r for r, _, _ in rows["none"])
 base_p99 = statistics.median(p for _, p, _ in rows["none"])
-print(f"wrk -t1 -c{connections} -d{seconds}s on loopback, {rounds} interleaved rounds, medians; "
-      "server and wrk share the machine's 2 cores.\n")
+print(f"wrk -t1 -c{connections} -d{seconds}s on loopback, {rounds} interleaved rounds (each "
+      "starting with another mode), medians; server and wrk share the machine's 2 cores.\n")
 print("| mode | requests/s | vs. no throttle | p99 latency | vs. no throttle | non-2xx |")
 print("|---|---:|---:|---:|---:|---:|")
 for mode in ["none", "memory", "redis", "governor", "redis-per-request"]:

@@ -31,13 +31,14 @@
 //!
 //! Each host keeps a **local** token bucket per key, filled with tokens leased in batches from
 //! a **global** token bucket per key ([`MemoryGlobalStore`] in one process, a Redis store for a
-//! fleet). A request is served from local tokens when it can be: one hash, one uncontended
-//! lock, no clock read, no I/O. When the local tokens run short, the host asks the global store
-//! for a batch sized by its recent demand ([`batch`]); one request per key and host is in flight,
-//! and concurrent requests share its answer. A batch is also fetched in the background when the
-//! local tokens run low, so steady traffic never waits. When the global bucket is empty, the key
-//! is remembered as throttled until tokens are due and rejected without further global calls,
-//! and the client is told how long to wait (`429` with `Retry-After`).
+//! fleet). A request is served from local tokens when it can be: one hash, one
+//! compare-and-swap on a shard lock, no clock read, no I/O. When the local tokens run short,
+//! the host asks the global store for a batch sized by its recent demand ([`batch`]); one
+//! request per key and host is in flight, and concurrent requests share its answer. A batch is
+//! also fetched in the background when the local tokens run low, so steady traffic never waits.
+//! When the global bucket is empty, the key is remembered as throttled until tokens are due and
+//! rejected without further global calls, and the client is told how long to wait (`429` with
+//! `Retry-After`).
 //!
 //! Tokens leased to a host and not used within the lease time-to-live are handed back, so the
 //! fleet admits close to its limit and never more: every admitted token was dispensed once by
@@ -54,6 +55,9 @@
 //! - [`key`]: key helpers and the [`MissingKey`] policy;
 //! - [`grpc`]: gRPC rejections (`RESOURCE_EXHAUSTED` with retry information), chosen by
 //!   [`DefaultRejection`] from the request's content type.
+//!
+//! [`HierarchicalThrottleLayer::acquire`] makes the same decision for a key outside a tower
+//! service (a WebSocket message, a queued job).
 //!
 //! # Failures
 //!
