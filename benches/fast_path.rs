@@ -20,8 +20,8 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use hierarchical_throttle::batch::{BatchContext, FractionOfCapacity};
 use hierarchical_throttle::clock::MonotonicClock;
 use hierarchical_throttle::{
-    Builder, HierarchicalThrottle, HierarchicalThrottleLayer, Limit, MemoryGlobalStore,
-    MemoryLocalStore, Rejection, Unset,
+    Builder, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore, Rejection,
+    Unset,
 };
 use tower::{Layer, Service, ServiceExt};
 
@@ -44,15 +44,6 @@ impl Service<u64> for Echo {
 }
 
 type Reject = fn(&u64, Rejection<u64>) -> Result<u64, Infallible>;
-type Ours = HierarchicalThrottle<
-    Echo,
-    u64,
-    u64,
-    MemoryGlobalStore<u64>,
-    MemoryLocalStore<u64>,
-    MonotonicClock,
-    Reject,
->;
 
 fn keys(n: u64) -> Vec<u64> {
     // Spread keys so consecutive iterations do not touch neighbouring slots.
@@ -81,6 +72,7 @@ type OursLayer = HierarchicalThrottleLayer<
     MonotonicClock,
     Reject,
 >;
+type Ours = <OursLayer as Layer<Echo>>::Service;
 
 /// Our layer and a service from it, with tokens leased for every key.
 fn ours(runtime: &tokio::runtime::Runtime, keys: &[u64]) -> (OursLayer, Ours) {
