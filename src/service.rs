@@ -5,6 +5,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use futures_util::future::BoxFuture;
 use tower_service::Service;
 
 use crate::clock::{Clock, MonotonicClock};
@@ -109,7 +110,8 @@ where
         };
         match check {
             Check::Admit => ResponseFuture::called(self.inner.call(request)),
-            not_yet => self.defer(not_yet, request),
+            Check::Reject(rejection) => self.reject(&request, rejection),
+            Check::Wait(decision) => self.park(decision, request),
         }
     }
 }
@@ -119,22 +121,23 @@ where
     S: Service<Req> + Clone,
     R: OnRejection<Req, K, S::Response, S::Error>,
 {
-    /// A request not admitted at once: rejected now, or waiting for a batch. Out of line, so
-    /// `call` stays small enough to inline.
+    // Both out of line, so `call` stays small enough to inline.
+
     #[inline(never)]
-    fn defer(&mut self, check: Check<K>, request: Req) -> ResponseFuture<S, Req, K, R> {
-        match check {
-            Check::Admit => ResponseFuture::called(self.inner.call(request)),
-            Check::Reject(rejection) => {
-                ResponseFuture::rejected(self.policy.on_rejection.on_rejection(&request, rejection))
-            }
-            Check::Wait(decision) => {
-                // The ready service waits with the request; a clone, maybe not ready, stays.
-                let clone = self.inner.clone();
-                let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::waiting(decision, inner, request, self.policy.clone())
-            }
-        }
+    fn reject(&self, request: &Req, rejection: Rejection<K>) -> ResponseFuture<S, Req, K, R> {
+        ResponseFuture::rejected(self.policy.on_rejection.on_rejection(request, rejection))
+    }
+
+    /// The request waits for a batch with the ready service; a clone, maybe not ready, stays.
+    #[inline(never)]
+    fn park(
+        &mut self,
+        decision: BoxFuture<'static, Result<(), Rejection<K>>>,
+        request: Req,
+    ) -> ResponseFuture<S, Req, K, R> {
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::waiting(decision, inner, request, self.policy.clone())
     }
 }
 

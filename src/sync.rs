@@ -12,7 +12,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// compare-and-swap and releasing it a plain store, where a parking mutex pays a second atomic
 /// read-modify-write to release. A thread that finds it taken spins briefly, then yields its
 /// time slice, so a holder that was preempted gets to finish.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct ShardLock<T>(spin::mutex::SpinMutex<T>);
 
 impl<T> ShardLock<T> {
