@@ -52,9 +52,7 @@ fn measure(store: &str, keys: u64) {
                 .expect("a runtime");
             runtime.block_on(async {
                 for k in 0..keys {
-                    let _ = store
-                        .acquire(&k, &limit, TokenRequest { min: 1, want: 1 })
-                        .await;
+                    let _ = store.acquire(&k, &limit, TokenRequest::now(1, 1)).await;
                 }
             });
             assert_eq!(store.len() as u64, keys);

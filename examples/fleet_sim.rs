@@ -305,7 +305,7 @@ struct PerRequestGlobal {
 impl Fleet for PerRequestGlobal {
     async fn decide(&mut self, now: Duration, arrival: Arrival) -> bool {
         self.clock.set(now);
-        let request = TokenRequest { min: 1, want: 1 };
+        let request = TokenRequest::now(1, 1);
         let grant = self.store.acquire(&arrival.key, &limit(), request).await;
         grant.is_ok_and(|g| g.granted == 1)
     }

@@ -13,9 +13,13 @@ use crate::limit::Limit;
 pub const MAX_WAIT_MICROS: u64 = 1 << 53;
 
 /// The state of one token bucket at one instant (`updated_micros`).
+///
+/// Its level may be negative: tokens [reserved](Self::take_or_reserve) ahead of their refill
+/// are owed, and the bucket dispenses nothing until they are paid back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenBucket {
-    tokens: u64,
+    /// Whole tokens; negative while reserved tokens are owed (never below `-capacity`).
+    tokens: i64,
     /// Progress towards the next token, in `1 / limit.period_micros()` tokens.
     remainder: u64,
     updated_micros: u64,
@@ -24,9 +28,14 @@ pub struct TokenBucket {
 /// What a [`TokenBucket::take`] dispensed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Taken {
-    /// Tokens dispensed: between `min` and `want`, or zero.
+    /// Tokens dispensed now: between `min` and `want`, or zero.
     pub granted: u64,
-    /// Whole tokens left in the bucket.
+    /// Tokens reserved ahead of the refill, due in `ready_in_micros` (`granted + reserved`
+    /// is at most `want`).
+    pub reserved: u64,
+    /// Microseconds until the reserved tokens are due (zero when none are).
+    pub ready_in_micros: u64,
+    /// Whole tokens left in the bucket (zero while reserved tokens are owed).
     pub remaining: u64,
     /// Microseconds until the bucket holds `min` tokens again (zero if it does now).
     pub refill_in_micros: u64,
@@ -36,15 +45,15 @@ impl TokenBucket {
     /// A full bucket, as every bucket starts.
     pub fn full(limit: &Limit, now_micros: u64) -> Self {
         Self {
-            tokens: limit.capacity(),
+            tokens: capacity(limit),
             remainder: 0,
             updated_micros: now_micros,
         }
     }
 
-    /// Whole tokens held (as of the last update).
+    /// Whole tokens held (as of the last update); zero while reserved tokens are owed.
     pub fn tokens(&self) -> u64 {
-        self.tokens
+        u64::try_from(self.tokens).unwrap_or(0)
     }
 
     /// Brings the bucket up to `now_micros`: adds `amount` per `period`, never past capacity.
@@ -52,54 +61,92 @@ impl TokenBucket {
     pub fn refill(&mut self, limit: &Limit, now_micros: u64) {
         let elapsed = now_micros.saturating_sub(self.updated_micros);
         self.updated_micros = self.updated_micros.max(now_micros);
-        if self.tokens >= limit.capacity() {
-            self.tokens = limit.capacity();
-            self.remainder = 0;
-            return;
+        let (tokens, remainder) = self.level_after(limit, elapsed);
+        self.tokens = tokens;
+        self.remainder = remainder;
+    }
+
+    /// The level `elapsed` microseconds after the last update: whole tokens and remainder.
+    fn level_after(&self, limit: &Limit, elapsed: u64) -> (i64, u64) {
+        let capacity = capacity(limit);
+        if self.tokens >= capacity {
+            return (capacity, 0);
         }
         let (a, p) = (
-            u128::from(limit.refill_amount()),
-            u128::from(limit.period_micros()),
+            i128::from(limit.refill_amount()),
+            i128::from(limit.period_micros()),
         );
-        let elapsed = u128::from(elapsed);
+        let elapsed = i128::from(elapsed);
         let (q, r) = (elapsed / p, elapsed % p);
-        let sub = u128::from(self.remainder) + r * a;
-        let added = q * a + sub / p;
-        let tokens = u128::from(self.tokens) + added;
-        if tokens >= u128::from(limit.capacity()) {
-            self.tokens = limit.capacity();
-            self.remainder = 0;
+        let sub = i128::from(self.remainder) + r * a;
+        let tokens = i128::from(self.tokens) + q * a + sub / p;
+        if tokens >= i128::from(capacity) {
+            (capacity, 0)
         } else {
-            // Both fit: tokens < capacity <= u64::MAX and the remainder < p.
-            self.tokens = tokens as u64;
-            self.remainder = (sub % p) as u64;
+            // Both fit: -capacity <= tokens < capacity < 2^53 and the remainder < p.
+            (tokens as i64, (sub % p) as u64)
         }
     }
 
     /// Refills to `now_micros`, then dispenses up to `want` tokens if at least `min` are there
     /// (`min` of zero is taken as one). Dispenses nothing otherwise.
     pub fn take(&mut self, limit: &Limit, now_micros: u64, min: u64, want: u64) -> Taken {
+        self.take_or_reserve(limit, now_micros, min, want, 0)
+    }
+
+    /// Like [`take`](Self::take), and besides reserves tokens that the refill brings within
+    /// `max_delay_micros`, up to `want` in all, as Go's `ReserveN` does: the level goes
+    /// negative, and [`Taken::ready_in_micros`] says when the reserved tokens are due. Tokens
+    /// that are there are always granted at once, never reserved. When fewer than `min` are
+    /// there, at least `min` must fall due within the delay for anything to be reserved.
+    pub fn take_or_reserve(
+        &mut self,
+        limit: &Limit,
+        now_micros: u64,
+        min: u64,
+        want: u64,
+        max_delay_micros: u64,
+    ) -> Taken {
         self.refill(limit, now_micros);
-        let min = min.max(1);
-        let granted = if self.tokens >= min {
-            want.max(min).min(self.tokens)
+        let min = min.clamp(1, limit.capacity());
+        let want = want.clamp(min, limit.capacity());
+        let there = self.tokens();
+        let granted = if there >= min { want.min(there) } else { 0 };
+        let due = want.min(self.whole_tokens_after(limit, max_delay_micros));
+        let extra = due.saturating_sub(granted);
+        let reserved = if granted > 0 || extra >= min {
+            extra
         } else {
             0
         };
-        self.tokens -= granted;
+        let ready_in_micros = if reserved > 0 {
+            self.micros_until(limit, granted + reserved)
+        } else {
+            0
+        };
+        // granted + reserved <= capacity < 2^53: fits, and the level stays above -capacity.
+        self.tokens -= (granted + reserved) as i64;
         Taken {
             granted,
-            remaining: self.tokens,
+            reserved,
+            ready_in_micros,
+            remaining: self.tokens(),
             refill_in_micros: self.micros_until(limit, min),
         }
+    }
+
+    /// Whole tokens (at least zero) the bucket holds `elapsed` microseconds after its update.
+    fn whole_tokens_after(&self, limit: &Limit, elapsed: u64) -> u64 {
+        u64::try_from(self.level_after(limit, elapsed).0).unwrap_or(0)
     }
 
     /// Refills to `now_micros`, then puts back `tokens` that were taken and not used, never past
     /// capacity.
     pub fn give_back(&mut self, limit: &Limit, now_micros: u64, tokens: u64) {
         self.refill(limit, now_micros);
-        self.tokens = self.tokens.saturating_add(tokens).min(limit.capacity());
-        if self.tokens == limit.capacity() {
+        let tokens = i64::try_from(tokens.min(limit.capacity())).unwrap_or(i64::MAX);
+        self.tokens = self.tokens.saturating_add(tokens).min(capacity(limit));
+        if self.tokens == capacity(limit) {
             self.remainder = 0;
         }
     }
@@ -107,16 +154,19 @@ impl TokenBucket {
     /// Microseconds from the last update until the bucket holds `tokens` (capped at capacity),
     /// rounded up, and at most [`MAX_WAIT_MICROS`] (about 285 years).
     pub fn micros_until(&self, limit: &Limit, tokens: u64) -> u64 {
-        let tokens = tokens.min(limit.capacity());
-        if self.tokens >= tokens {
+        let tokens = i128::from(tokens.min(limit.capacity()));
+        let level = i128::from(self.tokens);
+        if level >= tokens {
             return 0;
         }
         let (a, p) = (
-            u128::from(limit.refill_amount()),
-            u128::from(limit.period_micros()),
+            i128::from(limit.refill_amount()),
+            i128::from(limit.period_micros()),
         );
-        let needed = u128::from(tokens - self.tokens) * p - u128::from(self.remainder);
-        u64::try_from(needed.div_ceil(a)).map_or(MAX_WAIT_MICROS, |m| m.min(MAX_WAIT_MICROS))
+        // Positive: tokens - level >= 1 and the remainder < p.
+        let needed = (tokens - level) * p - i128::from(self.remainder);
+        let micros = (needed + a - 1) / a;
+        u64::try_from(micros).map_or(MAX_WAIT_MICROS, |m| m.min(MAX_WAIT_MICROS))
     }
 
     /// Whether the bucket is full at `now_micros`: then it is the same as no bucket at all, and a
@@ -125,6 +175,11 @@ impl TokenBucket {
         let since = now_micros.saturating_sub(self.updated_micros);
         since >= self.micros_until(limit, limit.capacity())
     }
+}
+
+/// A limit's capacity as a level: capacities are below 2^53, so it always fits.
+fn capacity(limit: &Limit) -> i64 {
+    i64::try_from(limit.capacity()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
@@ -142,7 +197,7 @@ mod tests {
         let mut b = TokenBucket::full(&l, 0);
         assert_eq!(b.take(&l, 0, 1, 3).granted, 3);
         b.refill(&l, 2_000);
-        assert_eq!((b.tokens, b.remainder), (1, 2_000));
+        assert_eq!((b.tokens(), b.remainder), (1, 2_000));
         assert_eq!(b.micros_until(&l, 2), 1_000);
     }
 
@@ -166,6 +221,51 @@ mod tests {
         b.give_back(&l, 0, 5);
         assert_eq!(b.tokens(), 4);
         assert!(b.is_full_at(&l, 0));
+    }
+
+    #[test]
+    fn tokens_there_are_granted_at_once_never_reserved() {
+        let l = tb();
+        let mut b = TokenBucket::full(&l, 0);
+        b.take(&l, 0, 1, 3);
+        // One token is there: it is granted now, though three more would be due within 9 ms.
+        let t = b.take_or_reserve(&l, 0, 1, 4, 0);
+        assert_eq!((t.granted, t.reserved, t.refill_in_micros), (1, 0, 3_000));
+        // With a delay, those due within it are reserved besides: two more by 6 ms.
+        let mut b = TokenBucket::full(&l, 0);
+        b.take(&l, 0, 1, 3);
+        let t = b.take_or_reserve(&l, 0, 1, 4, 7_000);
+        assert_eq!((t.granted, t.reserved, t.ready_in_micros), (1, 2, 6_000));
+        assert_eq!(t.refill_in_micros, 9_000);
+    }
+
+    #[test]
+    fn an_empty_bucket_reserves_what_falls_due_within_the_delay() {
+        let l = tb();
+        let mut b = TokenBucket::full(&l, 0);
+        b.take(&l, 0, 4, 4);
+        // 1 ms later a third of a token is there: tokens 1, 2, 3 are due at 3, 6 and 9 ms.
+        let t = b.take_or_reserve(&l, 1_000, 1, 5, 7_000);
+        assert_eq!((t.granted, t.reserved, t.ready_in_micros), (0, 2, 5_000));
+        // The level is -2 (and a third): the next token is due after those two are paid.
+        assert_eq!((t.remaining, t.refill_in_micros), (0, 8_000));
+        let t = b.take_or_reserve(&l, 1_000, 1, 5, 7_000);
+        assert_eq!((t.granted + t.reserved, t.refill_in_micros), (0, 8_000));
+        // Nothing is dispensed before the debt is paid, and the bucket fills up from there.
+        assert_eq!(b.take(&l, 8_999, 1, 1).granted, 0);
+        assert_eq!(b.take(&l, 9_000, 1, 1).granted, 1);
+        assert!(b.is_full_at(&l, 9_000 + 12_000));
+    }
+
+    #[test]
+    fn a_reservation_needs_min_tokens_within_the_delay() {
+        let l = tb();
+        let mut b = TokenBucket::full(&l, 0);
+        b.take(&l, 0, 4, 4);
+        let t = b.take_or_reserve(&l, 0, 2, 4, 5_999);
+        assert_eq!((t.granted + t.reserved, t.refill_in_micros), (0, 6_000));
+        let t = b.take_or_reserve(&l, 0, 2, 4, 6_000);
+        assert_eq!((t.reserved, t.ready_in_micros), (2, 6_000));
     }
 
     #[test]

@@ -118,6 +118,7 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
                 demand_intervals: 10,
                 failure_policy: FailurePolicy::default(),
                 max_backoff: Duration::from_secs(1),
+                max_reservation: Duration::from_millis(100),
             },
             error: None,
         }
@@ -198,6 +199,10 @@ impl<S, Req, K, G, L, C, R> Layer<S> for HierarchicalThrottleLayer<Req, K, G, L,
     }
 }
 
+/// The longest duration any setting accepts: longer ones are configuration errors, so no time
+/// arithmetic can overflow at request time.
+const MAX_SETTING: Duration = Duration::from_secs(3600);
+
 /// A builder setting not given yet.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Unset;
@@ -264,11 +269,29 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
         self
     }
 
-    /// How long a request may wait for the global store before the
-    /// [`failure_policy`](Self::failure_policy) decides it. Default: 50 ms.
+    /// How long one call to the global store may take; past it, the call counts as failed and
+    /// the [`failure_policy`](Self::failure_policy) decides the requests that waited for it.
+    /// A slow store that answers in time never hands a request to the failure policy.
+    /// Default: 50 ms; 1 ms to 1 hour.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.check(!timeout.is_zero(), "store_timeout", "a positive duration");
+        self.check(
+            (Duration::from_millis(1)..=MAX_SETTING).contains(&timeout),
+            "store_timeout",
+            "1 ms to 1 hour",
+        );
         self.config.store_timeout = timeout;
+        self
+    }
+
+    /// How far ahead of the global bucket's refill a host may reserve tokens when the bucket is
+    /// empty (Go's `ReserveN` with a maximum future reserve): the host holds its share of the
+    /// next tokens, and uses them once due, instead of asking again for every token. Requests
+    /// are refused meanwhile with the exact time their tokens are due, so this changes how
+    /// often hosts call the store when a key is over its limit, never what is admitted.
+    /// Default: 100 ms; zero turns reservations off; at most 1 hour.
+    pub fn max_reservation(mut self, ahead: Duration) -> Self {
+        self.check(ahead <= MAX_SETTING, "max_reservation", "at most 1 hour");
+        self.config.max_reservation = ahead;
         self
     }
 
@@ -283,9 +306,9 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     /// (back-off starts at 50 ms and doubles). Default: 1 s.
     pub fn max_store_backoff(mut self, backoff: Duration) -> Self {
         self.check(
-            !backoff.is_zero(),
+            (Duration::from_millis(1)..=MAX_SETTING).contains(&backoff),
             "max_store_backoff",
-            "a positive duration",
+            "1 ms to 1 hour",
         );
         self.config.max_backoff = backoff;
         self
@@ -296,9 +319,9 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     /// batch is sized to last about one).
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.check(
-            ttl >= Duration::from_millis(1),
+            (Duration::from_millis(1)..=MAX_SETTING).contains(&ttl),
             "lease_ttl",
-            "at least 1 ms",
+            "1 ms to 1 hour",
         );
         self.config.lease_ttl = ttl;
         self
@@ -315,9 +338,9 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
             "1 to 16 intervals",
         );
         self.check(
-            interval >= Duration::from_millis(1),
+            (Duration::from_millis(1)..=MAX_SETTING).contains(&interval),
             "demand_window",
-            "intervals of at least 1 ms",
+            "intervals of 1 ms to 1 hour",
         );
         self.config.demand_intervals = intervals;
         self.config.demand_interval = interval;

@@ -30,6 +30,11 @@ pub struct ThrottleStats {
     pub fallback_decisions: u64,
     /// Unused leased tokens handed back to the global store (expired or evicted leases).
     pub tokens_returned: u64,
+    /// Tokens that may have been dispensed or taken back by the global store without this host
+    /// learning it: acquires and hand-backs that timed out, or failed after they may have
+    /// reached the store. An upper bound (an acquire counts what it asked for); they are
+    /// never sent twice, so that no token is given back twice.
+    pub tokens_lost: u64,
 }
 
 macro_rules! counters {
@@ -59,6 +64,7 @@ counters!(
     global_timeouts,
     fallback_decisions,
     tokens_returned,
+    tokens_lost,
 );
 
 const STRIPES: usize = 8;

@@ -1,42 +1,32 @@
-//! The engine shared by a layer and all its services: the hierarchy's decisions.
+//! The engine shared by a layer and all its services: it reads the clock, calls the global store
+//! and delivers what each key's lease state machine ([`LocalBucket`](crate::local::LocalBucket))
+//! decides.
 //!
-//! Hot path: one local-store lookup and a subtraction. Slow path (the local bucket is short):
-//! read the clock, check the throttled-key cache, then join or start the single fetch in flight
-//! for the key on this host. A fetch runs in a task of its own and the waiting requests share
-//! its outcome, so a cancelled request never strands the others; what it brings is reserved for
-//! them.
+//! Hot path: one local-store lookup and a subtraction. Slow path (the lease is short): read the
+//! clock, then refuse at once if the global bucket is known to be short, or queue for the single
+//! fetch in flight for the key on this host. A fetch runs in a task of its own and decides every
+//! request queued for it; whatever ends that task (an answer, a time-out, a panic, a cancelled
+//! task, a dropped runtime) settles the key, so no key is ever left waiting on a fetch that will
+//! not finish. Nothing is spawned and no user code runs while a local-store lock is held.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use futures_util::FutureExt;
-use futures_util::future::{BoxFuture, Shared};
+use futures_util::future::BoxFuture;
+use futures_util::{StreamExt, stream};
+use tokio::sync::oneshot;
 
-use crate::batch::BatchPolicy;
+use crate::batch::{BatchContext, BatchPolicy};
 use crate::clock::{Clock, micros};
 use crate::failure::FailurePolicy;
-use crate::global::{GlobalStore, Grant, TokenRequest};
+use crate::global::GlobalStore;
 use crate::limit::Limit;
-use crate::local::{LocalStore, Miss};
+use crate::local::{FetchOutcome, Hit, LocalStore, Miss, Settled, Verdict, Waiter};
 use crate::response::{Rejection, RejectionReason};
 use crate::stats::{Stats, ThrottleStats};
-
-/// A batch being fetched from the global store, awaited by every request that needs it.
-pub(crate) type Fetch = Shared<BoxFuture<'static, FetchOutcome>>;
-
-/// How a fetch ended.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum FetchOutcome {
-    /// The store answered `grant` to `request`.
-    Granted {
-        request: TokenRequest,
-        grant: Grant,
-    },
-    /// Nothing was asked: the key is throttled or the bucket is full.
-    Skipped,
-    Failed,
-}
+use crate::sync::lock;
 
 /// The decision for one request.
 pub(crate) enum Check<K> {
@@ -59,7 +49,11 @@ pub(crate) struct Config {
     pub(crate) demand_intervals: usize,
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) max_backoff: Duration,
+    pub(crate) max_reservation: Duration,
 }
+
+/// Hand-backs in flight at once during a sweep.
+const CONCURRENT_RETURNS: usize = 32;
 
 pub(crate) struct Throttle<K, G, L, C> {
     pub(crate) global: G,
@@ -70,9 +64,9 @@ pub(crate) struct Throttle<K, G, L, C> {
     pub(crate) config: Config,
     pub(crate) stats: Stats,
     health: StoreHealth,
-    sweeper_started: AtomicBool,
-    /// Leases of evicted buckets not handed back yet.
-    evicted_leases: std::sync::Mutex<Vec<(K, u64)>>,
+    sweeper_running: AtomicBool,
+    /// Tokens to hand back: evicted leases, and hand-backs the store did not take.
+    returns: Mutex<Vec<(K, u64)>>,
 }
 
 impl<K, G, L, C> Throttle<K, G, L, C>
@@ -99,8 +93,8 @@ where
             config,
             stats: Stats::default(),
             health: StoreHealth::default(),
-            sweeper_started: AtomicBool::new(false),
-            evicted_leases: std::sync::Mutex::default(),
+            sweeper_running: AtomicBool::new(false),
+            returns: Mutex::default(),
         }
     }
 
@@ -115,12 +109,6 @@ where
         micros(self.clock.now())
     }
 
-    /// How long past its next token a refused host may wait for the rest of its batch: a tenth
-    /// of a demand interval.
-    fn max_batch_wait(&self) -> u64 {
-        micros(self.config.demand_interval) / 10
-    }
-
     fn interval(&self, now: u64) -> u64 {
         now / micros(self.config.demand_interval).max(1)
     }
@@ -129,17 +117,17 @@ where
     /// builds no decision value in memory; the slow path stays out of line.
     #[inline(always)]
     pub(crate) fn check(self: &Arc<Self>, key: K, cost: u64) -> Check<K> {
-        let taken = self
-            .local
-            .with_bucket(&key, |b| b.take_leased(cost, || self.fetch(key.clone())));
-        if taken {
-            Check::Admit
-        } else {
-            self.check_short(key, cost)
+        match self.local.with_bucket(&key, |b| b.take_leased(cost)) {
+            Hit::Admitted => Check::Admit,
+            Hit::AdmittedStartFetch => {
+                self.start_fetch(key);
+                Check::Admit
+            }
+            Hit::Short => self.check_short(key, cost),
         }
     }
 
-    /// The slow path: the local bucket held fewer than `cost` tokens.
+    /// The slow path: the lease held fewer than `cost` tokens.
     #[inline(never)]
     fn check_short(self: &Arc<Self>, key: K, cost: u64) -> Check<K> {
         let limit = self.limit_for(&key);
@@ -158,13 +146,12 @@ where
         }
         self.start_sweeper();
         let now = self.now();
-        if !self.health.is_up(now) {
-            return self.on_store_failure(key, cost, &limit);
-        }
         let interval = self.interval(now);
+        let store_up = self.health.is_up(now);
+        let (waiter, verdict) = Waiter::new(cost);
         let miss = self.local.with_bucket(&key, |b| {
             self.stats.admitted_local.add(b.take_uncounted());
-            b.miss(cost, false, now, interval, || self.fetch(key.clone()))
+            b.miss(cost, now, interval, &limit, store_up, waiter)
         });
         match miss {
             Miss::Admitted => {
@@ -174,138 +161,164 @@ where
             Miss::Throttled { until } => {
                 self.stats.rejected_cached.incr();
                 tracing::debug!(cost, "throttled by the throttled-key cache");
-                Check::Reject(throttled(key, limit, until - now))
+                Check::Reject(throttled(key, limit, until.saturating_sub(now)))
             }
-            Miss::Wait(fetch) => Check::Wait(Box::pin(self.clone().wait(key, cost, limit, fetch))),
+            Miss::StoreDown => match self.decide_on_failure(key, cost, &limit) {
+                Ok(()) => Check::Admit,
+                Err(rejection) => Check::Reject(rejection),
+            },
+            Miss::Joined => Check::Wait(Box::pin(self.clone().wait(key, cost, limit, verdict))),
+            Miss::StartFetch => {
+                self.start_fetch(key.clone());
+                Check::Wait(Box::pin(self.clone().wait(key, cost, limit, verdict)))
+            }
         }
     }
 
-    /// Waits for `fetch` (and, rarely, later ones) until the request can be decided.
+    /// Waits for the verdict of the fetch the request was queued for.
     async fn wait(
         self: Arc<Self>,
         key: K,
         cost: u64,
         limit: Limit,
-        mut fetch: Fetch,
+        verdict: oneshot::Receiver<Verdict>,
     ) -> Result<(), Rejection<K>> {
-        // However many batches it takes (a batch is reserved for the requests waiting for it, so
-        // one is almost always enough), a request waits no longer than the store's time-out;
-        // past it, the failure policy decides.
-        let deadline = tokio::time::Instant::now() + self.config.store_timeout;
-        loop {
-            let outcome = tokio::time::timeout_at(deadline, fetch)
-                .await
-                .unwrap_or(FetchOutcome::Failed);
-            if matches!(outcome, FetchOutcome::Failed) {
-                return self.decide_on_failure(key, cost, &limit);
+        let mut pending = PendingVerdict {
+            throttle: &self,
+            key: &key,
+            cost,
+            verdict,
+        };
+        // A fetch always settles its waiters, even when its task dies; a closed channel is
+        // taken as a failed fetch all the same.
+        let verdict = (&mut pending.verdict).await.unwrap_or(Verdict::Failed);
+        drop(pending);
+        match verdict {
+            Verdict::Admitted => {
+                self.stats.admitted_after_fetch.incr();
+                Ok(())
             }
-            let now = self.now();
-            let interval = self.interval(now);
-            let miss = self.local.with_bucket(&key, |b| {
-                b.miss(cost, true, now, interval, || self.fetch(key.clone()))
-            });
-            match miss {
-                Miss::Admitted => {
-                    self.stats.admitted_after_fetch.incr();
-                    return Ok(());
-                }
-                Miss::Throttled { until } => {
-                    self.stats.rejected_global.incr();
-                    tracing::debug!(cost, "throttled by the global store");
-                    return Err(throttled(key, limit, until - now));
-                }
-                Miss::Wait(next) => fetch = next,
+            Verdict::Throttled { until } => {
+                self.stats.rejected_global.incr();
+                tracing::debug!(cost, "throttled by the global store");
+                Err(throttled(key, limit, until.saturating_sub(self.now())))
             }
+            Verdict::Failed => self.decide_on_failure(key, cost, &limit),
         }
     }
 
-    /// A new fetch for `key`'s next batch, running in its own task so that it is sized only
-    /// once the requests arriving in the same instant have joined it. Without a Tokio runtime it
-    /// runs inside whichever waiting request polls it.
-    fn fetch(self: &Arc<Self>, key: K) -> Fetch {
-        let run = self.clone().run_fetch(key);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let task = runtime.spawn(run);
-                async move { task.await.unwrap_or(FetchOutcome::Failed) }
-                    .boxed()
-                    .shared()
-            }
-            Err(_) => run.boxed().shared(),
+    /// Runs a fetch for `key` in a task of its own (the bucket is marked as fetching). Without
+    /// a Tokio runtime the fetch fails at once, and its waiters go to the failure policy.
+    fn start_fetch(self: &Arc<Self>, key: K) {
+        let fetch = FetchTask {
+            throttle: self.clone(),
+            key,
+            settled: false,
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(fetch.run());
         }
     }
 
-    async fn run_fetch(self: Arc<Self>, key: K) -> FetchOutcome {
+    /// Asks the global store for `key`'s next batch.
+    async fn fetch(&self, key: &K) -> (FetchOutcome, Limit) {
         // Let requests already scheduled join this batch before it is sized.
         tokio::task::yield_now().await;
-        let limit = self.limit_for(&key);
+        let limit = self.limit_for(key);
         let now = self.now();
         let interval = self.interval(now);
-        let plan = self.local.with_bucket(&key, |b| {
-            b.plan(
-                now,
-                interval,
-                &limit,
-                &*self.batch,
-                self.config.demand_intervals,
-            )
-        });
-        let outcome = match plan {
-            None => FetchOutcome::Skipped,
-            Some(request) => {
-                self.stats.global_calls.incr();
-                let call = self.global.acquire(&key, &limit, request);
-                match tokio::time::timeout(self.config.store_timeout, call).await {
-                    Ok(Ok(grant)) => {
-                        tracing::debug!(
-                            min = request.min,
-                            want = request.want,
-                            granted = grant.granted,
-                            "global acquire"
-                        );
-                        self.health.succeeded();
-                        FetchOutcome::Granted { request, grant }
-                    }
-                    Ok(Err(error)) => {
-                        self.stats.global_errors.incr();
-                        tracing::debug!(%error, "global acquire failed");
-                        self.health.failed(self.now(), self.config.max_backoff);
-                        FetchOutcome::Failed
-                    }
-                    Err(_) => {
-                        self.stats.global_timeouts.incr();
-                        tracing::debug!(timeout = ?self.config.store_timeout, "global acquire timed out");
-                        self.health.failed(self.now(), self.config.max_backoff);
-                        FetchOutcome::Failed
-                    }
+        let plan = self
+            .local
+            .with_bucket(key, |b| b.plan(now, interval, &limit));
+        let Some(plan) = plan else {
+            return (FetchOutcome::Skipped, limit);
+        };
+        if !self.health.is_up(now) {
+            return (FetchOutcome::Failed, limit);
+        }
+        let batch = self.batch_size(&limit, plan.needed, &plan.demand);
+        let request = plan.request(batch, self.config.max_reservation);
+        self.stats.global_calls.incr();
+        let call = self.global.acquire(key, &limit, request);
+        let outcome = match tokio::time::timeout(self.config.store_timeout, call).await {
+            Ok(Ok(grant)) => {
+                tracing::debug!(
+                    want = request.want,
+                    granted = grant.granted,
+                    ready_in = ?grant.ready_in,
+                    "global acquire"
+                );
+                self.health.succeeded();
+                FetchOutcome::Granted {
+                    grant,
+                    sent_at: now,
                 }
             }
+            Ok(Err(error)) => {
+                self.stats.global_errors.incr();
+                tracing::debug!(%error, "global acquire failed");
+                if self.global.may_have_applied(&error) {
+                    self.stats.tokens_lost.add(request.want);
+                }
+                self.health.failed(now, self.now(), self.config.max_backoff);
+                FetchOutcome::Failed
+            }
+            Err(_) => {
+                self.stats.global_timeouts.incr();
+                self.stats.tokens_lost.add(request.want);
+                tracing::debug!(timeout = ?self.config.store_timeout, "global acquire timed out");
+                self.health.failed(now, self.now(), self.config.max_backoff);
+                FetchOutcome::Failed
+            }
         };
+        (outcome, limit)
+    }
+
+    /// The batch policy's answer; a policy that panics asks for what the waiters need.
+    fn batch_size(&self, limit: &Limit, needed: u64, demand: &[u32]) -> u64 {
+        let cx = BatchContext {
+            limit,
+            needed,
+            demand,
+            intervals: self.config.demand_intervals,
+        };
+        catch_unwind(AssertUnwindSafe(|| self.batch.batch_size(&cx))).unwrap_or_else(|_| {
+            tracing::debug!("the batch policy panicked; asking for what the waiters need");
+            needed
+        })
+    }
+
+    /// Takes in `outcome` for `key` and delivers the verdicts, then hands back what the lease
+    /// cannot hold and starts the next fetch if requests still wait.
+    fn settle(self: &Arc<Self>, key: &K, outcome: &FetchOutcome, limit: &Limit) {
         let now = self.now();
-        let excess = self.local.with_bucket(&key, |b| {
-            b.settle(&outcome, now, &limit, self.max_batch_wait())
-        });
+        let Settled {
+            verdicts,
+            excess,
+            refetch,
+        } = self
+            .local
+            .with_bucket(key, |b| b.settle(outcome, now, limit));
+        self.deliver(key, verdicts);
         if excess > 0 {
-            spawn(async move { self.release(&key, excess).await });
+            self.defer_return(key.clone(), excess);
         }
-        outcome
-    }
-
-    /// Hands `tokens` of `key` back to the global store.
-    async fn release(&self, key: &K, tokens: u64) {
-        let limit = self.limit_for(key);
-        let call = self.global.release(key, &limit, tokens);
-        match tokio::time::timeout(self.config.store_timeout, call).await {
-            Ok(Ok(())) => self.stats.tokens_returned.add(tokens),
-            Ok(Err(error)) => tracing::debug!(%error, tokens, "global release failed"),
-            Err(_) => tracing::debug!(tokens, "global release timed out"),
+        if refetch {
+            self.start_fetch(key.clone());
         }
     }
 
-    fn on_store_failure(&self, key: K, cost: u64, limit: &Limit) -> Check<K> {
-        match self.decide_on_failure(key, cost, limit) {
-            Ok(()) => Check::Admit,
-            Err(rejection) => Check::Reject(rejection),
+    /// Sends each verdict; tokens taken for a request that went away go back to the lease.
+    fn deliver(&self, key: &K, verdicts: Vec<(Waiter, Verdict)>) {
+        let mut unclaimed = 0u64;
+        for (waiter, verdict) in verdicts {
+            let cost = waiter.cost();
+            if waiter.deliver(verdict) == Err(Verdict::Admitted) {
+                unclaimed = unclaimed.saturating_add(cost);
+            }
+        }
+        if unclaimed > 0 {
+            self.local.with_bucket(key, |b| b.give_back(unclaimed));
         }
     }
 
@@ -313,20 +326,19 @@ where
     fn decide_on_failure(&self, key: K, cost: u64, limit: &Limit) -> Result<(), Rejection<K>> {
         self.stats.fallback_decisions.incr();
         let now = self.now();
+        let until_probe = self.health.down_until().saturating_sub(now).max(1);
         match self.config.failure_policy {
             FailurePolicy::Admit => Ok(()),
             FailurePolicy::Reject => {
-                let wait = self.health.down_until().saturating_sub(now).max(1);
                 let rejection =
                     Rejection::new(Some(key), RejectionReason::StoreUnavailable, Some(*limit));
-                Err(rejection.with_retry_after(Duration::from_micros(wait)))
+                Err(rejection.with_retry_after(Duration::from_micros(until_probe)))
             }
             FailurePolicy::LocalFallback { expected_hosts } => {
                 let share = limit.share(expected_hosts.get());
                 if cost > share.capacity() {
                     // This host's share can never hold it: it waits for the store instead.
-                    let wait = self.health.down_until().saturating_sub(now).max(1);
-                    return Err(throttled(key, share, wait));
+                    return Err(throttled(key, share, until_probe));
                 }
                 let wait = self
                     .local
@@ -340,12 +352,13 @@ where
         }
     }
 
-    /// Hands back leases not used within the lease time-to-live, and those of evicted buckets.
+    /// Hands back leases not used within the lease time-to-live, those of evicted buckets, and
+    /// earlier hand-backs the store did not take.
     pub(crate) async fn return_unused_leases(&self) {
         let now = self.now();
         let ttl = micros(self.config.lease_ttl);
         self.collect_evicted();
-        let mut returns = std::mem::take(&mut *crate::sync::lock(&self.evicted_leases));
+        let mut returns = std::mem::take(&mut *lock(&self.returns));
         self.local.for_each_bucket(|key, b| {
             self.stats.admitted_local.add(b.take_uncounted());
             let tokens = b.take_expired(now, ttl);
@@ -353,9 +366,48 @@ where
                 returns.push((key.clone(), tokens));
             }
         });
-        for (key, tokens) in returns {
-            self.release(&key, tokens).await;
+        stream::iter(returns)
+            .for_each_concurrent(CONCURRENT_RETURNS, |(key, tokens)| async move {
+                self.hand_back(key, tokens).await;
+            })
+            .await;
+    }
+
+    /// Hands `tokens` of `key` back to the global store, or keeps them for a later sweep if
+    /// the store is backing off or refused them. Tokens of a hand-back that may have reached
+    /// the store are never sent twice: they are counted as lost.
+    async fn hand_back(&self, key: K, tokens: u64) {
+        let now = self.now();
+        if !self.health.is_up(now) {
+            self.defer_return(key, tokens);
+            return;
         }
+        let limit = self.limit_for(&key);
+        let call = self.global.release(&key, &limit, tokens);
+        match tokio::time::timeout(self.config.store_timeout, call).await {
+            Ok(Ok(())) => {
+                self.health.succeeded();
+                self.stats.tokens_returned.add(tokens);
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%error, tokens, "global release failed");
+                self.health.failed(now, self.now(), self.config.max_backoff);
+                if self.global.may_have_applied(&error) {
+                    self.stats.tokens_lost.add(tokens);
+                } else {
+                    self.defer_return(key, tokens);
+                }
+            }
+            Err(_) => {
+                tracing::debug!(tokens, "global release timed out");
+                self.health.failed(now, self.now(), self.config.max_backoff);
+                self.stats.tokens_lost.add(tokens);
+            }
+        }
+    }
+
+    fn defer_return(&self, key: K, tokens: u64) {
+        lock(&self.returns).push((key, tokens));
     }
 
     /// Counts the requests served by evicted buckets, and keeps their leases for the next sweep.
@@ -364,11 +416,12 @@ where
         if evicted.is_empty() {
             return;
         }
-        let mut leases = crate::sync::lock(&self.evicted_leases);
+        let mut returns = lock(&self.returns);
         for (key, mut bucket) in evicted {
             self.stats.admitted_local.add(bucket.take_uncounted());
-            if bucket.leased_tokens() > 0 {
-                leases.push((key, bucket.leased_tokens()));
+            let tokens = bucket.take_all_leased();
+            if tokens > 0 {
+                returns.push((key, tokens));
             }
         }
     }
@@ -381,26 +434,151 @@ where
         self.stats.snapshot()
     }
 
-    /// Starts, once, the background task that hands back expired leases every half lease time.
+    /// Starts the background task that hands back unused leases every half lease time, unless
+    /// it runs. It stops with the last clone of the layer, or with its runtime; the next slow
+    /// path then starts it again on its own runtime.
     fn start_sweeper(self: &Arc<Self>) {
-        if self.sweeper_started.load(Ordering::Relaxed)
-            || self.sweeper_started.swap(true, Ordering::Relaxed)
+        if self.sweeper_running.load(Ordering::Relaxed)
+            || self.sweeper_running.swap(true, Ordering::Relaxed)
         {
             return;
         }
-        let weak: Weak<Self> = Arc::downgrade(self);
-        let period = (self.config.lease_ttl / 2).max(Duration::from_millis(1));
-        spawn(async move {
-            let mut ticks = tokio::time::interval(period);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                let Some(throttle) = weak.upgrade() else {
-                    return;
-                };
-                throttle.return_unused_leases().await;
-            }
-        });
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.sweeper_running.store(false, Ordering::Relaxed);
+            return;
+        };
+        let sweeper = Sweeper {
+            throttle: Arc::downgrade(self),
+        };
+        runtime.spawn(sweeper.run());
+    }
+}
+
+/// A request's pending verdict: if the request goes away after its tokens were taken for it,
+/// they go back to the lease.
+struct PendingVerdict<'a, K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<K>,
+    L: LocalStore<K>,
+    C: Clock,
+{
+    throttle: &'a Throttle<K, G, L, C>,
+    key: &'a K,
+    cost: u64,
+    verdict: oneshot::Receiver<Verdict>,
+}
+
+impl<K, G, L, C> Drop for PendingVerdict<'_, K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<K>,
+    L: LocalStore<K>,
+    C: Clock,
+{
+    fn drop(&mut self) {
+        self.verdict.close();
+        if let Ok(Verdict::Admitted) = self.verdict.try_recv() {
+            self.throttle
+                .local
+                .with_bucket(self.key, |b| b.give_back(self.cost));
+        }
+    }
+}
+
+/// A fetch in its task. However the task ends, the key is settled: by the store's answer, or,
+/// if the task is dropped first (cancelled, panicked, its runtime shut down), as failed.
+struct FetchTask<K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<K>,
+    L: LocalStore<K>,
+    C: Clock,
+{
+    throttle: Arc<Throttle<K, G, L, C>>,
+    key: K,
+    settled: bool,
+}
+
+impl<K, G, L, C> FetchTask<K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<K>,
+    L: LocalStore<K>,
+    C: Clock,
+{
+    async fn run(mut self) {
+        let (outcome, limit) = self.throttle.fetch(&self.key).await;
+        self.settled = true;
+        self.throttle.settle(&self.key, &outcome, &limit);
+    }
+}
+
+impl<K, G, L, C> Drop for FetchTask<K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<K>,
+    L: LocalStore<K>,
+    C: Clock,
+{
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        tracing::debug!("a fetch ended without an answer; its requests go to the failure policy");
+        let failed = self
+            .throttle
+            .local
+            .with_bucket(&self.key, |b| b.fail_fetch());
+        self.throttle.deliver(&self.key, failed.verdicts);
+    }
+}
+
+/// The background sweep; marks the sweeper as stopped when it ends, however it ends.
+struct Sweeper<K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<K>,
+    L: LocalStore<K>,
+    C: Clock,
+{
+    throttle: Weak<Throttle<K, G, L, C>>,
+}
+
+impl<K, G, L, C> Sweeper<K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<K>,
+    L: LocalStore<K>,
+    C: Clock,
+{
+    async fn run(self) {
+        let Some(period) = self.throttle.upgrade().map(|t| t.config.lease_ttl / 2) else {
+            return;
+        };
+        let mut ticks = tokio::time::interval(period.max(Duration::from_millis(1)));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let Some(throttle) = self.throttle.upgrade() else {
+                return;
+            };
+            throttle.return_unused_leases().await;
+        }
+    }
+}
+
+impl<K, G, L, C> Drop for Sweeper<K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<K>,
+    L: LocalStore<K>,
+    C: Clock,
+{
+    fn drop(&mut self) {
+        if let Some(throttle) = self.throttle.upgrade() {
+            throttle.sweeper_running.store(false, Ordering::Relaxed);
+        }
     }
 }
 
@@ -409,25 +587,14 @@ fn throttled<K>(key: K, limit: Limit, wait_micros: u64) -> Rejection<K> {
         .with_retry_after(Duration::from_micros(wait_micros.max(1)))
 }
 
-/// Runs `future` in the background on the current Tokio runtime; without one it is dropped
-/// (a prefetch is then done by the next request that needs it).
-fn spawn<F>(future: F)
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        handle.spawn(future);
-    }
-}
-
 /// A circuit breaker over the global store: after a failure, no key calls the store until a
-/// back-off has passed (doubling per consecutive failure, up to a maximum). The first call after
-/// it is the probe.
+/// back-off has passed (doubling per failure window, up to a maximum). The first call after it
+/// is the probe. Calls that were already under way when the circuit opened belong to the same
+/// window, so a burst of concurrent failures is one step, not one per call.
 #[derive(Debug, Default)]
 struct StoreHealth {
     down_until: AtomicU64,
-    failures: AtomicU32,
+    failures: Mutex<u32>,
 }
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -442,16 +609,23 @@ impl StoreHealth {
     }
 
     fn succeeded(&self) {
-        if self.failures.load(Ordering::Relaxed) != 0 {
-            self.failures.store(0, Ordering::Relaxed);
+        if self.down_until.load(Ordering::Relaxed) != 0 {
+            *lock(&self.failures) = 0;
             self.down_until.store(0, Ordering::Relaxed);
         }
     }
 
-    fn failed(&self, now: u64, max_backoff: Duration) {
-        let failures = self.failures.fetch_add(1, Ordering::Relaxed).min(16);
-        let backoff = FIRST_BACKOFF.saturating_mul(1 << failures).min(max_backoff);
+    /// A call sent at `sent_at` failed at `now`.
+    fn failed(&self, sent_at: u64, now: u64, max_backoff: Duration) {
+        let mut failures = lock(&self.failures);
+        if sent_at < self.down_until.load(Ordering::Relaxed) {
+            return;
+        }
+        let backoff = FIRST_BACKOFF
+            .saturating_mul(1 << (*failures).min(16))
+            .min(max_backoff);
+        *failures = failures.saturating_add(1);
         self.down_until
-            .fetch_max(now.saturating_add(micros(backoff)), Ordering::Relaxed);
+            .store(now.saturating_add(micros(backoff)), Ordering::Relaxed);
     }
 }

@@ -42,7 +42,7 @@ async fn buckets_expire_when_they_would_be_full_again() {
     let limit = Limit::per_second(10).burst(10).unwrap();
     let key = "expiring".to_owned();
     let grant = redis
-        .acquire(&key, &limit, TokenRequest { min: 3, want: 3 })
+        .acquire(&key, &limit, TokenRequest::now(3, 3))
         .await
         .unwrap();
     assert_eq!(grant.granted, 3);
@@ -190,7 +190,7 @@ async fn hostile_keys_get_distinct_redis_keys_and_buckets() {
     let limit = Limit::per_hour(2).burst(2).unwrap();
     for key in &keys {
         let grant = redis
-            .acquire(key, &limit, TokenRequest { min: 1, want: 2 })
+            .acquire(key, &limit, TokenRequest::now(1, 2))
             .await
             .unwrap();
         assert_eq!(grant.granted, 2, "key {key:?} has its own full bucket");

@@ -26,7 +26,7 @@ async fn conforming_on_store(arrivals: &[u64]) -> Vec<bool> {
     let mut out = Vec::new();
     for &ms in arrivals {
         clock.set(Duration::from_millis(ms));
-        let request = TokenRequest { min: 1, want: 1 };
+        let request = TokenRequest::now(1, 1);
         let grant = store.acquire(&"k", &tb(), request).await.unwrap();
         out.push(grant.granted == 1);
     }

@@ -26,7 +26,7 @@ const SHARDS: usize = 16;
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let store = MemoryGlobalStore::new();
 /// let limit = Limit::per_second(10).burst(10)?;
-/// let grant = store.acquire(&"tenant-a", &limit, TokenRequest { min: 1, want: 4 }).await.unwrap();
+/// let grant = store.acquire(&"tenant-a", &limit, TokenRequest::now(1, 4)).await.unwrap();
 /// assert_eq!((grant.granted, grant.remaining), (4, 6));
 /// # Ok::<(), hierarchical_throttle::ConfigError>(()) }).unwrap();
 /// ```
@@ -163,11 +163,14 @@ where
         limit: &Limit,
         request: TokenRequest,
     ) -> impl Future<Output = Result<Grant, Infallible>> + Send {
+        let max_delay = micros(request.max_delay);
         let taken = self.with_bucket(key, limit, |b, now| {
-            b.take(limit, now, request.min, request.want)
+            b.take_or_reserve(limit, now, request.min, request.want, max_delay)
         });
         std::future::ready(Ok(Grant {
             granted: taken.granted,
+            reserved: taken.reserved,
+            ready_in: std::time::Duration::from_micros(taken.ready_in_micros),
             remaining: taken.remaining,
             refill_in: std::time::Duration::from_micros(taken.refill_in_micros),
         }))

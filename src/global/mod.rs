@@ -12,20 +12,41 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-/// A request for tokens: at least `min`, ideally `want`.
+/// A request for tokens: at least `min`, ideally `want`, of which those not there now may be
+/// reserved if they fall due within `max_delay`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenRequest {
-    /// Dispense nothing unless at least this many tokens are there (at least 1).
+    /// Dispense nothing unless at least this many tokens are there, or due within `max_delay`
+    /// (at least 1).
     pub min: u64,
     /// Dispense up to this many (at least `min`, at most the capacity).
     pub want: u64,
+    /// Reserve, up to `want` in all, the tokens that fall due within this time (zero: never
+    /// reserve). Tokens that are there are always dispensed at once.
+    pub max_delay: Duration,
+}
+
+impl TokenRequest {
+    /// At least `min`, up to `want` tokens, now; no reservation.
+    pub fn now(min: u64, want: u64) -> Self {
+        Self {
+            min,
+            want,
+            max_delay: Duration::ZERO,
+        }
+    }
 }
 
 /// A global store's answer to a [`TokenRequest`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
-    /// Tokens dispensed to the host: zero, or between `min` and `want`.
+    /// Tokens dispensed to the host, usable now: zero, or between `min` and `want`.
     pub granted: u64,
+    /// Tokens reserved for the host ahead of the refill, usable only after `ready_in`
+    /// (`granted + reserved` is at most `want`).
+    pub reserved: u64,
+    /// When the reserved tokens are due (zero when none are).
+    pub ready_in: Duration,
     /// Whole tokens left in the global bucket.
     pub remaining: u64,
     /// How long until the global bucket holds `min` tokens again (zero if it does now).
@@ -43,7 +64,9 @@ pub trait GlobalStore<K>: Send + Sync + 'static {
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// Dispenses between `request.min` and `request.want` tokens for `key`, or none when fewer
-    /// than `request.min` are there.
+    /// than `request.min` are there or due within `request.max_delay`; see
+    /// [`TokenBucket::take_or_reserve`](crate::bucket::TokenBucket::take_or_reserve), whose
+    /// arithmetic every store must follow.
     fn acquire(
         &self,
         key: &K,
@@ -58,4 +81,13 @@ pub trait GlobalStore<K>: Send + Sync + 'static {
         limit: &Limit,
         tokens: u64,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Whether a call that ended in `error` may still have taken effect in the store (the
+    /// answer was lost, not the call). The throttle retries a failed hand-back only when this
+    /// is `false`, so that tokens are never given back twice; tokens of calls that may have
+    /// taken effect are counted as lost. Default: `true`, the safe answer.
+    fn may_have_applied(&self, error: &Self::Error) -> bool {
+        let _ = error;
+        true
+    }
 }

@@ -181,7 +181,7 @@ impl<K: RedisKey> RedisGlobalStore<K> {
         script: &Script,
         key: &K,
         limit: &Limit,
-        args: [u64; 2],
+        args: [u64; 3],
     ) -> Result<T, RedisError> {
         let mut invocation = script.prepare_invoke();
         invocation
@@ -190,7 +190,8 @@ impl<K: RedisKey> RedisGlobalStore<K> {
             .arg(limit.refill_amount())
             .arg(limit.period_micros())
             .arg(args[0])
-            .arg(args[1]);
+            .arg(args[1])
+            .arg(args[2]);
         if let Some(now) = &self.now_override {
             invocation.arg(now());
         }
@@ -215,16 +216,18 @@ where
         limit: &Limit,
         request: TokenRequest,
     ) -> Result<Grant, RedisError> {
-        let (granted, remaining, refill_in): (u64, u64, u64) = self
+        let (granted, reserved, ready_in, remaining, refill_in): (u64, u64, u64, u64, u64) = self
             .run(
                 &self.scripts.acquire,
                 key,
                 limit,
-                [request.min, request.want],
+                [request.min, request.want, micros(request.max_delay)],
             )
             .await?;
         Ok(Grant {
             granted,
+            reserved,
+            ready_in: std::time::Duration::from_micros(ready_in),
             remaining,
             refill_in: std::time::Duration::from_micros(refill_in),
         })
@@ -232,7 +235,7 @@ where
 
     async fn release(&self, key: &K, limit: &Limit, tokens: u64) -> Result<(), RedisError> {
         let _held: u64 = self
-            .run(&self.scripts.release, key, limit, [tokens, 0])
+            .run(&self.scripts.release, key, limit, [tokens, 0, 0])
             .await?;
         Ok(())
     }

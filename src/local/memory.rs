@@ -28,8 +28,6 @@ pub struct MemoryLocalStore<K> {
     evicted: Mutex<Vec<(K, LocalBucket)>>,
 }
 
-/// Evicted buckets kept for the throttle; beyond this (the throttle takes them every half lease
-/// time), further ones are dropped and their leases stranded, so memory stays bounded.
 type Shard<K> = HashTable<Entry<K>>;
 
 /// A key and its bucket, on cache lines of their own (one for small keys): threads serving
@@ -48,7 +46,9 @@ struct Entry<K> {
 #[repr(align(128))]
 struct CacheLine<T>(T);
 
-const MAX_PENDING_RETURNS: usize = 4096;
+/// The most keys a shard holds: an eviction pass scans one shard under its lock, so this
+/// bounds how long a new key can hold a shard (a few microseconds).
+const MAX_KEYS_PER_SHARD: usize = 512;
 
 impl<K> MemoryLocalStore<K> {
     /// The default bound: 100,000 keys.
@@ -71,10 +71,11 @@ impl<K> MemoryLocalStore<K> {
     }
 
     fn build(max_keys: usize) -> Self {
-        // Sixteen shards per core, so threads on different keys rarely meet on a lock; at least
-        // 64 keys per shard.
+        // Sixteen shards per core, so threads on different keys rarely meet on a lock, and
+        // enough that none holds more than MAX_KEYS_PER_SHARD; at least 64 keys per shard.
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
         let shards = (cores * 16)
+            .max(max_keys.div_ceil(MAX_KEYS_PER_SHARD))
             .next_power_of_two()
             .min((max_keys / 64).max(1).next_power_of_two());
         let shards = if shards > max_keys / 64 {
@@ -143,7 +144,9 @@ impl<K: Clone> MemoryLocalStore<K> {
     }
 
     /// Frees at least an eighth of a full shard: first buckets not used since the last pass,
-    /// then any that are not fetching.
+    /// then any that are not fetching. Evicted buckets holding leased tokens or uncounted
+    /// requests are all kept for the throttle (it takes them every half lease time), so no
+    /// leased token is stranded.
     fn make_room(&self, table: &mut Shard<K>) {
         let target = self.per_shard - (self.per_shard / 8).max(1);
         let mut evicted = Vec::new();
@@ -160,14 +163,12 @@ impl<K: Clone> MemoryLocalStore<K> {
             });
             evicted.extend(
                 victims
-                    .filter(|e| e.bucket.leased_tokens() > 0 || e.bucket.uncounted > 0)
+                    .filter(|e| e.bucket.leased_tokens() > 0 || e.bucket.uncounted_requests() > 0)
                     .map(|e| (e.key, e.bucket)),
             );
         }
         if !evicted.is_empty() {
-            let mut pending = lock(&self.evicted);
-            evicted.truncate(MAX_PENDING_RETURNS.saturating_sub(pending.len()));
-            pending.append(&mut evicted);
+            lock(&self.evicted).append(&mut evicted);
         }
     }
 }

@@ -194,7 +194,7 @@ where
                     want,
                 } => {
                     clock.advance(Duration::from_micros(after_us));
-                    let request = TokenRequest { min, want };
+                    let request = TokenRequest::now(min, want);
                     let grant = store.acquire(&key, &limit, request).await.expect("acquire");
                     answers.push((
                         grant.granted,

@@ -1,8 +1,9 @@
 -- The lazy token bucket of src/bucket.rs, step for step, in integers that stay below 2^53
 -- (Limit validates p * (a + 2) < 2^53 and capacity < 2^53), so Lua's doubles are exact.
--- KEYS[1]: the bucket (a hash: t = whole tokens, r = remainder in 1/p tokens, u = updated us).
+-- KEYS[1]: the bucket (a hash: t = whole tokens, negative while reserved tokens are owed,
+-- r = remainder in 1/p tokens, u = updated us).
 -- ARGV[1] capacity, ARGV[2] a, ARGV[3] p (a tokens per p microseconds, lowest terms),
--- ARGV[4], ARGV[5]: the operation's arguments, ARGV[6]: now in us (tests only; else TIME).
+-- ARGV[4] to ARGV[6]: the operation's arguments, ARGV[7]: now in us (tests only; else TIME).
 
 local capacity = tonumber(ARGV[1])
 local a = tonumber(ARGV[2])
@@ -23,10 +24,10 @@ local function divmod(x, d)
 end
 
 -- A caller-supplied time (tests only) is simulated: Redis's real-time expiry would cut it short.
-local simulated = ARGV[6] ~= nil
+local simulated = ARGV[7] ~= nil
 local now
 if simulated then
-  now = tonumber(ARGV[6])
+  now = tonumber(ARGV[7])
 else
   -- Redis's clock, never the hosts': theirs drift.
   local time = redis.call('TIME')
@@ -43,20 +44,22 @@ if state[1] then
   now = math.max(now, updated)
 end
 
--- Refill: add a per p microseconds since the last update, never past capacity.
-if tokens >= capacity then
-  tokens, remainder = capacity, 0
-else
-  local elapsed = now - updated
+-- The level `elapsed` microseconds after (tokens, remainder): a per p microseconds, never
+-- past capacity.
+local function level_after(elapsed)
+  if tokens >= capacity then
+    return capacity, 0
+  end
   local q, r = divmod(elapsed, p)
   local whole, rest = divmod(remainder + r * a, p)
   local added = q * a + whole
   if added >= capacity - tokens then
-    tokens, remainder = capacity, 0
-  else
-    tokens, remainder = tokens + added, rest
+    return capacity, 0
   end
+  return tokens + added, rest
 end
+
+tokens, remainder = level_after(now - updated)
 
 -- Microseconds until the bucket holds n tokens (n <= capacity), rounded up:
 -- ceil(((n - tokens) * p - remainder) / a), split so every product stays exact.

@@ -1,7 +1,7 @@
 -- Takes back ARGV[4] unused tokens, never past capacity. Returns the tokens now held.
-tokens = math.min(tokens + tonumber(ARGV[4]), capacity)
+tokens = math.min(tokens + math.min(tonumber(ARGV[4]), capacity), capacity)
 if tokens == capacity then
   remainder = 0
 end
 store()
-return tokens
+return math.max(tokens, 0)

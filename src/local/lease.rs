@@ -1,0 +1,686 @@
+//! One key's lease on one host, as a pure state machine: no I/O, no clock, no locks, no
+//! spawns. The throttle reads the clock, calls the global store and delivers the verdicts this
+//! machine hands out; everything it decides is here, so it can be tested step by step.
+
+use std::collections::VecDeque;
+
+use tokio::sync::oneshot;
+
+use crate::batch::{DemandHistory, MAX_DEMAND_INTERVALS};
+use crate::bucket::TokenBucket;
+use crate::clock::micros;
+use crate::global::{Grant, TokenRequest};
+use crate::limit::Limit;
+
+/// One key's state on one host. Its fields are the throttle's; a
+/// [`LocalStore`](crate::local::LocalStore) only keeps it.
+///
+/// What the hot path touches is inline; the rest is boxed, so a large store stays dense in
+/// cache.
+#[derive(Default)]
+pub struct LocalBucket {
+    /// Leased tokens usable now.
+    tokens: u64,
+    /// Start a background fetch when `tokens` falls below this (half the last batch).
+    low_water: u64,
+    /// Tokens served since the clock was last read for this key (saturating: it is emptied on
+    /// every slow-path visit).
+    unrecorded: u32,
+    /// Requests served from the lease and not yet added to the statistics (saturating: it is
+    /// emptied on every slow-path visit and sweep).
+    uncounted: u32,
+    /// A batch is being fetched (or about to be): at most one per key and host.
+    fetching: bool,
+    /// Set by the store on every access; cleared by its eviction pass (second chance).
+    used: bool,
+    cold: Box<Cold>,
+}
+
+/// The state only the slow path reads.
+#[derive(Default)]
+struct Cold {
+    /// Requests waiting for the batch being fetched, in arrival order.
+    waiters: VecDeque<Waiter>,
+    /// When the last batch became usable (clock micros).
+    leased_at: u64,
+    demand: DemandHistory,
+    /// The global bucket holds no whole token before then (clock micros): requests the lease
+    /// cannot serve are refused until then without a global call.
+    next_token_at: u64,
+    /// Tokens reserved ahead of the global refill: usable from `pending_due` on.
+    pending: u64,
+    pending_due: u64,
+    /// The host-local bucket used while the global store is unavailable (boxed: rarely there).
+    fallback: Option<Box<TokenBucket>>,
+}
+
+impl std::fmt::Debug for LocalBucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalBucket")
+            .field("tokens", &self.tokens)
+            .field("pending", &self.cold.pending)
+            .field("next_token_at", &self.cold.next_token_at)
+            .field("fetching", &self.fetching)
+            .field("waiters", &self.cold.waiters.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A request waiting for a batch: its cost, and where its verdict goes.
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    cost: u64,
+    /// Batches this request has waited for.
+    rounds: u8,
+    verdict: oneshot::Sender<Verdict>,
+}
+
+/// How many batches a request waits for at most. One almost always serves it: a batch covers
+/// every request that waited for it when it was asked for.
+const MAX_ROUNDS: u8 = 3;
+
+impl Waiter {
+    /// A waiter for a request of `cost` tokens, and the receiver of its verdict.
+    pub(crate) fn new(cost: u64) -> (Self, oneshot::Receiver<Verdict>) {
+        let (verdict, receiver) = oneshot::channel();
+        let waiter = Self {
+            cost,
+            rounds: 0,
+            verdict,
+        };
+        (waiter, receiver)
+    }
+
+    /// Sends `verdict`; gives it back when the request has gone away.
+    pub(crate) fn deliver(self, verdict: Verdict) -> Result<(), Verdict> {
+        self.verdict.send(verdict)
+    }
+
+    pub(crate) fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    fn is_gone(&self) -> bool {
+        self.verdict.is_closed()
+    }
+}
+
+/// The decision for a waiting request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Its tokens were taken from the lease for it: it is admitted (and must give them back if
+    /// it has gone away).
+    Admitted,
+    /// The global bucket is short; its tokens are due at `until` (clock micros).
+    Throttled { until: u64 },
+    /// The global store failed: the failure policy decides.
+    Failed,
+}
+
+/// The hot path's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hit {
+    Admitted,
+    /// Admitted, and the lease ran low: the caller starts a background fetch.
+    AdmittedStartFetch,
+    Short,
+}
+
+/// What happened when a request found the lease short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Miss {
+    Admitted,
+    /// The key is known to be short until its tokens are due at `until`.
+    Throttled {
+        until: u64,
+    },
+    /// The global store is backing off and no batch is in flight: the failure policy decides.
+    StoreDown,
+    /// Queued for the batch in flight.
+    Joined,
+    /// Queued; the caller starts the fetch.
+    StartFetch,
+}
+
+/// What a fetch asks the global store for, before the batch policy sizes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// Tokens the waiting requests need.
+    pub(crate) needed: u64,
+    /// Tokens the lease has room for.
+    pub(crate) room: u64,
+    pub(crate) demand: [u32; MAX_DEMAND_INTERVALS],
+}
+
+impl Plan {
+    /// The request for a batch of `batch` tokens (what the batch policy asked for).
+    pub(crate) fn request(&self, batch: u64, max_delay: std::time::Duration) -> TokenRequest {
+        TokenRequest {
+            min: 1,
+            want: batch.max(self.needed).clamp(1, self.room),
+            max_delay,
+        }
+    }
+}
+
+/// How a fetch ended.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FetchOutcome {
+    /// The store, asked at `sent_at` (clock micros), answered `grant`.
+    Granted { grant: Grant, sent_at: u64 },
+    /// Nothing was asked: the key is throttled or the lease is full.
+    Skipped,
+    /// The call failed, timed out, was not made (the store is backing off) or never finished.
+    Failed,
+}
+
+/// What settling a fetch hands to the throttle.
+#[derive(Debug, Default)]
+pub(crate) struct Settled {
+    /// Verdicts to deliver, once the bucket is released.
+    pub(crate) verdicts: Vec<(Waiter, Verdict)>,
+    /// Tokens beyond capacity (the limit was lowered), to hand back.
+    pub(crate) excess: u64,
+    /// Requests are still waiting: the caller starts another fetch.
+    pub(crate) refetch: bool,
+}
+
+impl LocalBucket {
+    /// Tokens leased to this host and not used yet, including those reserved ahead.
+    pub fn leased_tokens(&self) -> u64 {
+        self.tokens.saturating_add(self.cold.pending)
+    }
+
+    /// Whether a batch for this bucket is being fetched: such a bucket must not be evicted.
+    pub fn is_fetching(&self) -> bool {
+        self.fetching
+    }
+
+    /// Marks the bucket as used; see [`take_used_mark`](Self::take_used_mark).
+    #[inline]
+    pub fn mark_used(&mut self) {
+        self.used = true;
+    }
+
+    /// Whether the bucket was marked used since the last call, clearing the mark. For stores
+    /// that evict least-recently-used buckets first.
+    pub fn take_used_mark(&mut self) -> bool {
+        std::mem::take(&mut self.used)
+    }
+
+    /// Requests served from the lease and not counted yet, for stores that drop a bucket.
+    pub fn uncounted_requests(&self) -> u64 {
+        u64::from(self.uncounted)
+    }
+
+    /// The hot path: takes `cost` leased tokens if there are enough, and asks for a fetch ahead
+    /// of need when the lease runs below half the last batch. No clock, no allocation.
+    #[inline]
+    pub(crate) fn take_leased(&mut self, cost: u64) -> Hit {
+        if !self.take(cost) {
+            return Hit::Short;
+        }
+        self.uncounted = self.uncounted.saturating_add(1);
+        if self.tokens < self.low_water && !self.fetching {
+            self.fetching = true;
+            return Hit::AdmittedStartFetch;
+        }
+        Hit::Admitted
+    }
+
+    #[inline]
+    fn take(&mut self, cost: u64) -> bool {
+        if self.tokens < cost {
+            return false;
+        }
+        self.tokens -= cost;
+        let cost = u32::try_from(cost).unwrap_or(u32::MAX);
+        self.unrecorded = self.unrecorded.saturating_add(cost);
+        true
+    }
+
+    /// Puts back `tokens` taken for a request that went away before it was served.
+    pub(crate) fn give_back(&mut self, tokens: u64) {
+        self.tokens = self.tokens.saturating_add(tokens);
+    }
+
+    /// Requests served from the lease since the last call.
+    pub(crate) fn take_uncounted(&mut self) -> u64 {
+        u64::from(std::mem::take(&mut self.uncounted))
+    }
+
+    fn record_demand(&mut self, interval: u64) {
+        self.cold
+            .demand
+            .record(interval, u64::from(std::mem::take(&mut self.unrecorded)));
+    }
+
+    /// Moves tokens reserved ahead into the lease once they are due.
+    fn release_pending(&mut self, now: u64) {
+        if self.cold.pending > 0 && now >= self.cold.pending_due {
+            let pending = std::mem::take(&mut self.cold.pending);
+            self.tokens = self.tokens.saturating_add(pending);
+            self.cold.leased_at = self.cold.pending_due;
+            self.low_water = pending / 2;
+        }
+    }
+
+    /// When a request of `cost` tokens that the lease cannot serve now can be: when the tokens
+    /// reserved ahead are due, or when the global bucket has refilled what they lack.
+    fn due(&self, cost: u64, limit: &Limit) -> u64 {
+        let held = self.leased_tokens();
+        if cost <= held {
+            return self.cold.pending_due;
+        }
+        // The global bucket's first token is due at `next_token_at`, the rest at its rate.
+        let more = cost - held;
+        let rest = micros(limit.time_to_accrue(more - 1));
+        let refilled = self.cold.next_token_at.saturating_add(rest);
+        if self.cold.pending > 0 {
+            refilled.max(self.cold.pending_due)
+        } else {
+            refilled
+        }
+    }
+
+    /// A request of `cost` found too few tokens at `now`: serve it if reserved tokens have
+    /// fallen due, refuse it if the global bucket is known to be short, or queue `waiter` for
+    /// the batch in flight (or for a new one, unless the store is backing off).
+    pub(crate) fn miss(
+        &mut self,
+        cost: u64,
+        now: u64,
+        interval: u64,
+        limit: &Limit,
+        store_up: bool,
+        waiter: Waiter,
+    ) -> Miss {
+        self.release_pending(now);
+        let admitted = self.take(cost);
+        self.record_demand(interval);
+        if admitted {
+            return Miss::Admitted;
+        }
+        if now < self.cold.next_token_at {
+            // Refused requests are demand too: batches sized by what was served alone would
+            // shrink to single tokens exactly when the key is over its limit.
+            self.cold.demand.record(interval, cost);
+            return Miss::Throttled {
+                until: self.due(cost, limit),
+            };
+        }
+        if self.fetching {
+            self.cold.waiters.push_back(waiter);
+            return Miss::Joined;
+        }
+        if !store_up {
+            return Miss::StoreDown;
+        }
+        self.cold.waiters.push_back(waiter);
+        self.fetching = true;
+        Miss::StartFetch
+    }
+
+    /// What the fetch in flight should ask for, or `None` when nothing should be asked (the key
+    /// is throttled, or the lease is full).
+    pub(crate) fn plan(&mut self, now: u64, interval: u64, limit: &Limit) -> Option<Plan> {
+        self.release_pending(now);
+        self.record_demand(interval);
+        self.cold.waiters.retain(|w| !w.is_gone());
+        let needed = self
+            .cold
+            .waiters
+            .iter()
+            .fold(0u64, |sum, w| sum.saturating_add(w.cost));
+        if now < self.cold.next_token_at {
+            // No prefetch either until a batch comes: each would be skipped again.
+            self.low_water = 0;
+            return None;
+        }
+        let room = limit.capacity().saturating_sub(self.leased_tokens());
+        if room == 0 {
+            return None;
+        }
+        let mut demand = [0; MAX_DEMAND_INTERVALS];
+        demand.copy_from_slice(self.cold.demand.recent());
+        Some(Plan {
+            needed,
+            room,
+            demand,
+        })
+    }
+
+    /// Takes in a fetch's outcome at `now` and decides every waiting request, in arrival order:
+    /// those the lease now covers are admitted (their tokens taken for them), the others are
+    /// refused with the time their tokens are due, left to the failure policy when the fetch
+    /// failed, or kept for another batch when the global bucket still has tokens.
+    pub(crate) fn settle(&mut self, outcome: &FetchOutcome, now: u64, limit: &Limit) -> Settled {
+        let mut settled = Settled::default();
+        let may_rejoin = match *outcome {
+            FetchOutcome::Failed => return self.fail_fetch(),
+            FetchOutcome::Skipped => {
+                self.fetching = false;
+                false
+            }
+            FetchOutcome::Granted { grant, sent_at, .. } => {
+                self.fetching = false;
+                self.take_grant(&grant, sent_at, now);
+                settled.excess = self.shed_excess(limit);
+                true
+            }
+        };
+        self.release_pending(now);
+        let throttled = now < self.cold.next_token_at;
+        let mut kept = VecDeque::new();
+        for mut waiter in self.cold.waiters.drain(..).collect::<Vec<_>>() {
+            if waiter.is_gone() {
+                continue;
+            }
+            if self.take(waiter.cost) {
+                settled.verdicts.push((waiter, Verdict::Admitted));
+            } else if may_rejoin && !throttled && waiter.rounds + 1 < MAX_ROUNDS {
+                waiter.rounds += 1;
+                kept.push_back(waiter);
+            } else {
+                let until = self.due(waiter.cost, limit).max(now.saturating_add(1));
+                settled
+                    .verdicts
+                    .push((waiter, Verdict::Throttled { until }));
+            }
+        }
+        if !kept.is_empty() {
+            self.cold.waiters = kept;
+            self.fetching = true;
+            settled.refetch = true;
+        }
+        settled
+    }
+
+    /// Ends the fetch in flight as failed: every waiting request goes to the failure policy,
+    /// and the next request starts a new fetch.
+    pub(crate) fn fail_fetch(&mut self) -> Settled {
+        self.fetching = false;
+        Settled {
+            verdicts: self
+                .cold
+                .waiters
+                .drain(..)
+                .map(|w| (w, Verdict::Failed))
+                .collect(),
+            ..Settled::default()
+        }
+    }
+
+    /// Adds a grant asked for at `sent_at` and received at `now` to the lease.
+    fn take_grant(&mut self, grant: &Grant, sent_at: u64, now: u64) {
+        // From the time the call was sent, so that no request is refused while the global
+        // bucket could already admit it.
+        self.cold.next_token_at = sent_at.saturating_add(micros(grant.refill_in));
+        if grant.granted > 0 {
+            self.tokens = self.tokens.saturating_add(grant.granted);
+            self.cold.leased_at = now;
+            self.low_water = grant.granted / 2;
+        }
+        if grant.reserved > 0 {
+            // From the time the answer came, so that reserved tokens are never used before the
+            // global bucket has refilled them.
+            let due = now.saturating_add(micros(grant.ready_in));
+            self.cold.pending = self.cold.pending.saturating_add(grant.reserved);
+            self.cold.pending_due = self.cold.pending_due.max(due);
+        }
+    }
+
+    /// Removes what the lease holds beyond capacity (after a limit was lowered).
+    fn shed_excess(&mut self, limit: &Limit) -> u64 {
+        let excess = self.leased_tokens().saturating_sub(limit.capacity());
+        let from_pending = excess.min(self.cold.pending);
+        self.cold.pending -= from_pending;
+        self.tokens -= excess - from_pending;
+        excess
+    }
+
+    /// Takes the leased tokens out if the lease is older than `ttl` micros and no batch is in
+    /// flight or reserved, so they can be handed back.
+    pub(crate) fn take_expired(&mut self, now: u64, ttl: u64) -> u64 {
+        self.release_pending(now);
+        if self.fetching || self.cold.pending > 0 || now.saturating_sub(self.cold.leased_at) < ttl {
+            return 0;
+        }
+        self.low_water = 0;
+        std::mem::take(&mut self.tokens)
+    }
+
+    /// Takes every leased token out, reserved ones included: the bucket is being dropped.
+    pub(crate) fn take_all_leased(&mut self) -> u64 {
+        let pending = std::mem::take(&mut self.cold.pending);
+        std::mem::take(&mut self.tokens).saturating_add(pending)
+    }
+
+    /// Takes `cost` from this host's own fallback bucket, shaped `share`. Returns the wait
+    /// until it could be served, or zero if it was.
+    pub(crate) fn take_fallback(&mut self, share: &Limit, now: u64, cost: u64) -> u64 {
+        let bucket = self
+            .cold
+            .fallback
+            .get_or_insert_with(|| Box::new(TokenBucket::full(share, now)));
+        let taken = bucket.take(share, now, cost, cost);
+        if taken.granted >= cost {
+            0
+        } else {
+            taken.refill_in_micros.max(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn limit() -> Limit {
+        Limit::per_second(10).burst(10).unwrap()
+    }
+
+    /// `granted` tokens now, `reserved` due in `ready_in_ms`, the next in `refill_in_ms`.
+    fn grant(granted: u64, reserved: u64, ready_in_ms: u64, refill_in_ms: u64) -> FetchOutcome {
+        FetchOutcome::Granted {
+            grant: Grant {
+                granted,
+                reserved,
+                ready_in: Duration::from_millis(ready_in_ms),
+                remaining: 0,
+                refill_in: Duration::from_millis(refill_in_ms),
+            },
+            sent_at: 0,
+        }
+    }
+
+    /// Queues a request of `cost` at `now`; returns the miss and the verdict's receiver.
+    fn queue(b: &mut LocalBucket, cost: u64, now: u64) -> (Miss, oneshot::Receiver<Verdict>) {
+        let (waiter, rx) = Waiter::new(cost);
+        (b.miss(cost, now, 0, &limit(), true, waiter), rx)
+    }
+
+    fn verdicts(settled: &Settled) -> Vec<(u64, Verdict)> {
+        settled.verdicts.iter().map(|(w, v)| (w.cost, *v)).collect()
+    }
+
+    #[test]
+    fn the_hot_part_of_a_bucket_stays_small() {
+        assert!(std::mem::size_of::<LocalBucket>() <= 40);
+    }
+
+    #[test]
+    fn one_fetch_per_key_and_everyone_waits_for_it() {
+        let mut b = LocalBucket::default();
+        let (first, _a) = queue(&mut b, 1, 0);
+        let (second, _b) = queue(&mut b, 2, 0);
+        assert_eq!((first, second), (Miss::StartFetch, Miss::Joined));
+        let plan = b.plan(0, 0, &limit()).unwrap();
+        assert_eq!((plan.needed, plan.room), (3, 10));
+        assert_eq!(plan.request(0, Duration::ZERO).want, 3);
+    }
+
+    #[test]
+    fn a_batch_serves_waiters_in_arrival_order_and_keeps_the_rest() {
+        let mut b = LocalBucket::default();
+        let _rx: Vec<_> = [3, 1, 2].iter().map(|&c| queue(&mut b, c, 0).1).collect();
+        let settled = b.settle(&grant(8, 0, 0, 0), 0, &limit());
+        let expected = vec![
+            (3, Verdict::Admitted),
+            (1, Verdict::Admitted),
+            (2, Verdict::Admitted),
+        ];
+        assert_eq!(verdicts(&settled), expected);
+        assert_eq!(b.leased_tokens(), 2);
+        assert!(!settled.refetch && !b.is_fetching());
+    }
+
+    #[test]
+    fn a_partial_grant_throttles_the_key_until_its_next_token() {
+        let mut b = LocalBucket::default();
+        let _rx: Vec<_> = [2, 1, 3].iter().map(|&c| queue(&mut b, c, 0).1).collect();
+        // Two tokens were there; the next is due 100 ms after the call was sent.
+        let settled = b.settle(&grant(2, 0, 0, 100), 5_000, &limit());
+        // The first fits; the second does not (the first took both); the third needs 3 more
+        // from the global bucket: the first at 100 ms, two more at 100 ms each.
+        assert_eq!(
+            verdicts(&settled),
+            vec![
+                (2, Verdict::Admitted),
+                (1, Verdict::Throttled { until: 100_000 }),
+                (3, Verdict::Throttled { until: 300_000 }),
+            ]
+        );
+        // Later arrivals are refused without a global call until the token is due, exactly.
+        let (miss, _) = queue(&mut b, 1, 99_999);
+        assert_eq!(miss, Miss::Throttled { until: 100_000 });
+        let (miss, _) = queue(&mut b, 1, 100_000);
+        assert_eq!(miss, Miss::StartFetch);
+    }
+
+    #[test]
+    fn reserved_tokens_are_used_only_once_due() {
+        let mut b = LocalBucket::default();
+        let (_, _rx) = queue(&mut b, 1, 0);
+        // Refused now, but 5 tokens reserved: due 300 ms after the answer came (at 1 ms).
+        let settled = b.settle(&grant(0, 5, 300, 400), 1_000, &limit());
+        assert_eq!(
+            verdicts(&settled),
+            vec![(1, Verdict::Throttled { until: 301_000 })]
+        );
+        assert_eq!(b.leased_tokens(), 5);
+        let (miss, _) = queue(&mut b, 5, 300_999);
+        assert_eq!(miss, Miss::Throttled { until: 301_000 });
+        // A request needing more than is reserved waits for the global bucket's refill too.
+        let (miss, _) = queue(&mut b, 7, 300_999);
+        assert_eq!(
+            miss,
+            Miss::Throttled {
+                until: 400_000 + 100_000
+            }
+        );
+        let (miss, _) = queue(&mut b, 5, 301_000);
+        assert_eq!(miss, Miss::Admitted);
+        assert_eq!(b.leased_tokens(), 0);
+    }
+
+    #[test]
+    fn a_full_grant_keeps_late_joiners_for_the_next_batch() {
+        let mut b = LocalBucket::default();
+        let (_, _a) = queue(&mut b, 1, 0);
+        b.plan(0, 0, &limit());
+        let (_, _b) = queue(&mut b, 1, 0);
+        let settled = b.settle(&grant(1, 0, 0, 0), 0, &limit());
+        assert_eq!(verdicts(&settled), vec![(1, Verdict::Admitted)]);
+        assert!(settled.refetch && b.is_fetching());
+        assert_eq!(b.plan(0, 0, &limit()).map(|p| p.needed), Some(1));
+    }
+
+    #[test]
+    fn a_waiter_kept_too_many_rounds_is_refused() {
+        let mut b = LocalBucket::default();
+        let (_, _rx) = queue(&mut b, 5, 0);
+        for round in 1..=MAX_ROUNDS {
+            let settled = b.settle(&grant(1, 0, 0, 0), 0, &limit());
+            assert_eq!(settled.refetch, round < MAX_ROUNDS, "round {round}");
+        }
+        assert!(!b.is_fetching());
+    }
+
+    #[test]
+    fn a_failed_fetch_leaves_every_waiter_to_the_failure_policy() {
+        let mut b = LocalBucket::default();
+        let _rx: Vec<_> = [1, 1].iter().map(|&c| queue(&mut b, c, 0).1).collect();
+        let settled = b.settle(&FetchOutcome::Failed, 0, &limit());
+        assert_eq!(
+            verdicts(&settled),
+            vec![(1, Verdict::Failed), (1, Verdict::Failed)]
+        );
+        assert!(!b.is_fetching());
+        // The next request starts a new fetch.
+        assert_eq!(queue(&mut b, 1, 0).0, Miss::StartFetch);
+    }
+
+    #[test]
+    fn a_waiter_that_went_away_takes_nothing() {
+        let mut b = LocalBucket::default();
+        let (_, gone) = queue(&mut b, 4, 0);
+        let (_, _stays) = queue(&mut b, 1, 0);
+        drop(gone);
+        assert_eq!(b.plan(0, 0, &limit()).map(|p| p.needed), Some(1));
+        let settled = b.settle(&grant(5, 0, 0, 0), 0, &limit());
+        assert_eq!(verdicts(&settled), vec![(1, Verdict::Admitted)]);
+        assert_eq!(b.leased_tokens(), 4);
+    }
+
+    #[test]
+    fn no_new_fetch_while_the_store_backs_off() {
+        let mut b = LocalBucket::default();
+        let (waiter, _rx) = Waiter::new(1);
+        assert_eq!(b.miss(1, 0, 0, &limit(), false, waiter), Miss::StoreDown);
+        assert!(!b.is_fetching());
+    }
+
+    #[test]
+    fn the_lease_runs_low_once_per_batch() {
+        let mut b = LocalBucket::default();
+        let (_, _rx) = queue(&mut b, 1, 0);
+        b.settle(&grant(8, 0, 0, 0), 0, &limit());
+        // 7 left, low water 4: the fourth hit leaves 3 and asks for one prefetch.
+        let hits: Vec<_> = (0..5).map(|_| b.take_leased(1)).collect();
+        assert_eq!(
+            hits,
+            [
+                Hit::Admitted,
+                Hit::Admitted,
+                Hit::Admitted,
+                Hit::AdmittedStartFetch,
+                Hit::Admitted
+            ]
+        );
+        assert_eq!(b.take_leased(5), Hit::Short);
+    }
+
+    #[test]
+    fn a_lowered_limit_sheds_what_the_lease_holds_beyond_it() {
+        let mut b = LocalBucket::default();
+        let (_, _rx) = queue(&mut b, 1, 0);
+        b.settle(&grant(10, 0, 0, 0), 0, &limit());
+        let (_, _rx) = queue(&mut b, 20, 0);
+        let lower = Limit::per_second(4).burst(4).unwrap();
+        let settled = b.settle(&grant(1, 0, 0, 0), 0, &lower);
+        assert_eq!(settled.excess, 6);
+        assert_eq!(b.leased_tokens(), 4);
+    }
+
+    #[test]
+    fn leases_expire_unless_a_batch_is_in_flight_or_reserved() {
+        let mut b = LocalBucket::default();
+        let (_, _rx) = queue(&mut b, 1, 0);
+        b.settle(&grant(6, 0, 0, 0), 0, &limit());
+        assert_eq!(b.take_expired(1_999_999, 2_000_000), 0);
+        assert_eq!(b.take_expired(2_000_000, 2_000_000), 5);
+        assert_eq!(b.leased_tokens(), 0);
+    }
+}
