@@ -51,6 +51,11 @@ impl TokenBucket {
         }
     }
 
+    /// Tokens reserved ahead of the refill and not refilled yet (as of the last update).
+    pub fn owed(&self) -> u64 {
+        self.tokens.min(0).unsigned_abs()
+    }
+
     /// Whole tokens held (as of the last update); zero while reserved tokens are owed.
     pub fn tokens(&self) -> u64 {
         u64::try_from(self.tokens).unwrap_or(0)

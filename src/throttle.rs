@@ -148,7 +148,8 @@ where
         let now = self.now();
         let interval = self.interval(now);
         let store_up = self.health.is_up(now);
-        let (waiter, verdict) = Waiter::new(cost);
+        let deadline = now.saturating_add(micros(self.config.store_timeout));
+        let (waiter, verdict) = Waiter::new(cost, deadline);
         let miss = self.local.with_bucket(&key, |b| {
             self.stats.admitted_local.add(b.take_uncounted());
             b.miss(cost, now, interval, &limit, store_up, waiter)
@@ -563,6 +564,7 @@ where
             let Some(throttle) = self.throttle.upgrade() else {
                 return;
             };
+            throttle.global.maintain();
             throttle.return_unused_leases().await;
         }
     }

@@ -12,14 +12,18 @@ use crate::global::{GlobalStore, Grant, TokenRequest};
 use crate::limit::Limit;
 use crate::sync::lock;
 
-const SHARDS: usize = 16;
+const SHARDS: usize = 64;
 
 /// The embedded global store: token buckets in this process's memory.
 ///
 /// It is the whole hierarchy's global level for a single process, and the way tests and
 /// simulations stand up a fleet: several layers sharing one store behave as several hosts.
 /// Cloning it is cheap and **shares the buckets**. Buckets that are full are forgotten (a
-/// full bucket is the same as a new one), so idle keys cost no memory.
+/// full bucket is the same as a new one): at once when a call leaves one full, and otherwise
+/// by [`maintain`](GlobalStore::maintain), which a layer's background sweeper calls every half
+/// lease time whether or not requests come. So an idle key costs no memory a second or so after
+/// its bucket has refilled, and a flood of distinct keys holds at most the keys whose buckets
+/// are still refilling.
 ///
 /// ```
 /// use hierarchical_throttle::{Limit, global::{GlobalStore, TokenRequest, memory::MemoryGlobalStore}};
@@ -45,9 +49,6 @@ struct Inner<K, C> {
 #[derive(Debug)]
 struct Shard<K> {
     buckets: HashTable<(K, TokenBucket, Limit)>,
-    /// Calls since the last sweep for full buckets; a sweep runs every `len` calls, so its cost
-    /// is constant per call.
-    since_sweep: usize,
 }
 
 impl<K> MemoryGlobalStore<K> {
@@ -78,7 +79,6 @@ impl<K, C> MemoryGlobalStore<K, C> {
             .map(|_| {
                 Mutex::new(Shard {
                     buckets: HashTable::new(),
-                    since_sweep: 0,
                 })
             })
             .collect();
@@ -121,9 +121,8 @@ where
     ) -> R {
         let now = micros(self.inner.clock.now());
         let hash = self.inner.hasher.hash_one(key);
-        let shard = &self.inner.shards[(hash >> 59) as usize % SHARDS];
+        let shard = &self.inner.shards[(hash >> 58) as usize % SHARDS];
         let mut shard = lock(shard);
-        shard.sweep_full(now);
         let hasher = |e: &(K, TokenBucket, Limit)| self.inner.hasher.hash_one(&e.0);
         let mut entry = shard
             .buckets
@@ -139,14 +138,24 @@ where
     }
 }
 
-impl<K> Shard<K> {
-    fn sweep_full(&mut self, now: u64) {
-        self.since_sweep += 1;
-        if self.since_sweep < self.buckets.len().max(64) {
-            return;
-        }
-        self.since_sweep = 0;
-        self.buckets.retain(|(_, b, l)| !b.is_full_at(l, now));
+impl<K, C> MemoryGlobalStore<K, C>
+where
+    K: Hash + Eq,
+    C: Clock,
+{
+    /// `key`'s bucket brought up to now, without taking anything: a full bucket if the store
+    /// holds none. Its [`tokens`](TokenBucket::tokens) are what an acquire could get at once,
+    /// and [`micros_until`](TokenBucket::micros_until) tells when more are due.
+    pub fn peek(&self, key: &K, limit: &Limit) -> TokenBucket {
+        let now = micros(self.inner.clock.now());
+        let hash = self.inner.hasher.hash_one(key);
+        let shard = lock(&self.inner.shards[(hash >> 58) as usize % SHARDS]);
+        let mut bucket = shard
+            .buckets
+            .find(hash, |e| e.0 == *key)
+            .map_or_else(|| TokenBucket::full(limit, now), |e| e.1);
+        bucket.refill(limit, now);
+        bucket
     }
 }
 
@@ -184,5 +193,15 @@ where
     ) -> impl Future<Output = Result<(), Infallible>> + Send {
         self.with_bucket(key, limit, |b, now| b.give_back(limit, now, tokens));
         std::future::ready(Ok(()))
+    }
+
+    /// Forgets every bucket that has refilled, one shard (of 64) locked at a time.
+    fn maintain(&self) {
+        let now = micros(self.inner.clock.now());
+        for shard in self.inner.shards.iter() {
+            lock(shard)
+                .buckets
+                .retain(|(_, b, l)| !b.is_full_at(l, now));
+        }
     }
 }

@@ -90,4 +90,8 @@ pub trait GlobalStore<K>: Send + Sync + 'static {
         let _ = error;
         true
     }
+
+    /// Housekeeping, called by a layer's background sweeper every half lease time whether or
+    /// not requests come (for example, forgetting buckets that have refilled). Default: none.
+    fn maintain(&self) {}
 }

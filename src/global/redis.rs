@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Script};
+use redis::{ErrorKind, RedisError, Script};
 
 use crate::clock::{Clock, micros};
 use crate::error::ConfigError;
@@ -238,6 +238,22 @@ where
             .run(&self.scripts.release, key, limit, [tokens, 0, 0])
             .await?;
         Ok(())
+    }
+
+    /// A refused connection, an error reply (the scripts write only once they cannot fail) or
+    /// a command the client never sent did not change the bucket; a lost connection or an
+    /// unreadable answer may have.
+    fn may_have_applied(&self, error: &RedisError) -> bool {
+        let never_ran = error.is_connection_refusal()
+            || matches!(
+                error.kind(),
+                ErrorKind::Server(_)
+                    | ErrorKind::Client
+                    | ErrorKind::InvalidClientConfig
+                    | ErrorKind::AuthenticationFailed
+                    | ErrorKind::ClusterConnectionNotFound
+            );
+        !never_ran
     }
 }
 

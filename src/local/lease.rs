@@ -66,26 +66,26 @@ impl std::fmt::Debug for LocalBucket {
     }
 }
 
-/// A request waiting for a batch: its cost, and where its verdict goes.
+/// A request waiting for a batch: its cost, until when it may wait for further batches, and
+/// where its verdict goes.
 #[derive(Debug)]
 pub(crate) struct Waiter {
     cost: u64,
-    /// Batches this request has waited for.
-    rounds: u8,
+    /// After this (clock micros), a batch that cannot serve it refuses it instead of asking
+    /// again. One batch almost always serves it: a batch covers every request that waited for
+    /// it when it was asked for.
+    deadline: u64,
     verdict: oneshot::Sender<Verdict>,
 }
 
-/// How many batches a request waits for at most. One almost always serves it: a batch covers
-/// every request that waited for it when it was asked for.
-const MAX_ROUNDS: u8 = 3;
-
 impl Waiter {
-    /// A waiter for a request of `cost` tokens, and the receiver of its verdict.
-    pub(crate) fn new(cost: u64) -> (Self, oneshot::Receiver<Verdict>) {
+    /// A waiter for a request of `cost` tokens that may wait for batches until `deadline`, and
+    /// the receiver of its verdict.
+    pub(crate) fn new(cost: u64, deadline: u64) -> (Self, oneshot::Receiver<Verdict>) {
         let (verdict, receiver) = oneshot::channel();
         let waiter = Self {
             cost,
-            rounds: 0,
+            deadline,
             verdict,
         };
         (waiter, receiver)
@@ -265,9 +265,9 @@ impl LocalBucket {
         }
     }
 
-    /// When a request of `cost` tokens that the lease cannot serve now can be: when the tokens
-    /// reserved ahead are due, or when the global bucket has refilled what they lack.
-    fn due(&self, cost: u64, limit: &Limit) -> u64 {
+    /// When a request of `cost` tokens that the lease cannot serve at `now` can be: when the
+    /// tokens reserved ahead are due, or when the global bucket has refilled what they lack.
+    fn due(&self, cost: u64, now: u64, limit: &Limit) -> u64 {
         let held = self.leased_tokens();
         if cost <= held {
             return self.cold.pending_due;
@@ -275,7 +275,7 @@ impl LocalBucket {
         // The global bucket's first token is due at `next_token_at`, the rest at its rate.
         let more = cost - held;
         let rest = micros(limit.time_to_accrue(more - 1));
-        let refilled = self.cold.next_token_at.saturating_add(rest);
+        let refilled = self.cold.next_token_at.max(now).saturating_add(rest);
         if self.cold.pending > 0 {
             refilled.max(self.cold.pending_due)
         } else {
@@ -306,7 +306,7 @@ impl LocalBucket {
             // shrink to single tokens exactly when the key is over its limit.
             self.cold.demand.record(interval, cost);
             return Miss::Throttled {
-                until: self.due(cost, limit),
+                until: self.due(cost, now, limit),
             };
         }
         if self.fetching {
@@ -337,7 +337,10 @@ impl LocalBucket {
             self.low_water = 0;
             return None;
         }
-        let room = limit.capacity().saturating_sub(self.leased_tokens());
+        // Tokens reserved ahead do not count: they may fall due here later than the global
+        // bucket refills (the answer took time to come), and a request must not be refused
+        // while the global bucket could serve it.
+        let room = limit.capacity().saturating_sub(self.tokens);
         if room == 0 {
             return None;
         }
@@ -352,37 +355,35 @@ impl LocalBucket {
 
     /// Takes in a fetch's outcome at `now` and decides every waiting request, in arrival order:
     /// those the lease now covers are admitted (their tokens taken for them), the others are
-    /// refused with the time their tokens are due, left to the failure policy when the fetch
-    /// failed, or kept for another batch when the global bucket still has tokens.
+    /// left to the failure policy when the fetch failed, kept for another batch while the
+    /// global bucket is not known to be short and their deadline has not passed, or refused
+    /// with the time their tokens are due.
     pub(crate) fn settle(&mut self, outcome: &FetchOutcome, now: u64, limit: &Limit) -> Settled {
         let mut settled = Settled::default();
-        let may_rejoin = match *outcome {
+        let granted = match *outcome {
             FetchOutcome::Failed => return self.fail_fetch(),
-            FetchOutcome::Skipped => {
-                self.fetching = false;
-                false
-            }
-            FetchOutcome::Granted { grant, sent_at, .. } => {
-                self.fetching = false;
+            FetchOutcome::Skipped => false,
+            FetchOutcome::Granted { grant, sent_at } => {
                 self.take_grant(&grant, sent_at, now);
                 settled.excess = self.shed_excess(limit);
                 true
             }
         };
+        self.fetching = false;
         self.release_pending(now);
         let throttled = now < self.cold.next_token_at;
         let mut kept = VecDeque::new();
-        for mut waiter in self.cold.waiters.drain(..).collect::<Vec<_>>() {
+        for waiter in self.cold.waiters.drain(..).collect::<Vec<_>>() {
             if waiter.is_gone() {
                 continue;
             }
             if self.take(waiter.cost) {
                 settled.verdicts.push((waiter, Verdict::Admitted));
-            } else if may_rejoin && !throttled && waiter.rounds + 1 < MAX_ROUNDS {
-                waiter.rounds += 1;
+            } else if granted && !throttled && now < waiter.deadline {
+                // The global bucket is not known to be short: ask again.
                 kept.push_back(waiter);
             } else {
-                let until = self.due(waiter.cost, limit).max(now.saturating_add(1));
+                let until = self.due(waiter.cost, now, limit).max(now.saturating_add(1));
                 settled
                     .verdicts
                     .push((waiter, Verdict::Throttled { until }));
@@ -430,12 +431,10 @@ impl LocalBucket {
         }
     }
 
-    /// Removes what the lease holds beyond capacity (after a limit was lowered).
+    /// Removes the usable tokens beyond capacity (after a limit was lowered).
     fn shed_excess(&mut self, limit: &Limit) -> u64 {
-        let excess = self.leased_tokens().saturating_sub(limit.capacity());
-        let from_pending = excess.min(self.cold.pending);
-        self.cold.pending -= from_pending;
-        self.tokens -= excess - from_pending;
+        let excess = self.tokens.saturating_sub(limit.capacity());
+        self.tokens -= excess;
         excess
     }
 
@@ -481,6 +480,8 @@ mod tests {
         Limit::per_second(10).burst(10).unwrap()
     }
 
+    const DEADLINE: u64 = 50_000;
+
     /// `granted` tokens now, `reserved` due in `ready_in_ms`, the next in `refill_in_ms`.
     fn grant(granted: u64, reserved: u64, ready_in_ms: u64, refill_in_ms: u64) -> FetchOutcome {
         FetchOutcome::Granted {
@@ -497,7 +498,7 @@ mod tests {
 
     /// Queues a request of `cost` at `now`; returns the miss and the verdict's receiver.
     fn queue(b: &mut LocalBucket, cost: u64, now: u64) -> (Miss, oneshot::Receiver<Verdict>) {
-        let (waiter, rx) = Waiter::new(cost);
+        let (waiter, rx) = Waiter::new(cost, now + DEADLINE);
         (b.miss(cost, now, 0, &limit(), true, waiter), rx)
     }
 
@@ -598,14 +599,25 @@ mod tests {
     }
 
     #[test]
-    fn a_waiter_kept_too_many_rounds_is_refused() {
+    fn a_waiter_asks_again_until_its_deadline_then_is_refused() {
         let mut b = LocalBucket::default();
         let (_, _rx) = queue(&mut b, 5, 0);
-        for round in 1..=MAX_ROUNDS {
-            let settled = b.settle(&grant(1, 0, 0, 0), 0, &limit());
-            assert_eq!(settled.refetch, round < MAX_ROUNDS, "round {round}");
+        for now in [0, DEADLINE - 1] {
+            let settled = b.settle(&grant(1, 0, 0, 0), now, &limit());
+            assert!(settled.refetch && settled.verdicts.is_empty());
         }
-        assert!(!b.is_fetching());
+        let settled = b.settle(&grant(1, 0, 0, 0), DEADLINE, &limit());
+        // Three tokens held; the global bucket's next is due now, the one after 100 ms later.
+        assert_eq!(
+            verdicts(&settled),
+            vec![(
+                5,
+                Verdict::Throttled {
+                    until: DEADLINE + 100_000
+                }
+            )]
+        );
+        assert!(!settled.refetch && !b.is_fetching());
     }
 
     #[test]
@@ -637,7 +649,7 @@ mod tests {
     #[test]
     fn no_new_fetch_while_the_store_backs_off() {
         let mut b = LocalBucket::default();
-        let (waiter, _rx) = Waiter::new(1);
+        let (waiter, _rx) = Waiter::new(1, DEADLINE);
         assert_eq!(b.miss(1, 0, 0, &limit(), false, waiter), Miss::StoreDown);
         assert!(!b.is_fetching());
     }

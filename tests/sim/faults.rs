@@ -1,0 +1,326 @@
+//! A global store that fails the way real ones do: it answers late (up to and past the
+//! throttle's time-out), fails before or after doing its work, hangs, grants less than it
+//! could, and restarts with its state lost. It keeps a ledger of every token it dispensed and
+//! took back, and of tokens lost in answers that never arrived, so a run can check that no
+//! token appears or disappears.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hierarchical_throttle::bucket::TokenBucket;
+use hierarchical_throttle::clock::{Clock, TokioClock};
+use hierarchical_throttle::global::{GlobalStore, Grant, TokenRequest};
+use hierarchical_throttle::{Limit, MemoryGlobalStore};
+
+use super::Rng;
+
+/// How often each fault strikes (per mille of calls), and when the store restarts.
+#[derive(Debug, Clone, Default)]
+pub struct FaultPlan {
+    /// Every answer is delayed uniformly up to this.
+    pub latency_max: Duration,
+    /// Fails without doing anything.
+    pub error_before: u64,
+    /// Does its work, then fails: the answer is lost.
+    pub error_after: u64,
+    /// Does its work, then never answers.
+    pub hang: u64,
+    /// Does its work, then answers after the time-out.
+    pub too_slow: u64,
+    /// Grants fewer tokens than asked (a store's right).
+    pub partial: u64,
+    /// When the store restarts, losing every bucket.
+    pub restarts: Vec<Duration>,
+}
+
+impl FaultPlan {
+    /// A plan drawn from `rng`; with `faulty` false, only latency below `timeout` and partial
+    /// grants (which are not failures).
+    pub fn draw(rng: &mut Rng, timeout: Duration, faulty: bool) -> Self {
+        let latencies = [0, 1, 5, 20, 45];
+        let latency_max = Duration::from_millis(latencies[rng.below(5) as usize]);
+        let partial = [0, 100, 500][rng.below(3) as usize];
+        if !faulty {
+            return Self {
+                latency_max,
+                partial,
+                ..Self::default()
+            };
+        }
+        let latency_max = if rng.chance(0.2) {
+            timeout * 2
+        } else {
+            latency_max
+        };
+        let per_mille = |rng: &mut Rng, max: u64| {
+            if rng.chance(0.5) {
+                rng.range(1, max)
+            } else {
+                0
+            }
+        };
+        Self {
+            latency_max,
+            error_before: per_mille(rng, 200),
+            error_after: per_mille(rng, 100),
+            hang: per_mille(rng, 50),
+            too_slow: per_mille(rng, 100),
+            partial,
+            restarts: (0..rng.below(2))
+                .map(|_| Duration::from_millis(rng.range(100, 1_500)))
+                .collect(),
+        }
+    }
+}
+
+/// Tokens through the store.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// Granted or reserved by the store.
+    pub dispensed: u64,
+    /// Taken back by the store.
+    pub returned: u64,
+    /// Dispensed in answers that never reached the host, or handed back in calls the host gave
+    /// up on before the store saw them.
+    pub lost: u64,
+}
+
+/// A failure the injector made up.
+#[derive(Debug, Clone, Copy)]
+pub struct Injected {
+    pub applied: bool,
+}
+
+impl std::fmt::Display for Injected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "injected failure (applied: {})", self.applied)
+    }
+}
+
+impl std::error::Error for Injected {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    ErrorBefore,
+    ErrorAfter,
+    Hang,
+    TooSlow,
+}
+
+/// The fault-injecting store, over a [`MemoryGlobalStore`] on tokio's clock. Clones share it.
+#[derive(Clone)]
+pub struct FaultyGlobal {
+    inner: Arc<Mutex<MemoryGlobalStore<String, TokioClock>>>,
+    clock: TokioClock,
+    plan: Arc<FaultPlan>,
+    rng: Arc<Mutex<Rng>>,
+    healed: Arc<AtomicBool>,
+    ledger: Arc<Mutex<Ledger>>,
+    /// When tokens last came back to each key's bucket.
+    returned_at: Arc<Mutex<HashMap<String, Duration>>>,
+    restarts: Arc<Mutex<Vec<Duration>>>,
+    forgiven: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+impl FaultyGlobal {
+    pub fn new(clock: TokioClock, plan: FaultPlan, seed: u64) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(MemoryGlobalStore::with_clock(clock))),
+            clock,
+            plan: Arc::new(plan),
+            rng: Arc::new(Mutex::new(Rng::new(seed ^ 0xfa17))),
+            healed: Arc::default(),
+            ledger: Arc::default(),
+            returned_at: Arc::default(),
+            restarts: Arc::default(),
+            forgiven: Arc::default(),
+        }
+    }
+
+    /// No more faults or latency from now on.
+    pub fn heal(&self) {
+        self.healed.store(true, Ordering::SeqCst);
+    }
+
+    /// Restarts the store: every bucket is lost, and with them the tokens `limits` owed for
+    /// reservations, which the fleet may now use on top of a fresh allowance.
+    pub fn restart<'a>(&self, limits: impl IntoIterator<Item = (&'a String, &'a Limit)>) {
+        let old = self.store();
+        let mut forgiven = self.forgiven.lock().unwrap();
+        for (key, limit) in limits {
+            *forgiven.entry(key.clone()).or_default() += old.peek(key, limit).owed();
+        }
+        *self.inner.lock().unwrap() = MemoryGlobalStore::with_clock(self.clock);
+        self.restarts.lock().unwrap().push(self.clock.now());
+    }
+
+    /// Tokens owed by `key` when the store restarted: reservations it forgot.
+    pub fn forgiven(&self, key: &str) -> u64 {
+        self.forgiven.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+
+    pub fn restarts_at(&self) -> Vec<Duration> {
+        self.restarts.lock().unwrap().clone()
+    }
+
+    pub fn ledger(&self) -> Ledger {
+        *self.ledger.lock().unwrap()
+    }
+
+    /// The key's bucket as of now, without taking anything.
+    pub fn peek(&self, key: &String, limit: &Limit) -> TokenBucket {
+        self.store().peek(key, limit)
+    }
+
+    /// Whether tokens came back to `key`'s bucket (a hand-back, a restart) within `slack` of
+    /// `now`: a host cannot know of those until it next asks.
+    pub fn tokens_reappeared_since(&self, key: &str, now: Duration, slack: Duration) -> bool {
+        let since = now.saturating_sub(slack);
+        let returned = self
+            .returned_at
+            .lock()
+            .unwrap()
+            .get(key)
+            .is_some_and(|&t| t >= since);
+        returned || self.restarts.lock().unwrap().iter().any(|&r| r >= since)
+    }
+
+    fn store(&self) -> MemoryGlobalStore<String, TokioClock> {
+        self.inner.lock().unwrap().clone()
+    }
+
+    fn draw(&self) -> (Fault, Duration, bool) {
+        if self.healed.load(Ordering::SeqCst) {
+            return (Fault::None, Duration::ZERO, false);
+        }
+        let plan = &self.plan;
+        let mut rng = self.rng.lock().unwrap();
+        let latency = Duration::from_micros(rng.below(plan.latency_max.as_micros() as u64 + 1));
+        let roll = rng.below(1000);
+        let mut edge = 0;
+        let mut fault = Fault::None;
+        for (per_mille, kind) in [
+            (plan.error_before, Fault::ErrorBefore),
+            (plan.error_after, Fault::ErrorAfter),
+            (plan.hang, Fault::Hang),
+            (plan.too_slow, Fault::TooSlow),
+        ] {
+            edge += per_mille;
+            if roll < edge {
+                fault = kind;
+                break;
+            }
+        }
+        let partial = rng.below(1000) < plan.partial;
+        (fault, latency, partial)
+    }
+
+    fn cut_want(&self, want: u64) -> u64 {
+        self.rng.lock().unwrap().range(1, want.max(1))
+    }
+}
+
+/// Counts `tokens` as lost if dropped armed: the answer carrying them never arrived.
+struct LostUnlessDelivered {
+    ledger: Arc<Mutex<Ledger>>,
+    tokens: u64,
+}
+
+impl Drop for LostUnlessDelivered {
+    fn drop(&mut self) {
+        self.ledger.lock().unwrap().lost += self.tokens;
+    }
+}
+
+impl GlobalStore<String> for FaultyGlobal {
+    type Error = Injected;
+
+    fn acquire(
+        &self,
+        key: &String,
+        limit: &Limit,
+        request: TokenRequest,
+    ) -> impl Future<Output = Result<Grant, Injected>> + Send {
+        let (fault, latency, partial) = self.draw();
+        let this = self.clone();
+        let key = key.clone();
+        let limit = *limit;
+        async move {
+            tokio::time::sleep(latency / 2).await;
+            if fault == Fault::ErrorBefore {
+                return Err(Injected { applied: false });
+            }
+            let mut request = request;
+            if partial {
+                request.want = this.cut_want(request.want).max(request.min);
+            }
+            let Ok(grant) = this.store().acquire(&key, &limit, request).await;
+            let tokens = grant.granted + grant.reserved;
+            this.ledger.lock().unwrap().dispensed += tokens;
+            let undelivered = LostUnlessDelivered {
+                ledger: this.ledger.clone(),
+                tokens,
+            };
+            match fault {
+                Fault::ErrorAfter => return Err(Injected { applied: true }),
+                Fault::Hang => std::future::pending::<()>().await,
+                Fault::TooSlow => tokio::time::sleep(Duration::from_secs(1)).await,
+                Fault::None | Fault::ErrorBefore => {}
+            }
+            tokio::time::sleep(latency - latency / 2).await;
+            std::mem::forget(undelivered);
+            Ok(grant)
+        }
+    }
+
+    fn release(
+        &self,
+        key: &String,
+        limit: &Limit,
+        tokens: u64,
+    ) -> impl Future<Output = Result<(), Injected>> + Send {
+        let (fault, latency, _) = self.draw();
+        let this = self.clone();
+        let key = key.clone();
+        let limit = *limit;
+        async move {
+            // Tokens the host gave up on before the store took them are lost.
+            let unsent = LostUnlessDelivered {
+                ledger: this.ledger.clone(),
+                tokens,
+            };
+            tokio::time::sleep(latency / 2).await;
+            if fault == Fault::ErrorBefore {
+                std::mem::forget(unsent);
+                return Err(Injected { applied: false });
+            }
+            std::mem::forget(unsent);
+            let Ok(()) = this.store().release(&key, &limit, tokens).await;
+            this.ledger.lock().unwrap().returned += tokens;
+            this.returned_at
+                .lock()
+                .unwrap()
+                .insert(key, this.clock.now());
+            match fault {
+                Fault::ErrorAfter => return Err(Injected { applied: true }),
+                Fault::Hang => std::future::pending::<()>().await,
+                Fault::TooSlow => tokio::time::sleep(Duration::from_secs(1)).await,
+                Fault::None | Fault::ErrorBefore => {}
+            }
+            tokio::time::sleep(latency - latency / 2).await;
+            Ok(())
+        }
+    }
+
+    fn may_have_applied(&self, error: &Injected) -> bool {
+        error.applied
+    }
+
+    fn maintain(&self) {
+        self.store().maintain();
+    }
+}
