@@ -86,6 +86,34 @@ fn out_of_range_settings_are_errors() {
 }
 
 #[test]
+fn absurd_durations_are_errors_not_overflows_at_request_time() {
+    let limit = Limit::per_second(1).burst(1).unwrap();
+    let base = || builder().limit(limit);
+    let store = MemoryGlobalStore::new;
+    let huge = Duration::MAX;
+    let cases = [
+        ("store_timeout", base().store_timeout(huge)),
+        ("lease_ttl", base().lease_ttl(huge)),
+        ("max_store_backoff", base().max_store_backoff(huge)),
+        ("max_reservation", base().max_reservation(huge)),
+        ("demand_window", base().demand_window(4, huge)),
+    ];
+    for (name, builder) in cases {
+        assert_eq!(setting(builder.global_store(store()).build()), name);
+    }
+    let longest = Duration::from_secs(3600);
+    let ok = base()
+        .store_timeout(longest)
+        .lease_ttl(longest)
+        .max_store_backoff(longest)
+        .max_reservation(longest)
+        .demand_window(16, longest)
+        .global_store(store())
+        .build();
+    assert!(ok.is_ok());
+}
+
+#[test]
 fn invalid_policies_and_stores_are_errors() {
     assert!(FractionOfCapacity::new(0.0).is_err());
     assert!(FractionOfCapacity::new(1.5).is_err());

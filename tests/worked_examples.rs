@@ -113,3 +113,56 @@ async fn the_memory_store_passes_the_conformance_suite() {
     let store = MemoryGlobalStore::with_clock(clock.clone());
     common::conformance::assert_conformance(&store, &clock).await;
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_quota_of_15_restoring_1_every_2_minutes_answers_the_16th_with_120_s() {
+    // Amazon MWS's example: 25 submissions at once get 15 through; the rest must wait, and the
+    // next is due in 2 minutes, exactly.
+    let clock = ManualClock::new();
+    let quota = Limit::per(1, Duration::from_secs(120)).burst(15).unwrap();
+    let layer = host_builder(&clock, quota)
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let host = tower::Layer::layer(&layer, backend());
+    let outcomes = futures_util::future::join_all((0..25).map(|_| {
+        let mut host = host.clone();
+        tokio::spawn(async move { send(&mut host, "seller", 1).await })
+    }))
+    .await;
+    let outcomes: Vec<_> = outcomes.into_iter().map(Result::unwrap).collect();
+    let refused = Outcome::Refused(RejectionReason::Throttled, Some(Duration::from_secs(120)));
+    assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Served).count(), 15);
+    assert_eq!(outcomes.iter().filter(|o| **o == refused).count(), 10);
+    let mut host = host.clone();
+    clock.advance(Duration::from_secs(119));
+    assert_eq!(
+        send(&mut host, "seller", 1).await,
+        Outcome::Refused(RejectionReason::Throttled, Some(Duration::from_secs(1)))
+    );
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(send(&mut host, "seller", 1).await, Outcome::Served);
+    assert_eq!(send(&mut host, "seller", 1).await, refused);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_that_conforms_after_a_burst_is_admitted() {
+    // 10 per second, burst 10: ten at t = 0 empty the bucket; a token is there at 100 ms.
+    let clock = ManualClock::new();
+    let limit = Limit::per_second(10).burst(10).unwrap();
+    let layer = host_builder(&clock, limit)
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let mut host = tower::Layer::layer(&layer, backend());
+    for _ in 0..10 {
+        assert_eq!(send(&mut host, "k", 1).await, Outcome::Served);
+    }
+    clock.set(Duration::from_millis(99));
+    assert_eq!(
+        send(&mut host, "k", 1).await,
+        Outcome::Refused(RejectionReason::Throttled, Some(Duration::from_millis(1)))
+    );
+    clock.set(Duration::from_millis(100));
+    assert_eq!(send(&mut host, "k", 1).await, Outcome::Served);
+}

@@ -158,11 +158,13 @@ pub async fn settle_background() {
     }
 }
 
-/// A global store that records every acquire and can be told to fail or to hang.
+/// A global store that records every acquire and can be told to answer late, to fail (before
+/// doing anything) or to hang.
 #[derive(Clone)]
 pub struct FaultyStore<G> {
     inner: G,
     mode: Arc<AtomicU8>,
+    delay_micros: Arc<AtomicU64>,
     pub acquires: Arc<Mutex<Vec<TokenRequest>>>,
     pub releases: Arc<AtomicU64>,
 }
@@ -191,6 +193,7 @@ impl<G> FaultyStore<G> {
         Self {
             inner,
             mode: Arc::new(AtomicU8::new(Fault::None as u8)),
+            delay_micros: Arc::default(),
             acquires: Arc::default(),
             releases: Arc::default(),
         }
@@ -198,6 +201,16 @@ impl<G> FaultyStore<G> {
 
     pub fn set(&self, fault: Fault) {
         self.mode.store(fault as u8, Ordering::SeqCst);
+    }
+
+    /// Every answer (acquire and release) comes `delay` late (on tokio's clock).
+    pub fn delay(&self, delay: Duration) {
+        self.delay_micros
+            .store(delay.as_micros() as u64, Ordering::SeqCst);
+    }
+
+    fn delayed(&self) -> Duration {
+        Duration::from_micros(self.delay_micros.load(Ordering::SeqCst))
     }
 
     fn fault(&self) -> u8 {
@@ -220,8 +233,10 @@ impl<K: Sync, G: GlobalStore<K>> GlobalStore<K> for FaultyStore<G> {
     ) -> impl Future<Output = Result<Grant, StoreDown>> + Send {
         self.acquires.lock().unwrap().push(request);
         let fault = self.fault();
+        let delay = self.delayed();
         let call = self.inner.acquire(key, limit, request);
         async move {
+            tokio::time::sleep(delay).await;
             match fault {
                 0 => Ok(call.await.map_err(|_| StoreDown)?),
                 1 => Err(StoreDown),
@@ -236,8 +251,26 @@ impl<K: Sync, G: GlobalStore<K>> GlobalStore<K> for FaultyStore<G> {
         limit: &Limit,
         tokens: u64,
     ) -> impl Future<Output = Result<(), StoreDown>> + Send {
-        self.releases.fetch_add(tokens, Ordering::SeqCst);
+        let fault = self.fault();
+        let delay = self.delayed();
         let call = self.inner.release(key, limit, tokens);
-        async move { call.await.map_err(|_| StoreDown) }
+        let releases = self.releases.clone();
+        async move {
+            tokio::time::sleep(delay).await;
+            match fault {
+                0 => {
+                    call.await.map_err(|_| StoreDown)?;
+                    releases.fetch_add(tokens, Ordering::SeqCst);
+                    Ok(())
+                }
+                1 => Err(StoreDown),
+                _ => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Its errors come before it does anything.
+    fn may_have_applied(&self, _: &StoreDown) -> bool {
+        false
     }
 }

@@ -1,0 +1,269 @@
+//! What tasks, runtimes, user closures and failing stores can do to a key, and what they must
+//! not: a key is never wedged, a sweeper never stays dead, a failure window is one back-off
+//! step, a hand-back is never lost to an open circuit, and a slow store never hands a request
+//! to the failure policy.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::*;
+use futures_util::future::join_all;
+use hierarchical_throttle::batch::BatchContext;
+use hierarchical_throttle::clock::{ManualClock, TokioClock};
+use hierarchical_throttle::local::LocalStore;
+use hierarchical_throttle::{FailurePolicy, Limit, MemoryGlobalStore, RejectionReason};
+use tower::Layer;
+
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_fetch_whose_runtime_is_dropped_leaves_its_key_usable() {
+    let clock = ManualClock::new();
+    let store = FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
+    store.set(Fault::Hang);
+    let layer = host_builder(&clock, Limit::per_second(10).burst(10).unwrap())
+        .global_store(store.clone())
+        .build()
+        .unwrap();
+    let host = layer.layer(backend());
+
+    let first = paused_runtime();
+    first.block_on(async {
+        let mut waiting = host.clone();
+        tokio::spawn(async move { send(&mut waiting, "k", 1).await });
+        settle_background().await;
+    });
+    assert_eq!(store.acquire_count(), 1, "the fetch was under way");
+    drop(first);
+
+    store.set(Fault::None);
+    paused_runtime().block_on(async {
+        let mut host = host.clone();
+        let answer = tokio::time::timeout(Duration::from_secs(1), send(&mut host, "k", 1)).await;
+        assert_eq!(answer, Ok(Outcome::Served), "a new fetch serves the key");
+    });
+    assert_eq!(store.acquire_count(), 2);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_limit_closure_that_panics_in_a_fetch_costs_only_its_requests() {
+    let clock = ManualClock::new();
+    let panic_in_fetch = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (armed, counted) = (panic_in_fetch.clone(), calls.clone());
+    let limit = Limit::per_second(10).burst(10).unwrap();
+    let layer = host_builder(&clock, limit)
+        // The first call is the request's own; the second is the fetch's.
+        .limit_per_key(move |_: &String| {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            if armed.load(Ordering::SeqCst) && n % 2 == 1 {
+                panic!("limit lookup failed");
+            }
+            limit
+        })
+        .failure_policy(FailurePolicy::Reject)
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let mut host = layer.layer(backend());
+    panic_in_fetch.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        send(&mut host, "k", 1).await,
+        Outcome::Refused(RejectionReason::StoreUnavailable, _)
+    ));
+    panic_in_fetch.store(false, Ordering::SeqCst);
+    assert_eq!(send(&mut host, "k", 1).await, Outcome::Served);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_policy_that_panics_asks_for_what_the_waiters_need() {
+    let clock = ManualClock::new();
+    let store = FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
+    let layer = host_builder(&clock, Limit::per_second(10).burst(10).unwrap())
+        .batch_policy(|_: &BatchContext<'_>| -> u64 { panic!("bad policy") })
+        .global_store(store.clone())
+        .build()
+        .unwrap();
+    let mut host = layer.layer(backend());
+    assert_eq!(send(&mut host, "k", 3).await, Outcome::Served);
+    assert_eq!(store.acquires.lock().unwrap()[0].want, 3);
+}
+
+#[test]
+fn the_sweeper_starts_again_on_a_later_runtime() {
+    let limit = Limit::per_second(100).burst(100).unwrap();
+    // Created outside any runtime: its origin comes before both runtimes' time.
+    let clock = TokioClock::new();
+    let clock_origin = paused_runtime();
+    let layer = host_builder(&ManualClock::new(), limit)
+        .clock(clock)
+        .batch_policy(|_: &BatchContext<'_>| 10)
+        .lease_ttl(Duration::from_millis(100))
+        .global_store(MemoryGlobalStore::with_clock(clock))
+        .build()
+        .unwrap();
+    let host = layer.layer(backend());
+    clock_origin.block_on(async {
+        let mut host = host.clone();
+        assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
+    });
+    drop(clock_origin);
+
+    paused_runtime().block_on(async {
+        let mut host = host.clone();
+        assert_eq!(send(&mut host, "b", 1).await, Outcome::Served);
+        let mut leased = 0;
+        layer
+            .local_store()
+            .for_each_bucket(|_, b| leased += b.leased_tokens());
+        assert!(leased > 0);
+        // Nobody calls return_unused_leases: the new sweeper does, within a lease time.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(
+            layer.stats().tokens_returned >= leased,
+            "stats {:?}",
+            layer.stats()
+        );
+    });
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn twenty_simultaneous_time_outs_are_one_back_off_step() {
+    let clock = ManualClock::new();
+    let store = FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
+    store.set(Fault::Hang);
+    let layer = host_builder(&clock, Limit::per_second(10).burst(10).unwrap())
+        .failure_policy(FailurePolicy::Admit)
+        .store_timeout(Duration::from_millis(30))
+        .global_store(store.clone())
+        .build()
+        .unwrap();
+    let host = layer.layer(backend());
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    join_all(keys.iter().map(|k| {
+        let mut host = host.clone();
+        async move { send(&mut host, k, 1).await }
+    }))
+    .await;
+    assert_eq!(layer.stats().global_timeouts, 20);
+    store.set(Fault::None);
+    // One step: the store is probed again after the first back-off (50 ms), not after 2^20.
+    clock.advance(Duration::from_millis(49));
+    let mut h = host.clone();
+    assert_eq!(send(&mut h, "probe", 1).await, Outcome::Served);
+    assert_eq!(store.acquire_count(), 20, "no call inside the back-off");
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(send(&mut h, "probe-2", 1).await, Outcome::Served);
+    assert_eq!(store.acquire_count(), 21, "the probe after one step");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn hand_backs_wait_out_a_failing_store_and_are_not_lost() {
+    let clock = ManualClock::new();
+    let store = FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
+    let layer = host_builder(&clock, Limit::per_second(100).burst(100).unwrap())
+        .batch_policy(|_: &BatchContext<'_>| 10)
+        .global_store(store.clone())
+        .build()
+        .unwrap();
+    let mut host = layer.layer(backend());
+    assert_eq!(send(&mut host, "k", 1).await, Outcome::Served);
+    store.set(Fault::Error);
+    clock.advance(Duration::from_secs(3));
+    layer.return_unused_leases().await;
+    let stats = layer.stats();
+    assert_eq!((stats.tokens_returned, stats.tokens_lost), (0, 0));
+    // The circuit is open: the next sweep does not call the store at all.
+    layer.return_unused_leases().await;
+    store.set(Fault::None);
+    clock.advance(Duration::from_secs(1));
+    layer.return_unused_leases().await;
+    assert_eq!(layer.stats().tokens_returned, 9);
+    assert_eq!(store.releases.load(Ordering::SeqCst), 9);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_store_slower_than_its_answers_need_never_hands_a_request_to_the_policy() {
+    let clock = ManualClock::new();
+    let store = FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
+    store.delay(Duration::from_millis(45));
+    let layer = host_builder(&clock, Limit::per_hour(500).burst(500).unwrap())
+        .store_timeout(Duration::from_millis(50))
+        .failure_policy(FailurePolicy::Admit)
+        .global_store(store.clone())
+        .build()
+        .unwrap();
+    let host = layer.layer(backend());
+    // A thousand concurrent requests on a cold key: exactly the capacity is admitted, the rest
+    // refused with the time the next token is due (7.2 s), none by the failure policy.
+    let outcomes = join_all((0..1000).map(|_| {
+        let mut host = host.clone();
+        tokio::spawn(async move { send(&mut host, "cold", 1).await })
+    }))
+    .await;
+    let served = outcomes
+        .iter()
+        .filter(|o| matches!(o, Ok(Outcome::Served)))
+        .count();
+    let refused = outcomes
+        .iter()
+        .filter(|o| {
+            matches!(o, Ok(Outcome::Refused(RejectionReason::Throttled, Some(wait)))
+                if *wait == Duration::from_millis(7_200))
+        })
+        .count();
+    assert_eq!((served, refused), (500, 500));
+    assert_eq!(layer.stats().fallback_decisions, 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn ten_thousand_waiters_on_one_key_are_each_decided_once() {
+    let clock = ManualClock::new();
+    let store = FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
+    store.delay(Duration::from_millis(10));
+    let layer = host_builder(&clock, Limit::per_second(3_000).burst(3_000).unwrap())
+        .global_store(store.clone())
+        .build()
+        .unwrap();
+    let host = layer.layer(backend());
+    let outcomes = join_all((0..10_000).map(|_| {
+        let mut host = host.clone();
+        tokio::spawn(async move { send(&mut host, "hot", 1).await })
+    }))
+    .await;
+    let served = outcomes
+        .iter()
+        .filter(|o| matches!(o, Ok(Outcome::Served)))
+        .count();
+    assert_eq!(served, 3_000);
+    assert!(store.acquire_count() <= 3, "{} calls", store.acquire_count());
+    assert_eq!(layer.stats().fallback_decisions, 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_memory_store_forgets_refilled_buckets_without_traffic() {
+    let clock = TokioClock::new();
+    let global = MemoryGlobalStore::with_clock(clock);
+    let layer = host_builder(&ManualClock::new(), Limit::per_second(10).burst(10).unwrap())
+        .clock(clock)
+        .global_store(global.clone())
+        .build()
+        .unwrap();
+    for i in 0..10_000u64 {
+        assert!(layer.acquire(format!("flood-{i}"), 1).await.is_ok());
+    }
+    assert_eq!(global.len(), 10_000);
+    // No more requests: the sweeper hands the leases back and the store forgets the buckets
+    // once they have refilled.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(global.len(), 0);
+}
