@@ -210,4 +210,94 @@ where
         }
         assert_eq!(answers, expected, "case `{name}`");
     }
+    assert_reservation_conformance(store, clock).await;
+}
+
+/// One reservation step: advance the clock by `after_us`, then acquire (`min`, `want`) with
+/// reservations up to `delay_us` ahead.
+type Reserve = (u64, u64, u64, u64);
+
+/// (name, limit, steps, expected `(granted, reserved, ready_in_us, remaining, refill_in_us)`).
+type ReservationCase = (&'static str, Limit, Vec<Reserve>, Vec<[u64; 5]>);
+
+fn reservation_cases() -> Vec<ReservationCase> {
+    let tb = Limit::per(1, Duration::from_millis(3)).burst(4).unwrap();
+    vec![
+        (
+            "an empty bucket reserves what falls due within the delay",
+            tb,
+            vec![
+                (0, 4, 4, 0),
+                (1_000, 1, 5, 7_000),
+                (0, 1, 5, 7_000),
+                (7_999, 1, 1, 0),
+                (1, 1, 1, 0),
+            ],
+            vec![
+                [4, 0, 0, 0, 12_000],
+                [0, 2, 5_000, 0, 8_000],
+                [0, 0, 0, 0, 8_000],
+                [0, 0, 0, 0, 1],
+                [1, 0, 0, 0, 3_000],
+            ],
+        ),
+        (
+            "tokens there are granted now, the rest reserved",
+            Limit::per_second(100).burst(10).unwrap(),
+            vec![(0, 8, 8, 0), (0, 1, 10, 50_000), (20_000, 1, 5, 0)],
+            vec![
+                [8, 0, 0, 2, 60_000],
+                [2, 5, 50_000, 0, 60_000],
+                [0, 0, 0, 0, 40_000],
+            ],
+        ),
+        (
+            "a fractional rate stays exact in debt",
+            Limit::per(7, Duration::from_secs(3)).burst(100).unwrap(),
+            vec![(0, 100, 100, 0), (100_000, 1, 50, 2_000_000), (5_000_000, 1, 100, 0)],
+            vec![
+                [100, 0, 0, 0, 42_857_143],
+                [0, 4, 1_614_286, 0, 2_042_858],
+                [7, 0, 0, 0, 42_858],
+            ],
+        ),
+        (
+            "a day's reservation at a thousand per day",
+            Limit::per_day(1_000).burst(1_000).unwrap(),
+            vec![(0, 1_000, 1_000, 0), (0, 1, 1_000, 86_400_000_000), (0, 1, 1, 0)],
+            vec![
+                [1_000, 0, 0, 0, 86_400_000_000],
+                [0, 1_000, 86_400_000_000, 0, 86_486_400_000],
+                [0, 0, 0, 0, 86_486_400_000],
+            ],
+        ),
+    ]
+}
+
+/// Runs the reservation cases against `store`, whose time is `clock`.
+pub async fn assert_reservation_conformance<G>(store: &G, clock: &ManualClock)
+where
+    G: GlobalStore<String>,
+{
+    for (n, (name, limit, steps, expected)) in reservation_cases().into_iter().enumerate() {
+        let key = format!("reservation-{n}-{}", clock.now().as_micros());
+        let mut answers = Vec::new();
+        for (after_us, min, want, delay_us) in steps {
+            clock.advance(Duration::from_micros(after_us));
+            let request = TokenRequest {
+                min,
+                want,
+                max_delay: Duration::from_micros(delay_us),
+            };
+            let grant = store.acquire(&key, &limit, request).await.expect("acquire");
+            answers.push([
+                grant.granted,
+                grant.reserved,
+                grant.ready_in.as_micros() as u64,
+                grant.remaining,
+                grant.refill_in.as_micros() as u64,
+            ]);
+        }
+        assert_eq!(answers, expected, "case `{name}`");
+    }
 }
