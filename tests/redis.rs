@@ -332,3 +332,54 @@ async fn a_frozen_redis_trips_the_time_out() {
     settle_background().await;
     assert_eq!(layers[0].stats().global_timeouts, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_primary_delays_only_the_keys_it_serves() {
+    let cluster = RedisCluster::start();
+    let redis: RedisGlobalStore<String> = RedisGlobalStore::connect_cluster(cluster.urls())
+        .await
+        .expect("connect to the test's cluster");
+    let limit = Limit::per_hour(100).burst(100).unwrap();
+    // One key per primary: a node owns a key when it answers for it without a redirection.
+    let owner = |key: &String| {
+        let redis_key = String::from_utf8(redis.redis_key(key)).unwrap();
+        cluster
+            .nodes
+            .iter()
+            .position(|n| !n.cli(&["exists", &redis_key]).contains("MOVED"))
+            .expect("some node owns every slot")
+    };
+    let mut keys: Vec<Option<String>> = vec![None; 3];
+    for k in 0.. {
+        let key = format!("node-key-{k}");
+        let node = owner(&key);
+        keys[node].get_or_insert(key);
+        if keys.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    let keys: Vec<String> = keys.into_iter().map(Option::unwrap).collect();
+    for key in &keys {
+        let grant = redis.acquire(key, &limit, TokenRequest::now(1, 1)).await;
+        assert_eq!(grant.expect("a healthy cluster answers").granted, 1);
+    }
+    // Every node forgets the scripts, as after restarts; then primary 0 stalls.
+    for node in &cluster.nodes {
+        assert!(node.cli(&["script", "flush"]).contains("OK"));
+    }
+    cluster.nodes[0].pause();
+    for key in &keys[1..] {
+        let call = redis.acquire(key, &limit, TokenRequest::now(1, 1));
+        let answer = tokio::time::timeout(Duration::from_secs(2), call).await;
+        let grant = answer.expect("a healthy primary answers while another is stalled");
+        assert_eq!(grant.expect("the script is loaded where it runs").granted, 1);
+    }
+    let stalled = redis.acquire(&keys[0], &limit, TokenRequest::now(1, 1));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), stalled)
+            .await
+            .is_err(),
+        "the stalled primary's own keys wait"
+    );
+    cluster.nodes[0].resume();
+}

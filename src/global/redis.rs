@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, RedisError, Script};
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
 use crate::clock::{Clock, micros};
 use crate::error::ConfigError;
@@ -19,7 +19,8 @@ use crate::limit::Limit;
 /// script that reads **Redis's clock** (`TIME`), so hosts' clocks never matter.
 ///
 /// Every host of a fleet points its layer at the same Redis (or Redis Cluster). A call is one
-/// `EVALSHA` (the script is loaded again automatically after a Redis restart). Buckets expire
+/// `EVALSHA` (after a restart or a failover, one `EVAL` with the script to the node that serves
+/// the key, never to the others). Buckets expire
 /// when they would be full again, so idle keys cost Redis no memory. Cloning the store is cheap
 /// and shares the connection.
 ///
@@ -53,8 +54,24 @@ enum Connection {
 }
 
 struct Scripts {
-    acquire: Script,
-    release: Script,
+    acquire: LuaScript,
+    release: LuaScript,
+}
+
+/// A script's source and SHA-1: called by its hash, and sent whole only to a node that does
+/// not know it yet.
+struct LuaScript {
+    source: &'static str,
+    hash: String,
+}
+
+impl LuaScript {
+    fn new(source: &'static str) -> Self {
+        Self {
+            source,
+            hash: Script::new(source).get_hash().to_owned(),
+        }
+    }
 }
 
 const ACQUIRE: &str = concat!(
@@ -127,8 +144,8 @@ impl<K> RedisGlobalStore<K> {
         Self {
             connection,
             scripts: Arc::new(Scripts {
-                acquire: Script::new(ACQUIRE),
-                release: Script::new(RELEASE),
+                acquire: LuaScript::new(ACQUIRE),
+                release: LuaScript::new(RELEASE),
             }),
             prefix: Arc::from(&b"throttle:"[..]),
             now_override: None,
@@ -176,28 +193,44 @@ impl<K: RedisKey> RedisGlobalStore<K> {
         out
     }
 
+    /// Runs `script` on `key`'s node: `EVALSHA`, and `EVAL` with the whole script when that
+    /// node does not know it (after a restart or a failover), which also caches it there. The
+    /// script is never loaded on other nodes, so a stalled node of a cluster delays only the
+    /// keys it serves.
     async fn run<T: redis::FromRedisValue>(
         &self,
-        script: &Script,
+        script: &LuaScript,
         key: &K,
         limit: &Limit,
         args: [u64; 3],
     ) -> Result<T, RedisError> {
-        let mut invocation = script.prepare_invoke();
-        invocation
-            .key(self.redis_key(key))
-            .arg(limit.capacity())
-            .arg(limit.refill_amount())
-            .arg(limit.period_micros())
-            .arg(args[0])
-            .arg(args[1])
-            .arg(args[2]);
-        if let Some(now) = &self.now_override {
-            invocation.arg(now());
+        let redis_key = self.redis_key(key);
+        let call = |command: &str, script_arg: &str| {
+            let mut cmd = redis::cmd(command);
+            cmd.arg(script_arg)
+                .arg(1)
+                .arg(&redis_key)
+                .arg(limit.capacity())
+                .arg(limit.refill_amount())
+                .arg(limit.period_micros())
+                .arg(&args[..]);
+            if let Some(now) = &self.now_override {
+                cmd.arg(now());
+            }
+            cmd
+        };
+        match self.query(&call("EVALSHA", &script.hash)).await {
+            Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.query(&call("EVAL", script.source)).await
+            }
+            answer => answer,
         }
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, RedisError> {
         match &self.connection {
-            Connection::Single(c) => invocation.invoke_async(&mut c.clone()).await,
-            Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+            Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
         }
     }
 }
