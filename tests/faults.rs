@@ -245,7 +245,11 @@ async fn ten_thousand_waiters_on_one_key_are_each_decided_once() {
         .filter(|o| matches!(o, Ok(Outcome::Served)))
         .count();
     assert_eq!(served, 3_000);
-    assert!(store.acquire_count() <= 3, "{} calls", store.acquire_count());
+    assert!(
+        store.acquire_count() <= 3,
+        "{} calls",
+        store.acquire_count()
+    );
     assert_eq!(layer.stats().fallback_decisions, 0);
 }
 
@@ -253,11 +257,14 @@ async fn ten_thousand_waiters_on_one_key_are_each_decided_once() {
 async fn the_memory_store_forgets_refilled_buckets_without_traffic() {
     let clock = TokioClock::new();
     let global = MemoryGlobalStore::with_clock(clock);
-    let layer = host_builder(&ManualClock::new(), Limit::per_second(10).burst(10).unwrap())
-        .clock(clock)
-        .global_store(global.clone())
-        .build()
-        .unwrap();
+    let layer = host_builder(
+        &ManualClock::new(),
+        Limit::per_second(10).burst(10).unwrap(),
+    )
+    .clock(clock)
+    .global_store(global.clone())
+    .build()
+    .unwrap();
     for i in 0..10_000u64 {
         assert!(layer.acquire(format!("flood-{i}"), 1).await.is_ok());
     }

@@ -1,19 +1,23 @@
 //! RedisGlobalStore against real redis-server processes that the tests start on free loopback
 //! ports: the shared arithmetic suite, a fleet, skewed host clocks, a 3-primary cluster,
-//! hostile keys, and crashes and stalls of the server under each failure policy.
+//! hostile keys, crashes and stalls of the server under each failure policy, and latency,
+//! stalls and dropped connections through a fault proxy.
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::proxy::FaultProxy;
 use common::redis_server::{RedisCluster, RedisServer};
 use common::*;
 use hierarchical_throttle::clock::ManualClock;
 use hierarchical_throttle::global::redis::RedisGlobalStore;
 use hierarchical_throttle::global::{GlobalStore, TokenRequest};
-use hierarchical_throttle::{FailurePolicy, Limit, RejectionReason};
+use hierarchical_throttle::{FailurePolicy, HierarchicalThrottleLayer, Limit, RejectionReason};
 use redis::AsyncCommands;
-use tower::Layer;
+use tower::{Layer, service_fn};
 
 async fn store(server: &RedisServer) -> RedisGlobalStore<String> {
     RedisGlobalStore::connect(&server.url())
@@ -372,7 +376,10 @@ async fn a_stalled_primary_delays_only_the_keys_it_serves() {
         let call = redis.acquire(key, &limit, TokenRequest::now(1, 1));
         let answer = tokio::time::timeout(Duration::from_secs(2), call).await;
         let grant = answer.expect("a healthy primary answers while another is stalled");
-        assert_eq!(grant.expect("the script is loaded where it runs").granted, 1);
+        assert_eq!(
+            grant.expect("the script is loaded where it runs").granted,
+            1
+        );
     }
     let stalled = redis.acquire(&keys[0], &limit, TokenRequest::now(1, 1));
     assert!(
@@ -382,4 +389,80 @@ async fn a_stalled_primary_delays_only_the_keys_it_serves() {
         "the stalled primary's own keys wait"
     );
     cluster.nodes[0].resume();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_stalls_and_dropped_connections_never_over_admit() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port).await;
+    let redis: RedisGlobalStore<String> = RedisGlobalStore::connect(&proxy.url())
+        .await
+        .expect("connect through the proxy");
+    let limit = Limit::per_second(200).burst(50).unwrap();
+    let layers: Vec<_> = (0..3)
+        .map(|_| {
+            HierarchicalThrottleLayer::builder()
+                .key(|job: &Job| job.key.clone())
+                .limit(limit)
+                .failure_policy(FailurePolicy::Reject)
+                .store_timeout(Duration::from_millis(50))
+                .max_store_backoff(Duration::from_millis(100))
+                .on_rejection(refuse as Rejector)
+                .global_store(redis.clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let admitted = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let run_for = Duration::from_millis(2_500);
+    let mut tasks = tokio::task::JoinSet::new();
+    for layer in &layers {
+        for _ in 0..10 {
+            let admitted = admitted.clone();
+            let mut host = layer.layer(service_fn(move |_: Job| {
+                admitted.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, std::convert::Infallible>(Outcome::Served) }
+            }));
+            tasks.spawn(async move {
+                while start.elapsed() < run_for {
+                    let _ = send(&mut host, "shared", 1).await;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            });
+        }
+    }
+    // Latency, more latency, a stall past the time-out, dropped connections.
+    let phases: [(u64, &dyn Fn()); 6] = [
+        (0, &|| proxy.latency(Duration::from_millis(10))),
+        (500, &|| proxy.latency(Duration::from_millis(30))),
+        (1_000, &|| proxy.stall(true)),
+        (1_300, &|| {
+            proxy.stall(false);
+            proxy.drop_connections();
+            proxy.latency(Duration::from_millis(5));
+        }),
+        (1_800, &|| proxy.drop_connections()),
+        (2_100, &|| proxy.latency(Duration::ZERO)),
+    ];
+    for (at, fault) in phases {
+        tokio::time::sleep_until((start + Duration::from_millis(at)).into()).await;
+        fault();
+    }
+    while tasks.join_next().await.is_some() {}
+    let elapsed = start.elapsed();
+    let admitted = admitted.load(Ordering::SeqCst);
+    let allowed = limit.capacity() + (elapsed.as_micros() as u64) * 200 / 1_000_000;
+    let stats: Vec<_> = layers.iter().map(|l| l.stats()).collect();
+    println!("admitted {admitted} of {allowed} in {elapsed:?}; {stats:?}");
+    assert!(
+        admitted <= allowed,
+        "over-admission: {admitted} > {allowed}"
+    );
+    assert!(
+        admitted * 2 >= allowed,
+        "the fleet still served: {admitted} of {allowed}"
+    );
+    let timeouts: u64 = stats.iter().map(|s| s.global_timeouts).sum();
+    assert!(timeouts > 0, "the stall timed calls out");
 }

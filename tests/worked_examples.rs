@@ -132,7 +132,10 @@ async fn a_quota_of_15_restoring_1_every_2_minutes_answers_the_16th_with_120_s()
     .await;
     let outcomes: Vec<_> = outcomes.into_iter().map(Result::unwrap).collect();
     let refused = Outcome::Refused(RejectionReason::Throttled, Some(Duration::from_secs(120)));
-    assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Served).count(), 15);
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == Outcome::Served).count(),
+        15
+    );
     assert_eq!(outcomes.iter().filter(|o| **o == refused).count(), 10);
     let mut host = host.clone();
     clock.advance(Duration::from_secs(119));

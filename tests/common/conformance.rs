@@ -254,7 +254,11 @@ fn reservation_cases() -> Vec<ReservationCase> {
         (
             "a fractional rate stays exact in debt",
             Limit::per(7, Duration::from_secs(3)).burst(100).unwrap(),
-            vec![(0, 100, 100, 0), (100_000, 1, 50, 2_000_000), (5_000_000, 1, 100, 0)],
+            vec![
+                (0, 100, 100, 0),
+                (100_000, 1, 50, 2_000_000),
+                (5_000_000, 1, 100, 0),
+            ],
             vec![
                 [100, 0, 0, 0, 42_857_143],
                 [0, 4, 1_614_286, 0, 2_042_858],
@@ -264,7 +268,11 @@ fn reservation_cases() -> Vec<ReservationCase> {
         (
             "a day's reservation at a thousand per day",
             Limit::per_day(1_000).burst(1_000).unwrap(),
-            vec![(0, 1_000, 1_000, 0), (0, 1, 1_000, 86_400_000_000), (0, 1, 1, 0)],
+            vec![
+                (0, 1_000, 1_000, 0),
+                (0, 1, 1_000, 86_400_000_000),
+                (0, 1, 1, 0),
+            ],
             vec![
                 [1_000, 0, 0, 0, 86_400_000_000],
                 [0, 1_000, 86_400_000_000, 0, 86_486_400_000],
