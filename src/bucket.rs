@@ -100,10 +100,15 @@ impl TokenBucket {
     }
 
     /// Like [`take`](Self::take), and besides reserves tokens that the refill brings within
-    /// `max_delay_micros`, up to `want` in all, as Go's `ReserveN` does: the level goes
-    /// negative, and [`Taken::ready_in_micros`] says when the reserved tokens are due. Tokens
-    /// that are there are always granted at once, never reserved. When fewer than `min` are
-    /// there, at least `min` must fall due within the delay for anything to be reserved.
+    /// `max_delay_micros` of the tokens already reserved (of now, when none are), up to `want`
+    /// in all, as Go's `ReserveN` does: the level goes negative, and
+    /// [`Taken::ready_in_micros`] says when the reserved tokens are due. Tokens that are there
+    /// are always granted at once, never reserved. When fewer than `min` are there, at least
+    /// `min` must fall due within the delay for anything to be reserved.
+    ///
+    /// Reservations queue: each reaches at most `max_delay_micros` beyond those before it, so a
+    /// bucket owes at most that much refill per reserving host (a host holds one reservation at
+    /// a time), and a refused host holds its share of the next tokens instead of polling.
     pub fn take_or_reserve(
         &mut self,
         limit: &Limit,
@@ -117,7 +122,8 @@ impl TokenBucket {
         let want = want.clamp(min, limit.capacity());
         let there = self.tokens();
         let granted = if there >= min { want.min(there) } else { 0 };
-        let due = want.min(self.whole_tokens_after(limit, max_delay_micros));
+        let horizon = self.micros_until(limit, 0).saturating_add(max_delay_micros);
+        let due = want.min(self.whole_tokens_after(limit, horizon));
         let extra = due.saturating_sub(granted);
         let reserved = if granted > 0 || extra >= min {
             extra
@@ -254,12 +260,17 @@ mod tests {
         assert_eq!((t.granted, t.reserved, t.ready_in_micros), (0, 2, 5_000));
         // The level is -2 (and a third): the next token is due after those two are paid.
         assert_eq!((t.remaining, t.refill_in_micros), (0, 8_000));
+        // A second reservation queues behind the first: the two tokens due within 7 ms of
+        // the debt being paid (at 6 ms), so at 9 and 12 ms.
         let t = b.take_or_reserve(&l, 1_000, 1, 5, 7_000);
-        assert_eq!((t.granted + t.reserved, t.refill_in_micros), (0, 8_000));
+        assert_eq!(
+            (t.reserved, t.ready_in_micros, t.refill_in_micros),
+            (2, 11_000, 14_000)
+        );
         // Nothing is dispensed before the debt is paid, and the bucket fills up from there.
-        assert_eq!(b.take(&l, 8_999, 1, 1).granted, 0);
-        assert_eq!(b.take(&l, 9_000, 1, 1).granted, 1);
-        assert!(b.is_full_at(&l, 9_000 + 12_000));
+        assert_eq!(b.take(&l, 14_999, 1, 1).granted, 0);
+        assert_eq!(b.take(&l, 15_000, 1, 1).granted, 1);
+        assert!(b.is_full_at(&l, 15_000 + 12_000));
     }
 
     #[test]

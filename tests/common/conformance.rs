@@ -224,7 +224,7 @@ fn reservation_cases() -> Vec<ReservationCase> {
     let tb = Limit::per(1, Duration::from_millis(3)).burst(4).unwrap();
     vec![
         (
-            "an empty bucket reserves what falls due within the delay",
+            "reservations queue, each within the delay of the debt before it",
             tb,
             vec![
                 (0, 4, 4, 0),
@@ -236,9 +236,9 @@ fn reservation_cases() -> Vec<ReservationCase> {
             vec![
                 [4, 0, 0, 0, 12_000],
                 [0, 2, 5_000, 0, 8_000],
-                [0, 0, 0, 0, 8_000],
-                [0, 0, 0, 0, 1],
-                [1, 0, 0, 0, 3_000],
+                [0, 2, 11_000, 0, 14_000],
+                [0, 0, 0, 0, 6_001],
+                [0, 0, 0, 0, 6_000],
             ],
         ),
         (

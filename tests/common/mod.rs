@@ -114,7 +114,26 @@ pub async fn run_fleet<G>(
 where
     G: GlobalStore<String> + Clone,
 {
-    let layers: Vec<_> = (0..4)
+    run_hosts(4, clock, global, limit, seconds, |i, ms| {
+        u64::from(sends(i, ms))
+    })
+    .await
+}
+
+/// Like [`run_fleet`], with `hosts` hosts, host `i` sending `sends(i, ms)` requests at each
+/// millisecond.
+pub async fn run_hosts<G>(
+    hosts: usize,
+    clock: &ManualClock,
+    global: G,
+    limit: Limit,
+    seconds: u64,
+    sends: impl Fn(usize, u64) -> u64,
+) -> FleetRun
+where
+    G: GlobalStore<String> + Clone,
+{
+    let layers: Vec<_> = (0..hosts)
         .map(|_| {
             host_builder(clock, limit)
                 .global_store(global.clone())
@@ -130,7 +149,7 @@ where
     for ms in 1..=seconds * 1000 {
         clock.set(Duration::from_millis(ms));
         for (i, host) in hosts.iter_mut().enumerate() {
-            if sends(i, ms) {
+            for _ in 0..sends(i, ms) {
                 requests += 1;
                 admitted += u64::from(send(host, "tenant", 1).await == Outcome::Served);
             }
