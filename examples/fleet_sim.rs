@@ -12,9 +12,12 @@
 //!   with the whole limit, as it is often configured.
 //!
 //! Keys have Zipf popularity; the hottest key is offered 0.5x, 1x, 2x and 10x its limit,
-//! steadily or in bursts; hosts get uneven shares of the traffic. The program prints a Markdown
-//! table and writes it, with an SVG plot of the hottest key's admitted rate over time, to
-//! `docs/`.
+//! steadily or in bursts; hosts get uneven shares of the traffic. Requests run concurrently on
+//! tokio's paused time, and the global store answers after a latency of 0, 5, 20 or 45 ms, or
+//! 60 ms, past the 50 ms time-out (every call then fails: the hierarchical hosts fall back to
+//! their default failure policy, the per-request limiter fails open). The program prints a
+//! Markdown table and writes it, with an SVG plot of the hottest key's admitted rate over time,
+//! to `docs/`.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -25,17 +28,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
 use hierarchical_throttle::batch::FractionOfCapacity;
 use hierarchical_throttle::bucket::TokenBucket;
-use hierarchical_throttle::clock::ManualClock;
+use hierarchical_throttle::clock::TokioClock;
 use hierarchical_throttle::global::{GlobalStore, Grant, TokenRequest};
-use hierarchical_throttle::{
-    HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore, Rejection,
-};
+use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, Rejection};
 use plotters::prelude::*;
-use tower::{Layer, Service, ServiceExt, service_fn};
+use tower::{Layer, ServiceExt, service_fn};
 
 const HOSTS: usize = 4;
 const HOST_SHARE: [f64; HOSTS] = [0.4, 0.3, 0.2, 0.1];
@@ -46,6 +49,8 @@ const BURST: u64 = 100;
 const SECONDS: u64 = 60;
 const TICK_MS: u64 = 1;
 const PLOT_BIN_MS: u64 = 1000;
+const STORE_TIMEOUT: Duration = Duration::from_millis(50);
+const LATENCIES_MS: [u64; 5] = [0, 5, 20, 45, 60];
 
 #[derive(Clone, Copy, PartialEq)]
 enum Shape {
@@ -166,26 +171,28 @@ struct Outcome {
     hottest_series: Vec<u64>,
 }
 
-/// Decides one arrival; returns whether it was admitted.
+/// Decides one arrival at `now`; the future says whether it was admitted.
 trait Fleet {
-    async fn decide(&mut self, now: Duration, arrival: Arrival) -> bool;
+    fn decide(&mut self, now: Duration, arrival: Arrival) -> BoxFuture<'static, bool>;
     /// Global calls made, in all and for the hottest key.
     fn global_calls(&self) -> (u64, u64);
-    async fn tick(&mut self, _now: Duration) {}
 }
 
-/// The in-memory global store, counting acquire calls per key.
+/// The in-memory global store on tokio's clock, answering after `latency` (half each way),
+/// counting acquire calls per key.
 #[derive(Clone)]
 struct CountingStore {
-    inner: MemoryGlobalStore<usize, ManualClock>,
+    inner: MemoryGlobalStore<usize, TokioClock>,
     calls: Arc<Vec<AtomicU64>>,
+    latency: Duration,
 }
 
 impl CountingStore {
-    fn new(clock: &ManualClock) -> Self {
+    fn new(clock: TokioClock, latency: Duration) -> Self {
         Self {
-            inner: MemoryGlobalStore::with_clock(clock.clone()),
+            inner: MemoryGlobalStore::with_clock(clock),
             calls: Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect()),
+            latency,
         }
     }
 
@@ -205,7 +212,13 @@ impl GlobalStore<usize> for CountingStore {
         request: TokenRequest,
     ) -> impl Future<Output = Result<Grant, Infallible>> + Send {
         self.calls[*key].fetch_add(1, Ordering::Relaxed);
-        self.inner.acquire(key, limit, request)
+        let (this, key, limit) = (self.clone(), *key, *limit);
+        async move {
+            tokio::time::sleep(this.latency / 2).await;
+            let grant = this.inner.acquire(&key, &limit, request).await;
+            tokio::time::sleep(this.latency - this.latency / 2).await;
+            grant
+        }
     }
 
     fn release(
@@ -214,40 +227,40 @@ impl GlobalStore<usize> for CountingStore {
         limit: &Limit,
         tokens: u64,
     ) -> impl Future<Output = Result<(), Infallible>> + Send {
-        self.inner.release(key, limit, tokens)
+        let (this, key, limit) = (self.clone(), *key, *limit);
+        async move {
+            tokio::time::sleep(this.latency / 2).await;
+            let released = this.inner.release(&key, &limit, tokens).await;
+            tokio::time::sleep(this.latency - this.latency / 2).await;
+            released
+        }
+    }
+
+    fn maintain(&self) {
+        self.inner.maintain();
     }
 }
 
 type Reject = fn(&usize, Rejection<usize>) -> Result<bool, Infallible>;
-type HostLayer = HierarchicalThrottleLayer<
-    usize,
-    usize,
-    CountingStore,
-    MemoryLocalStore<usize>,
-    ManualClock,
-    Reject,
->;
 /// A host: decides a request for a key.
-type Host = Box<dyn FnMut(usize) -> futures_util::future::BoxFuture<'static, bool>>;
+type Host = Box<dyn FnMut(usize) -> BoxFuture<'static, bool>>;
 
 struct Hierarchical {
-    clock: ManualClock,
     global: CountingStore,
-    layers: Vec<HostLayer>,
     hosts: Vec<Host>,
 }
 
 impl Hierarchical {
-    fn new(fraction: Option<f64>) -> Self {
-        let clock = ManualClock::new();
-        let global = CountingStore::new(&clock);
-        let mut layers = Vec::new();
+    fn new(fraction: Option<f64>, latency: Duration) -> Self {
+        let clock = TokioClock::new();
+        let global = CountingStore::new(clock, latency);
         let mut hosts: Vec<Host> = Vec::new();
         for _ in 0..HOSTS {
             let builder = HierarchicalThrottleLayer::builder()
                 .key(|key: &usize| Some(*key))
-                .clock(clock.clone())
+                .clock(clock)
                 .limit(limit())
+                .store_timeout(STORE_TIMEOUT)
                 .on_rejection((|_, _| Ok(false)) as Reject);
             let builder = match fraction {
                 Some(f) => builder.batch_policy(FractionOfCapacity::new(f).expect("a fraction")),
@@ -259,55 +272,48 @@ impl Hierarchical {
                 .expect("a valid layer");
             let service = layer.layer(service_fn(|_: usize| async { Ok::<_, Infallible>(true) }));
             hosts.push(Box::new(move |key| {
-                let mut service = service.clone();
-                Box::pin(async move {
-                    let ready = service.ready().await.unwrap_or_else(|never| match never {});
-                    ready.call(key).await.unwrap_or_else(|never| match never {})
-                })
+                let service = service.clone();
+                async move {
+                    service
+                        .oneshot(key)
+                        .await
+                        .unwrap_or_else(|never| match never {})
+                }
+                .boxed()
             }));
-            layers.push(layer);
         }
-        Self {
-            clock,
-            global,
-            layers,
-            hosts,
-        }
+        Self { global, hosts }
     }
 }
 
 impl Fleet for Hierarchical {
-    async fn decide(&mut self, now: Duration, arrival: Arrival) -> bool {
-        self.clock.set(now);
-        (self.hosts[arrival.host])(arrival.key).await
+    fn decide(&mut self, _now: Duration, arrival: Arrival) -> BoxFuture<'static, bool> {
+        (self.hosts[arrival.host])(arrival.key)
     }
 
     fn global_calls(&self) -> (u64, u64) {
         self.global.calls()
     }
-
-    async fn tick(&mut self, now: Duration) {
-        // What each host's background sweeper does every half lease time.
-        if now.as_millis().is_multiple_of(1000) {
-            self.clock.set(now);
-            for layer in &self.layers {
-                layer.return_unused_leases().await;
-            }
-        }
-    }
 }
 
+/// Every decision is one call to the global bucket; a call past the time-out admits (fails
+/// open), as such limiters usually do.
 struct PerRequestGlobal {
-    clock: ManualClock,
     store: CountingStore,
 }
 
 impl Fleet for PerRequestGlobal {
-    async fn decide(&mut self, now: Duration, arrival: Arrival) -> bool {
-        self.clock.set(now);
-        let request = TokenRequest::now(1, 1);
-        let grant = self.store.acquire(&arrival.key, &limit(), request).await;
-        grant.is_ok_and(|g| g.granted == 1)
+    fn decide(&mut self, _now: Duration, arrival: Arrival) -> BoxFuture<'static, bool> {
+        let store = self.store.clone();
+        async move {
+            let limit = limit();
+            let call = store.acquire(&arrival.key, &limit, TokenRequest::now(1, 1));
+            match tokio::time::timeout(STORE_TIMEOUT, call).await {
+                Ok(grant) => grant.is_ok_and(|g| g.granted == 1),
+                Err(_) => true,
+            }
+        }
+        .boxed()
     }
 
     fn global_calls(&self) -> (u64, u64) {
@@ -349,10 +355,11 @@ impl LocalSplit {
 }
 
 impl Fleet for LocalSplit {
-    async fn decide(&mut self, now: Duration, arrival: Arrival) -> bool {
+    fn decide(&mut self, now: Duration, arrival: Arrival) -> BoxFuture<'static, bool> {
         self.clock.advance(now - self.now);
         self.now = now;
-        self.limiters[arrival.host].check_key(&arrival.key).is_ok()
+        let admitted = self.limiters[arrival.host].check_key(&arrival.key).is_ok();
+        std::future::ready(admitted).boxed()
     }
 
     fn global_calls(&self) -> (u64, u64) {
@@ -360,41 +367,48 @@ impl Fleet for LocalSplit {
     }
 }
 
+/// Runs the arrivals through `fleet` on tokio's paused time, each request in a task of its own.
 async fn simulate<F: Fleet>(fleet: &mut F, arrivals: &[Arrival]) -> Outcome {
     let limit = limit();
-    let mut out = Outcome {
+    let out = Arc::new(std::sync::Mutex::new(Outcome {
         admitted_per_key: vec![0; KEYS],
         offered_per_key: vec![0; KEYS],
         hottest_series: vec![0; (SECONDS * 1000 / PLOT_BIN_MS) as usize],
         ..Outcome::default()
-    };
+    }));
     // The oracle: one exact bucket per key deciding every request as it arrives, as a perfect
     // global limiter would. A request it admits was within the key's limit; refusing it is
     // refusing a customer who was not over its limit.
     let mut oracle: HashMap<usize, TokenBucket> = HashMap::new();
-    let mut last_tick = None;
+    let start = tokio::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
     for a in arrivals {
-        let now = Duration::from_millis(a.ms) + Duration::from_micros(1);
-        if last_tick != Some(a.ms) {
-            fleet.tick(Duration::from_millis(a.ms)).await;
-            last_tick = Some(a.ms);
-        }
+        let now = Duration::from_millis(a.ms);
+        tokio::time::sleep_until(start + now).await;
         let micros = now.as_micros() as u64;
         let bucket = oracle
             .entry(a.key)
             .or_insert_with(|| TokenBucket::full(&limit, micros));
         let within_limit = bucket.take(&limit, micros, 1, 1).granted == 1;
-        out.requests += 1;
-        out.offered_per_key[a.key] += 1;
-        if fleet.decide(now, *a).await {
-            out.admitted_per_key[a.key] += 1;
-            if a.key == 0 {
-                out.hottest_series[(a.ms / PLOT_BIN_MS) as usize] += 1;
+        let decision = fleet.decide(now, *a);
+        let (out, a) = (out.clone(), *a);
+        tasks.spawn(async move {
+            let admitted = decision.await;
+            let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+            out.requests += 1;
+            out.offered_per_key[a.key] += 1;
+            if admitted {
+                out.admitted_per_key[a.key] += 1;
+                if a.key == 0 {
+                    out.hottest_series[(a.ms / PLOT_BIN_MS) as usize] += 1;
+                }
+            } else if within_limit {
+                out.wrongly_refused += 1;
             }
-        } else if within_limit {
-            out.wrongly_refused += 1;
-        }
+        });
     }
+    while tasks.join_next().await.is_some() {}
+    let mut out = std::mem::take(&mut *out.lock().unwrap_or_else(|e| e.into_inner()));
     (out.global_calls, out.hottest_calls) = fleet.global_calls();
     out
 }
@@ -430,46 +444,36 @@ fn summarize(scenario: &str, strategy: Strategy, out: &Outcome) -> Row {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let mut rows = Vec::new();
     let mut plot: Vec<(Strategy, Vec<u64>)> = Vec::new();
     for shape in [Shape::Steady, Shape::Bursty] {
         for factor in [0.5, 1.0, 2.0, 10.0] {
-            let scenario = format!(
-                "{factor}x {}",
-                if shape == Shape::Steady {
+            for latency_ms in LATENCIES_MS {
+                // Latency matters to the strategies that call the store; it is measured on
+                // the steady loads at and far over the limit.
+                if latency_ms > 0 && (shape == Shape::Bursty || !(factor == 1.0 || factor == 10.0))
+                {
+                    continue;
+                }
+                let name = if shape == Shape::Steady {
                     "steady"
                 } else {
                     "bursty"
-                }
-            );
-            let arrivals = arrivals(factor, shape, 0x5EED ^ factor.to_bits());
-            for strategy in STRATEGIES {
-                let out = runtime.block_on(async {
-                    match strategy {
-                        Strategy::Hierarchical => {
-                            simulate(&mut Hierarchical::new(None), &arrivals).await
-                        }
-                        Strategy::HierarchicalFraction => {
-                            simulate(&mut Hierarchical::new(Some(0.1)), &arrivals).await
-                        }
-                        Strategy::PerRequestGlobal => {
-                            let clock = ManualClock::new();
-                            let store = CountingStore::new(&clock);
-                            simulate(&mut PerRequestGlobal { clock, store }, &arrivals).await
-                        }
-                        Strategy::LocalSplit => {
-                            simulate(&mut LocalSplit::new(HOSTS), &arrivals).await
-                        }
-                        Strategy::LocalFull => simulate(&mut LocalSplit::new(1), &arrivals).await,
+                };
+                let scenario = format!("{factor}x {name}, store {latency_ms} ms");
+                let arrivals = arrivals(factor, shape, 0x5EED ^ factor.to_bits());
+                let latency = Duration::from_millis(latency_ms);
+                for strategy in STRATEGIES {
+                    let local = matches!(strategy, Strategy::LocalSplit | Strategy::LocalFull);
+                    if local && latency_ms > 0 {
+                        continue;
                     }
-                });
-                if shape == Shape::Steady && factor == 10.0 {
-                    plot.push((strategy, out.hottest_series.clone()));
+                    let out = run(strategy, latency, &arrivals)?;
+                    if shape == Shape::Steady && factor == 10.0 && latency_ms == 0 {
+                        plot.push((strategy, out.hottest_series.clone()));
+                    }
+                    rows.push(summarize(&scenario, strategy, &out));
                 }
-                rows.push(summarize(&scenario, strategy, &out));
             }
         }
     }
@@ -483,12 +487,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// One strategy over the arrivals, on a fresh paused runtime.
+fn run(
+    strategy: Strategy,
+    latency: Duration,
+    arrivals: &[Arrival],
+) -> Result<Outcome, Box<dyn std::error::Error>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()?;
+    Ok(runtime.block_on(async {
+        match strategy {
+            Strategy::Hierarchical => {
+                simulate(&mut Hierarchical::new(None, latency), arrivals).await
+            }
+            Strategy::HierarchicalFraction => {
+                simulate(&mut Hierarchical::new(Some(0.1), latency), arrivals).await
+            }
+            Strategy::PerRequestGlobal => {
+                let store = CountingStore::new(TokioClock::new(), latency);
+                simulate(&mut PerRequestGlobal { store }, arrivals).await
+            }
+            Strategy::LocalSplit => simulate(&mut LocalSplit::new(HOSTS), arrivals).await,
+            Strategy::LocalFull => simulate(&mut LocalSplit::new(1), arrivals).await,
+        }
+    }))
+}
+
 fn markdown(rows: &[Row]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
         "{HOSTS} hosts (traffic shares {HOST_SHARE:?}), {KEYS} keys (Zipf s = {ZIPF_S}), limit {RATE}/s burst {BURST} per key, \
-         {SECONDS} simulated seconds; the load factor is the hottest key's offered rate over its limit. \
+         {SECONDS} simulated seconds; the load factor is the hottest key's offered rate over its limit; \
+         the store answers after the latency shown (its time-out is 50 ms). \
          *Allowed*: per key, the lesser of what was offered and burst + rate x time. *Refused within \
          the limit*: requests refused that one exact global bucket deciding every request (the \
          oracle) admitted, as a share of all requests.\n"

@@ -119,6 +119,7 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
                 failure_policy: FailurePolicy::default(),
                 max_backoff: Duration::from_secs(1),
                 max_reservation: Duration::from_millis(100),
+                shadow: false,
             },
             error: None,
         }
@@ -292,6 +293,15 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     pub fn max_reservation(mut self, ahead: Duration) -> Self {
         self.check(ahead <= MAX_SETTING, "max_reservation", "at most 1 hour");
         self.config.max_reservation = ahead;
+        self
+    }
+
+    /// Shadow mode (a dry run): every decision is made, counted and logged as usual, but no
+    /// request is refused; those that would have been are served and counted in
+    /// [`ThrottleStats::shadow_admitted`](crate::ThrottleStats). For rolling a limit out on live
+    /// traffic before enforcing it. Default: off.
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.config.shadow = on;
         self
     }
 

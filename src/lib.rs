@@ -34,11 +34,14 @@
 //! fleet). A request is served from local tokens when it can be: one hash, one
 //! compare-and-swap on a shard lock, no clock read, no I/O. When the local tokens run short,
 //! the host asks the global store for a batch sized by its recent demand ([`batch`]); one
-//! request per key and host is in flight, and concurrent requests share its answer. A batch is
-//! also fetched in the background when the local tokens run low, so steady traffic never waits.
-//! When the global bucket is empty, the key is remembered as throttled until tokens are due and
-//! rejected without further global calls, and the client is told how long to wait (`429` with
-//! `Retry-After`).
+//! request per key and host is in flight, and the requests that queued for it are served from it
+//! in arrival order. A batch is also fetched in the background when the local tokens run low, so
+//! steady traffic never waits. When the global bucket cannot give the whole batch, it reserves
+//! for the host the tokens due soon (see
+//! [`Builder::max_reservation`]), so a key over its limit costs one call per batch, not per
+//! token. When the global bucket is empty, the key is remembered as throttled until its next
+//! token is due (exactly: counted from when the call was sent) and refused without further
+//! global calls, and the client is told how long to wait (`429` with `Retry-After`).
 //!
 //! Tokens leased to a host and not used within the lease time-to-live are handed back, so the
 //! fleet admits close to its limit and never more: every admitted token was dispensed once by
@@ -62,8 +65,10 @@
 //! # Failures
 //!
 //! Every global call has a time-out; a failing store is left alone for a back-off, and the
-//! requests that needed it are decided by the [`FailurePolicy`] (by default, each host enforces
-//! the limit on its own until the store is back).
+//! requests whose call failed are decided by the [`FailurePolicy`] (by default, each host
+//! enforces the limit on its own until the store is back). A slow store that answers in time
+//! never hands a request to the policy. A fetch whose task dies (cancelled, panicking, its
+//! runtime shut down) settles its key as failed, so no key is ever left waiting.
 //!
 //! # Runtime
 //!

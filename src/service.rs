@@ -110,6 +110,10 @@ where
         };
         match check {
             Check::Admit => ResponseFuture::called(self.inner.call(request)),
+            Check::Reject(rejection) if self.throttle.config.shadow => {
+                self.throttle.admit_in_shadow(&rejection);
+                ResponseFuture::called(self.inner.call(request))
+            }
             Check::Reject(rejection) => self.reject(&request, rejection),
             Check::Wait(decision) => self.park(decision, request),
         }
@@ -119,6 +123,10 @@ where
 impl<S, Req, K, G, L, C, R> HierarchicalThrottle<S, Req, K, G, L, C, R>
 where
     S: Service<Req> + Clone,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<K>,
+    L: LocalStore<K>,
+    C: Clock,
     R: OnRejection<Req, K, S::Response, S::Error>,
 {
     // Both out of line, so `call` stays small enough to inline.
@@ -135,6 +143,17 @@ where
         decision: BoxFuture<'static, Result<(), Rejection<K>>>,
         request: Req,
     ) -> ResponseFuture<S, Req, K, R> {
+        let decision = if self.throttle.config.shadow {
+            let throttle = self.throttle.clone();
+            Box::pin(async move {
+                if let Err(rejection) = decision.await {
+                    throttle.admit_in_shadow(&rejection);
+                }
+                Ok(())
+            })
+        } else {
+            decision
+        };
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::waiting(decision, inner, request, self.policy.clone())

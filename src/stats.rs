@@ -35,6 +35,9 @@ pub struct ThrottleStats {
     /// reached the store. An upper bound (an acquire counts what it asked for); they are
     /// never sent twice, so that no token is given back twice.
     pub tokens_lost: u64,
+    /// Requests that would have been refused and were served because the layer is in
+    /// [shadow mode](crate::Builder::shadow). They are counted among the refusals too.
+    pub shadow_admitted: u64,
 }
 
 macro_rules! counters {
@@ -65,6 +68,7 @@ counters!(
     fallback_decisions,
     tokens_returned,
     tokens_lost,
+    shadow_admitted,
 );
 
 const STRIPES: usize = 8;

@@ -9,6 +9,7 @@
 //! task, a dropped runtime) settles the key, so no key is ever left waiting on a fetch that will
 //! not finish. Nothing is spawned and no user code runs while a local-store lock is held.
 
+use std::hash::BuildHasher;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -17,6 +18,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::{StreamExt, stream};
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use crate::batch::{BatchContext, BatchPolicy};
 use crate::clock::{Clock, micros};
@@ -50,6 +52,7 @@ pub(crate) struct Config {
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) max_backoff: Duration,
     pub(crate) max_reservation: Duration,
+    pub(crate) shadow: bool,
 }
 
 /// Hand-backs in flight at once during a sweep.
@@ -240,8 +243,25 @@ where
         let batch = self.batch_size(&limit, plan.needed, &plan.demand);
         let request = plan.request(batch, self.config.max_reservation);
         self.stats.global_calls.incr();
+        let span = tracing::debug_span!(
+            "global_acquire",
+            key_hash = KEY_HASH.hash_one(key),
+            want = request.want,
+            granted = tracing::field::Empty,
+            reserved = tracing::field::Empty,
+            latency_us = tracing::field::Empty,
+        );
         let call = self.global.acquire(key, &limit, request);
-        let outcome = match tokio::time::timeout(self.config.store_timeout, call).await {
+        let answer = tokio::time::timeout(self.config.store_timeout, call)
+            .instrument(span.clone())
+            .await;
+        span.record("latency_us", self.now().saturating_sub(now));
+        if let Ok(Ok(grant)) = &answer {
+            span.record("granted", grant.granted);
+            span.record("reserved", grant.reserved);
+        }
+        let _entered = span.enter();
+        let outcome = match answer {
             Ok(Ok(grant)) => {
                 tracing::debug!(
                     want = request.want,
@@ -261,14 +281,17 @@ where
                 if self.global.may_have_applied(&error) {
                     self.stats.tokens_lost.add(request.want);
                 }
-                self.health.failed(now, self.now(), self.config.max_backoff);
+                self.health
+                    .failed(now, self.now(), self.config.max_backoff, &error);
                 FetchOutcome::Failed
             }
             Err(_) => {
                 self.stats.global_timeouts.incr();
                 self.stats.tokens_lost.add(request.want);
                 tracing::debug!(timeout = ?self.config.store_timeout, "global acquire timed out");
-                self.health.failed(now, self.now(), self.config.max_backoff);
+                let timeout = TimedOut(self.config.store_timeout);
+                self.health
+                    .failed(now, self.now(), self.config.max_backoff, &timeout);
                 FetchOutcome::Failed
             }
         };
@@ -392,7 +415,8 @@ where
             }
             Ok(Err(error)) => {
                 tracing::debug!(%error, tokens, "global release failed");
-                self.health.failed(now, self.now(), self.config.max_backoff);
+                self.health
+                    .failed(now, self.now(), self.config.max_backoff, &error);
                 if self.global.may_have_applied(&error) {
                     self.stats.tokens_lost.add(tokens);
                 } else {
@@ -401,7 +425,9 @@ where
             }
             Err(_) => {
                 tracing::debug!(tokens, "global release timed out");
-                self.health.failed(now, self.now(), self.config.max_backoff);
+                let timeout = TimedOut(self.config.store_timeout);
+                self.health
+                    .failed(now, self.now(), self.config.max_backoff, &timeout);
                 self.stats.tokens_lost.add(tokens);
             }
         }
@@ -452,6 +478,14 @@ where
             throttle: Arc::downgrade(self),
         };
         runtime.spawn(sweeper.run());
+    }
+}
+
+impl<K, G, L, C> Throttle<K, G, L, C> {
+    /// Counts and logs a refusal that shadow mode turns into an admission.
+    pub(crate) fn admit_in_shadow(&self, rejection: &Rejection<K>) {
+        self.stats.shadow_admitted.incr();
+        tracing::debug!(reason = %rejection.reason, "shadow mode: served a request it would refuse");
     }
 }
 
@@ -584,6 +618,19 @@ where
     }
 }
 
+/// Keys appear in traces only hashed, with a fixed seed so that one key's hash is the same on
+/// every host: a key can be followed without being shown.
+static KEY_HASH: foldhash::fast::FixedState = foldhash::fast::FixedState::with_seed(0x7468_726f);
+
+/// A call that did not answer within the store time-out.
+struct TimedOut(Duration);
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no answer within {:?}", self.0)
+    }
+}
+
 fn throttled<K>(key: K, limit: Limit, wait_micros: u64) -> Rejection<K> {
     Rejection::new(Some(key), RejectionReason::Throttled, Some(limit))
         .with_retry_after(Duration::from_micros(wait_micros.max(1)))
@@ -612,16 +659,24 @@ impl StoreHealth {
 
     fn succeeded(&self) {
         if self.down_until.load(Ordering::Relaxed) != 0 {
-            *lock(&self.failures) = 0;
+            let mut failures = lock(&self.failures);
+            if *failures > 0 {
+                tracing::info!("the global store answers again");
+            }
+            *failures = 0;
             self.down_until.store(0, Ordering::Relaxed);
         }
     }
 
-    /// A call sent at `sent_at` failed at `now`.
-    fn failed(&self, sent_at: u64, now: u64, max_backoff: Duration) {
+    /// A call sent at `sent_at` failed at `now` with `error`. Logged at warn once when the store
+    /// goes down, not once per call.
+    fn failed(&self, sent_at: u64, now: u64, max_backoff: Duration, error: &dyn std::fmt::Display) {
         let mut failures = lock(&self.failures);
         if sent_at < self.down_until.load(Ordering::Relaxed) {
             return;
+        }
+        if *failures == 0 {
+            tracing::warn!(%error, "the global store failed; the failure policy decides until it answers");
         }
         let backoff = FIRST_BACKOFF
             .saturating_mul(1 << (*failures).min(16))

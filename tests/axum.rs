@@ -150,3 +150,35 @@ async fn clones_of_the_router_and_of_the_layer_share_limits() {
         1
     );
 }
+
+#[tokio::test]
+async fn shadow_mode_serves_what_it_would_refuse_and_counts_it() {
+    let clock = ManualClock::new();
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+        .clock(clock.clone())
+        .limit(Limit::per_second(1).burst(2).unwrap())
+        .shadow(true)
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer.clone());
+    for _ in 0..5 {
+        assert_eq!(
+            get_status(&app, "/", Some("k1")).await.status(),
+            StatusCode::OK
+        );
+    }
+    // A request without a key would be refused too.
+    assert_eq!(get_status(&app, "/", None).await.status(), StatusCode::OK);
+    let stats = layer.stats();
+    assert_eq!(stats.admitted_local + stats.admitted_after_fetch, 2);
+    assert_eq!(
+        stats.rejected_cached + stats.rejected_global,
+        3,
+        "{stats:?}"
+    );
+    assert_eq!((stats.missing_key, stats.shadow_admitted), (1, 4));
+}

@@ -469,3 +469,84 @@ async fn latency_stalls_and_dropped_connections_never_over_admit() {
     let timeouts: u64 = stats.iter().map(|s| s.global_timeouts).sum();
     assert!(timeouts > 0, "the stall timed calls out");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_starts_while_redis_is_down_and_moves_to_redis_once_it_is_up() {
+    let port = RedisServer::unused_port();
+    let redis: RedisGlobalStore<String> =
+        RedisGlobalStore::open(&format!("redis://127.0.0.1:{port}")).expect("a valid url");
+    let clock = ManualClock::new();
+    let layer = host_builder(&clock, Limit::per_hour(3).burst(3).unwrap())
+        .failure_policy(FailurePolicy::Reject)
+        .global_store(redis)
+        .build()
+        .unwrap();
+    let mut host = layer.layer(backend());
+    let unavailable = Outcome::Refused(
+        RejectionReason::StoreUnavailable,
+        Some(Duration::from_millis(50)),
+    );
+    assert_eq!(
+        send(&mut host, "k", 1).await,
+        unavailable,
+        "the policy decides"
+    );
+    let server = RedisServer::start_on(port);
+    // Within the back-off the store is left alone; after it, Redis decides.
+    assert!(matches!(
+        send(&mut host, "k", 1).await,
+        Outcome::Refused(RejectionReason::StoreUnavailable, _)
+    ));
+    clock.advance(Duration::from_millis(50));
+    for _ in 0..3 {
+        assert_eq!(send(&mut host, "k", 1).await, Outcome::Served);
+    }
+    assert!(matches!(
+        send(&mut host, "k", 1).await,
+        Outcome::Refused(RejectionReason::Throttled, _)
+    ));
+    let mut conn = raw(&server).await;
+    let stored: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+    assert_eq!(stored, 1, "the bucket lives in Redis");
+}
+
+#[tokio::test]
+async fn an_acl_user_limited_to_the_prefix_and_the_scripts_commands_is_enough() {
+    let server = RedisServer::start();
+    let acl = server.cli(&[
+        "acl",
+        "setuser",
+        "throttler",
+        "on",
+        ">s3cret",
+        "resetkeys",
+        "~throttle:*",
+        "-@all",
+        "+evalsha",
+        "+eval",
+        "+hmget",
+        "+hset",
+        "+del",
+        "+pexpire",
+        "+time",
+    ]);
+    assert!(acl.contains("OK"), "{acl}");
+    let url = format!("redis://throttler:s3cret@127.0.0.1:{}", server.port);
+    let redis: RedisGlobalStore<String> = RedisGlobalStore::connect(&url).await.unwrap();
+    let limit = Limit::per_hour(10).burst(10).unwrap();
+    let grant = redis
+        .acquire(&"tenant".to_owned(), &limit, TokenRequest::now(1, 4))
+        .await
+        .expect("the user may run the acquire script on its prefix");
+    assert_eq!(grant.granted, 4);
+    redis
+        .release(&"tenant".to_owned(), &limit, 4)
+        .await
+        .expect("and the release script");
+    // Outside its prefix the same user is refused: the rights above are all it has.
+    let elsewhere = redis.clone().with_prefix("other:").unwrap();
+    let refused = elsewhere
+        .acquire(&"tenant".to_owned(), &limit, TokenRequest::now(1, 1))
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+}

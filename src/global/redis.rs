@@ -51,6 +51,31 @@ pub struct RedisGlobalStore<K> {
 enum Connection {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Lazy(Arc<LazyConnection>),
+}
+
+/// A connection made on first use, and tried again on every use until it is made.
+struct LazyConnection {
+    client: redis::Client,
+    manager: tokio::sync::OnceCell<ConnectionManager>,
+}
+
+impl LazyConnection {
+    async fn manager(&self) -> Result<ConnectionManager, RedisError> {
+        let manager = self
+            .manager
+            .get_or_try_init(|| {
+                self.client
+                    .get_connection_manager_with_config(manager_config())
+            })
+            .await?;
+        Ok(manager.clone())
+    }
+}
+
+/// One retry inside the manager: the throttle has its own time-out, back-off and policy.
+fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new().set_number_of_retries(1)
 }
 
 struct Scripts {
@@ -100,6 +125,7 @@ impl<K> fmt::Debug for RedisGlobalStore<K> {
         let mode = match self.connection {
             Connection::Single(_) => "single",
             Connection::Cluster(_) => "cluster",
+            Connection::Lazy(_) => "single, connected on first use",
         };
         f.debug_struct("RedisGlobalStore")
             .field("connection", &mode)
@@ -111,11 +137,36 @@ impl<K> fmt::Debug for RedisGlobalStore<K> {
 impl<K> RedisGlobalStore<K> {
     /// Connects to a single Redis (`redis://host:port/db`) through a [`ConnectionManager`],
     /// which reconnects by itself after failures.
+    ///
+    /// Fails when Redis cannot be reached now; see [`open`](Self::open) for a store that a
+    /// service can start with while Redis is down.
     pub async fn connect(url: &str) -> Result<Self, RedisError> {
         let client = redis::Client::open(url)?;
-        let config = ConnectionManagerConfig::new().set_number_of_retries(1);
-        let manager = client.get_connection_manager_with_config(config).await?;
+        let manager = client
+            .get_connection_manager_with_config(manager_config())
+            .await?;
         Ok(Self::from_connection_manager(manager))
+    }
+
+    /// A store on a single Redis that connects on first use, not now: a service whose Redis
+    /// is down when it starts still starts. Until Redis answers, every call fails at once (a
+    /// refused connection), so the layer's failure policy decides and its back-off paces the
+    /// attempts; the first call after Redis comes up connects, and decisions move to Redis
+    /// without a restart. Only a malformed `url` is an error here.
+    ///
+    /// ```
+    /// use hierarchical_throttle::global::redis::RedisGlobalStore;
+    /// // Nothing listens on this port: the store is made all the same.
+    /// let store: RedisGlobalStore<String> = RedisGlobalStore::open("redis://127.0.0.1:1")?;
+    /// assert!(RedisGlobalStore::<String>::open("not a url").is_err());
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
+    pub fn open(url: &str) -> Result<Self, RedisError> {
+        let client = redis::Client::open(url)?;
+        Ok(Self::new(Connection::Lazy(Arc::new(LazyConnection {
+            client,
+            manager: tokio::sync::OnceCell::new(),
+        }))))
     }
 
     /// Connects to a Redis Cluster through any of its nodes.
@@ -231,6 +282,7 @@ impl<K: RedisKey> RedisGlobalStore<K> {
         match &self.connection {
             Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
             Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            Connection::Lazy(lazy) => cmd.query_async(&mut lazy.manager().await?).await,
         }
     }
 }

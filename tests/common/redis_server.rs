@@ -46,6 +46,16 @@ impl RedisServer {
         Self::launch(free_port(false), false)
     }
 
+    /// A free loopback port for a server to be started on later.
+    pub fn unused_port() -> u16 {
+        free_port(false)
+    }
+
+    /// A server on `port`.
+    pub fn start_on(port: u16) -> Self {
+        Self::launch(port, false)
+    }
+
     fn launch(port: u16, cluster: bool) -> Self {
         require("redis-server");
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{port}"));
