@@ -28,6 +28,13 @@ pub enum ConfigError {
         /// The period.
         period: Duration,
     },
+    /// A limit written as text could not be read.
+    Unreadable {
+        /// The part that could not be read.
+        part: String,
+        /// What was expected there.
+        expected: &'static str,
+    },
     /// A setting outside its valid range.
     InvalidSetting {
         /// The builder method that was given the value.
@@ -55,6 +62,9 @@ impl fmt::Display for ConfigError {
                 f,
                 "{amount} tokens per {period:?} cannot be refilled exactly; choose a rounder rate"
             ),
+            Self::Unreadable { part, expected } => {
+                write!(f, "cannot read `{part}` in a limit: expected {expected}")
+            }
             Self::InvalidSetting { setting, expected } => {
                 write!(f, "invalid `{setting}`: expected {expected}")
             }

@@ -165,6 +165,128 @@ impl LimitBuilder {
     }
 }
 
+/// Units a limit's period may be written in, with their length in microseconds.
+const UNITS: &[(&[&str], u64)] = &[
+    (&["us", "µs", "micros", "microsecond", "microseconds"], 1),
+    (&["ms", "millis", "millisecond", "milliseconds"], 1_000),
+    (&["s", "sec", "secs", "second", "seconds"], 1_000_000),
+    (&["m", "min", "mins", "minute", "minutes"], 60_000_000),
+    (&["h", "hr", "hour", "hours"], 3_600_000_000),
+    (&["d", "day", "days"], 86_400_000_000),
+];
+
+/// Units a limit is printed in, most readable first.
+const PRINTED: &[(&str, u64)] = &[
+    ("s", 1_000_000),
+    ("min", 60_000_000),
+    ("h", 3_600_000_000),
+    ("day", 86_400_000_000),
+];
+
+impl std::fmt::Display for Limit {
+    /// `100/s`, `100/s burst 200`, `30/h burst 15`: tokens per unit, and the burst when it is
+    /// not one unit's worth. It reads back as the same limit.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let per_unit = PRINTED.iter().find_map(|&(name, micros)| {
+            let tokens = u128::from(self.amount) * u128::from(micros);
+            (tokens % u128::from(self.per_micros) == 0)
+                .then(|| (name, tokens / u128::from(self.per_micros)))
+        });
+        let one_period = match per_unit {
+            Some((name, tokens)) => {
+                write!(f, "{tokens}/{name}")?;
+                tokens
+            }
+            None => {
+                write!(f, "{} per {}us", self.amount, self.per_micros)?;
+                u128::from(self.amount)
+            }
+        };
+        if u128::from(self.capacity) != one_period {
+            write!(f, " burst {}", self.capacity)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for Limit {
+    type Err = ConfigError;
+
+    /// Reads a limit as people write them: `100/s`, `100/s burst 200`, `5000/h`,
+    /// `100000/day`, `15 per 2min`, `1 per 2 minutes burst 15`. Without a burst, the capacity
+    /// is one period's tokens. Errors name the part that could not be read.
+    ///
+    /// ```
+    /// use hierarchical_throttle::Limit;
+    /// let api: Limit = "100/s burst 200".parse()?;
+    /// assert_eq!(api, Limit::per_second(100).burst(200)?);
+    /// let quota: Limit = "1 per 2min burst 15".parse()?;
+    /// assert_eq!(quota.to_string().parse::<Limit>()?, quota);
+    /// assert!("100/fortnight".parse::<Limit>().unwrap_err().to_string().contains("fortnight"));
+    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
+    /// ```
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let text = text.trim();
+        let (rate, burst) = match text.split_once("burst") {
+            Some((rate, burst)) => (rate.trim(), Some(burst.trim())),
+            None => (text, None),
+        };
+        let (amount, period) = match rate.split_once('/') {
+            Some((amount, unit)) => (amount, format!("1{}", unit.trim())),
+            None => match rate.split_once(" per ") {
+                Some((amount, period)) => (amount, period.trim().to_owned()),
+                None => {
+                    return Err(parse_error(
+                        rate,
+                        "`<tokens>/<unit>` or `<tokens> per <period>`",
+                    ));
+                }
+            },
+        };
+        let amount = number(amount.trim())?;
+        let period = duration(&period)?;
+        let builder = Limit::per(amount, period);
+        match burst {
+            Some(burst) => builder.burst(number(burst)?),
+            None => builder.build(),
+        }
+    }
+}
+
+fn parse_error(part: &str, expected: &'static str) -> ConfigError {
+    ConfigError::Unreadable {
+        part: part.to_owned(),
+        expected,
+    }
+}
+
+/// A whole number, with `_` or `,` between digits allowed.
+fn number(text: &str) -> Result<u64, ConfigError> {
+    let digits: String = text.chars().filter(|c| !matches!(c, '_' | ',')).collect();
+    digits
+        .parse()
+        .map_err(|_| parse_error(text, "a whole number"))
+}
+
+/// `2min`, `2 min`, `s`, `1day`: an optional count and a unit.
+fn duration(text: &str) -> Result<Duration, ConfigError> {
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '_' || c == ','))
+        .unwrap_or(text.len());
+    let (count, unit) = text.split_at(split);
+    let count = if count.is_empty() { 1 } else { number(count)? };
+    let unit = unit.trim();
+    let micros = UNITS
+        .iter()
+        .find(|(names, _)| names.contains(&unit))
+        .map(|&(_, micros)| micros)
+        .ok_or_else(|| parse_error(unit, "a unit: us, ms, s, min, h or day"))?;
+    count
+        .checked_mul(micros)
+        .map(Duration::from_micros)
+        .ok_or_else(|| parse_error(text, "a period of at most 366 days"))
+}
+
 fn lowest_terms(a: u64, b: u64) -> (u64, u64) {
     let g = gcd(a, b).max(1);
     (a / g, b / g)
@@ -220,6 +342,59 @@ mod tests {
             Limit::per_day(999_999_937).burst(1),
             Err(ConfigError::RateNotExact { .. })
         ));
+    }
+
+    #[test]
+    fn limits_read_as_people_write_them_and_print_back() {
+        let cases = [
+            ("100/s", Limit::per_second(100).build(), "100/s"),
+            (
+                "100/s burst 200",
+                Limit::per_second(100).burst(200),
+                "100/s burst 200",
+            ),
+            ("5000/h", Limit::per_hour(5000).build(), "5000/h"),
+            ("100000/day", Limit::per_day(100_000).build(), "100000/day"),
+            (
+                "100,000 / day",
+                Limit::per_day(100_000).build(),
+                "100000/day",
+            ),
+            (
+                "15 per 2min",
+                Limit::per(15, Duration::from_secs(120)).build(),
+                "450/h burst 15",
+            ),
+            (
+                "1 per 2 minutes burst 15",
+                Limit::per(1, Duration::from_secs(120)).burst(15),
+                "30/h burst 15",
+            ),
+            (
+                "3 per 7ms",
+                Limit::per(3, Duration::from_millis(7)).build(),
+                "3 per 7000us",
+            ),
+        ];
+        for (text, expected, printed) in cases {
+            let limit: Limit = text.parse().unwrap();
+            assert_eq!(Ok(limit), expected, "{text}");
+            assert_eq!(limit.to_string(), printed, "{text}");
+            assert_eq!(printed.parse::<Limit>(), Ok(limit), "{printed}");
+        }
+    }
+
+    #[test]
+    fn unreadable_limits_name_the_part() {
+        let part = |text: &str| match text.parse::<Limit>() {
+            Err(ConfigError::Unreadable { part, .. }) => part,
+            other => panic!("{text}: {other:?}"),
+        };
+        assert_eq!(part("100/fortnight"), "fortnight");
+        assert_eq!(part("lots/s"), "lots");
+        assert_eq!(part("100/s burst many"), "many");
+        assert_eq!(part("100 every s"), "100 every s");
+        assert_eq!("0/s".parse::<Limit>(), Err(ConfigError::ZeroRate));
     }
 
     #[test]
