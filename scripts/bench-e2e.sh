@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end over real sockets: the axum app served in each mode (examples/e2e_server.rs) and
+# End-to-end over real sockets: the axum app served in each mode (bench/examples/e2e_server.rs) and
 # loaded in turn by wrk on loopback; rounds interleave the modes, each round starting with
 # another; medians, and throughput and p99 latency as ratios to the unthrottled app. Writes
 # docs/e2e.md.
@@ -22,7 +22,7 @@ need() {
 need wrk wrk
 need redis-server redis-server
 
-cargo build --release --features redis --example e2e_server
+cargo build --release -p hierarchical-throttle-bench --example e2e_server
 server_bin=target/release/examples/e2e_server
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

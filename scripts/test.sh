@@ -28,13 +28,13 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 
 echo "==> cargo clippy (all targets, all features)"
-cargo clippy --all-targets --all-features -- -D warnings
+cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 echo "==> cargo test (all targets, all features)"
-cargo test --all-targets --all-features
+cargo test --workspace --all-targets --all-features
 
 echo "==> cargo test --doc"
 cargo test --doc --all-features
 
 echo "==> cargo doc (warnings are errors: every public item documented, every link resolves)"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features -p hierarchical-throttle

@@ -213,6 +213,9 @@ where
 
     /// Runs a fetch for `key` in a task of its own (the bucket is marked as fetching). Without
     /// a Tokio runtime the fetch fails at once, and its waiters go to the failure policy.
+    /// Out of line and cold: the hit path that calls it once per batch stays small.
+    #[cold]
+    #[inline(never)]
     fn start_fetch(self: &Arc<Self>, key: K) {
         let fetch = FetchTask {
             throttle: self.clone(),

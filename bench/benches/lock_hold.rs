@@ -3,7 +3,7 @@
 //! (when the shard is full) runs an eviction pass, all under the lock. The time of the whole
 //! call bounds the time the lock is held.
 //!
-//! Run with: cargo bench --bench lock_hold
+//! Run with: cargo bench -p hierarchical-throttle-bench --bench lock_hold
 //! (Under `cargo test` it sprays 100,000 keys, only to show that it works.)
 
 use std::time::Instant;

@@ -1,4 +1,4 @@
-//! Run with: cargo run --release --example fleet_sim
+//! Run with: cargo run --release -p hierarchical-throttle-bench --example fleet_sim
 //!
 //! A fleet of hosts on simulated time, three ways of enforcing one per-key limit across it,
 //! side by side in one run:

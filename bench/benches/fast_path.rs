@@ -6,7 +6,7 @@
 //! decision, response future), and governor's keyed `check_key`. Every key holds tokens before
 //! measuring, so each iteration is a hit on a known key.
 //!
-//! Run with: cargo bench --bench fast_path
+//! Run with: cargo bench -p hierarchical-throttle-bench --bench fast_path
 
 use std::convert::Infallible;
 use std::future::{Ready, ready};

@@ -1,4 +1,4 @@
-//! Run with: cargo run --release --features redis --example e2e_server -- MODE PORT
+//! Run with: cargo run --release -p hierarchical-throttle-bench --example e2e_server -- MODE PORT
 //!
 //! The axum app of `examples/axum.rs` (one route, keyed by `x-api-key`), served on
 //! 127.0.0.1:PORT in one of five modes, for `scripts/bench-e2e.sh` to load in turn:

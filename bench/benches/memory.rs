@@ -2,7 +2,7 @@
 //! fills with distinct `u64` keys: this crate's local store (what each host keeps per key), its
 //! in-memory global store, and governor's keyed limiter (what tower_governor keeps per key).
 //!
-//! Run with: cargo bench --bench memory
+//! Run with: cargo bench -p hierarchical-throttle-bench --bench memory
 //! (Under `cargo test` it runs on 10,000 keys, only to show that it works.)
 
 use std::hint::black_box;
