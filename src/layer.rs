@@ -120,6 +120,7 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
                 max_backoff: Duration::from_secs(1),
                 max_reservation: Duration::from_millis(100),
                 shadow: false,
+                name: Arc::from("default"),
             },
             error: None,
         }
@@ -293,6 +294,13 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     pub fn max_reservation(mut self, ahead: Duration) -> Self {
         self.check(ahead <= MAX_SETTING, "max_reservation", "at most 1 hour");
         self.config.max_reservation = ahead;
+        self
+    }
+
+    /// The layer's name: the `layer` label of its metrics (with the `metrics` feature), so
+    /// several layers in one process can be told apart. Default: `default`.
+    pub fn name(mut self, name: &str) -> Self {
+        self.config.name = Arc::from(name);
         self
     }
 

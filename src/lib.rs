@@ -90,6 +90,8 @@ pub mod key;
 mod layer;
 mod limit;
 pub mod local;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 mod response;
 mod service;
 mod stats;

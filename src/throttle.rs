@@ -53,6 +53,8 @@ pub(crate) struct Config {
     pub(crate) max_backoff: Duration,
     pub(crate) max_reservation: Duration,
     pub(crate) shadow: bool,
+    /// The layer's name, a label on its metrics.
+    pub(crate) name: std::sync::Arc<str>,
 }
 
 /// Hand-backs in flight at once during a sweep.
@@ -258,7 +260,10 @@ where
         let answer = tokio::time::timeout(self.config.store_timeout, call)
             .instrument(span.clone())
             .await;
-        span.record("latency_us", self.now().saturating_sub(now));
+        let latency = self.now().saturating_sub(now);
+        span.record("latency_us", latency);
+        #[cfg(feature = "metrics")]
+        crate::metrics::global_call(&self.config.name, Duration::from_micros(latency));
         if let Ok(Ok(grant)) = &answer {
             span.record("granted", grant.granted);
             span.record("reserved", grant.reserved);
@@ -603,6 +608,13 @@ where
             };
             throttle.global.maintain();
             throttle.return_unused_leases().await;
+            #[cfg(feature = "metrics")]
+            crate::metrics::publish(
+                &throttle.config.name,
+                &throttle.stats(),
+                throttle.local.len(),
+                throttle.health.is_up(throttle.now()),
+            );
         }
     }
 }

@@ -224,6 +224,19 @@ impl FaultyGlobal {
     }
 }
 
+/// The way back of a call the store has done: the answer fails, hangs, comes too late, or comes
+/// after `latency`.
+async fn answer(fault: Fault, latency: Duration) -> Result<(), Injected> {
+    match fault {
+        Fault::ErrorAfter => return Err(Injected { applied: true }),
+        Fault::Hang => std::future::pending::<()>().await,
+        Fault::TooSlow => tokio::time::sleep(Duration::from_secs(1)).await,
+        Fault::None | Fault::ErrorBefore => {}
+    }
+    tokio::time::sleep(latency).await;
+    Ok(())
+}
+
 /// Counts `tokens` as lost if dropped armed: the answer carrying them never arrived.
 struct LostUnlessDelivered {
     ledger: Arc<Mutex<Ledger>>,
@@ -265,13 +278,7 @@ impl GlobalStore<String> for FaultyGlobal {
                 ledger: this.ledger.clone(),
                 tokens,
             };
-            match fault {
-                Fault::ErrorAfter => return Err(Injected { applied: true }),
-                Fault::Hang => std::future::pending::<()>().await,
-                Fault::TooSlow => tokio::time::sleep(Duration::from_secs(1)).await,
-                Fault::None | Fault::ErrorBefore => {}
-            }
-            tokio::time::sleep(latency - latency / 2).await;
+            answer(fault, latency - latency / 2).await?;
             std::mem::forget(undelivered);
             Ok(grant)
         }
@@ -294,25 +301,17 @@ impl GlobalStore<String> for FaultyGlobal {
                 tokens,
             };
             tokio::time::sleep(latency / 2).await;
+            std::mem::forget(unsent);
             if fault == Fault::ErrorBefore {
-                std::mem::forget(unsent);
                 return Err(Injected { applied: false });
             }
-            std::mem::forget(unsent);
             let Ok(()) = this.store().release(&key, &limit, tokens).await;
             this.ledger.lock().unwrap().returned += tokens;
             this.returned_at
                 .lock()
                 .unwrap()
                 .insert(key, this.clock.now());
-            match fault {
-                Fault::ErrorAfter => return Err(Injected { applied: true }),
-                Fault::Hang => std::future::pending::<()>().await,
-                Fault::TooSlow => tokio::time::sleep(Duration::from_secs(1)).await,
-                Fault::None | Fault::ErrorBefore => {}
-            }
-            tokio::time::sleep(latency - latency / 2).await;
-            Ok(())
+            answer(fault, latency - latency / 2).await
         }
     }
 

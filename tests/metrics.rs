@@ -1,0 +1,88 @@
+//! The `metrics` feature: the layer's counters reach a Prometheus recorder, served beside a
+//! throttled route by `examples/prometheus.rs`'s app, and a scrape shows the right counts.
+
+#[path = "../examples/support/prometheus_app.rs"]
+mod prometheus_app;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use hierarchical_throttle::Limit;
+use hierarchical_throttle::clock::TokioClock;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use metrics_exporter_prometheus::PrometheusBuilder;
+use tower::ServiceExt;
+
+/// The value of the sample of `metric` whose labels include every one of `labels`.
+fn sample(scrape: &str, metric: &str, labels: &[&str]) -> Option<f64> {
+    scrape
+        .lines()
+        .filter(|line| line.starts_with(&format!("{metric}{{")))
+        .find(|line| labels.iter().all(|l| line.contains(l)))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_scrape_shows_the_layers_decisions_by_outcome() {
+    let handle = PrometheusBuilder::new()
+        .install_recorder()
+        .expect("the only recorder of this test binary");
+    let limit = Limit::per_minute(2).burst(2).unwrap();
+    let app = prometheus_app::app(handle, limit, TokioClock::new()).unwrap();
+    let call = |key: &str| {
+        let request = Request::get("/").header("x-api-key", key);
+        app.clone().oneshot(request.body(Body::empty()).unwrap())
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(call("k1").await.unwrap().status());
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == StatusCode::OK).count(), 2);
+    // The sweeper publishes every half lease time (1 s).
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let scrape = app
+        .clone()
+        .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let scrape = String::from_utf8(
+        scrape
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    let decisions = |outcome: &str, reason: &str| {
+        let labels = [
+            "layer=\"api\"",
+            &format!("outcome=\"{outcome}\""),
+            &format!("reason=\"{reason}\""),
+        ];
+        sample(&scrape, "throttle_decisions_total", &labels)
+    };
+    let admitted = decisions("admitted", "local").unwrap_or(0.0)
+        + decisions("admitted", "after_fetch").unwrap_or(0.0);
+    let refused = decisions("refused", "throttled_cached").unwrap_or(0.0)
+        + decisions("refused", "throttled").unwrap_or(0.0);
+    assert_eq!((admitted, refused), (2.0, 3.0), "{scrape}");
+    // With no demand history yet, each batch is what its one waiting request needs: two calls,
+    // the second of which emptied the bucket, so the three refusals needed none.
+    assert_eq!(
+        sample(&scrape, "throttle_global_calls_total", &["result=\"sent\""]),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&scrape, "throttle_store_up", &["layer=\"api\""]),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&scrape, "throttle_local_keys", &["layer=\"api\""]),
+        Some(1.0)
+    );
+    assert!(scrape.contains("throttle_global_call_seconds"), "{scrape}");
+    assert!(!scrape.contains("k1"), "keys never appear in metrics");
+}
