@@ -154,10 +154,15 @@ where
         let interval = self.interval(now);
         let store_up = self.health.is_up(now);
         let deadline = now.saturating_add(micros(self.config.store_timeout));
-        let (waiter, verdict) = Waiter::new(cost, deadline);
+        // Made only for a request that waits: a refusal allocates nothing.
+        let mut verdict = None;
         let miss = self.local.with_bucket(&key, |b| {
             self.stats.admitted_local.add(b.take_uncounted());
-            b.miss(cost, now, interval, &limit, store_up, waiter)
+            b.miss(cost, now, interval, &limit, store_up, || {
+                let (waiter, receiver) = Waiter::new(cost, deadline);
+                verdict = Some(receiver);
+                waiter
+            })
         });
         match miss {
             Miss::Admitted => {
@@ -173,9 +178,14 @@ where
                 Ok(()) => Check::Admit,
                 Err(rejection) => Check::Reject(rejection),
             },
-            Miss::Joined => Check::Wait(Box::pin(self.clone().wait(key, cost, limit, verdict))),
-            Miss::StartFetch => {
-                self.start_fetch(key.clone());
+            Miss::Joined | Miss::StartFetch => {
+                if miss == Miss::StartFetch {
+                    self.start_fetch(key.clone());
+                }
+                // Always there: `miss` made the waiter when it queued the request.
+                let Some(verdict) = verdict else {
+                    return Check::Reject(throttled(key, limit, 1));
+                };
                 Check::Wait(Box::pin(self.clone().wait(key, cost, limit, verdict)))
             }
         }

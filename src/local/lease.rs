@@ -284,8 +284,9 @@ impl LocalBucket {
     }
 
     /// A request of `cost` found too few tokens at `now`: serve it if reserved tokens have
-    /// fallen due, refuse it if the global bucket is known to be short, or queue `waiter` for
-    /// the batch in flight (or for a new one, unless the store is backing off).
+    /// fallen due, refuse it if the global bucket is known to be short, or queue the `waiter`
+    /// (made only then) for the batch in flight (or for a new one, unless the store is backing
+    /// off).
     pub(crate) fn miss(
         &mut self,
         cost: u64,
@@ -293,7 +294,7 @@ impl LocalBucket {
         interval: u64,
         limit: &Limit,
         store_up: bool,
-        waiter: Waiter,
+        waiter: impl FnOnce() -> Waiter,
     ) -> Miss {
         self.release_pending(now);
         let admitted = self.take(cost);
@@ -310,13 +311,13 @@ impl LocalBucket {
             };
         }
         if self.fetching {
-            self.cold.waiters.push_back(waiter);
+            self.cold.waiters.push_back(waiter());
             return Miss::Joined;
         }
         if !store_up {
             return Miss::StoreDown;
         }
-        self.cold.waiters.push_back(waiter);
+        self.cold.waiters.push_back(waiter());
         self.fetching = true;
         Miss::StartFetch
     }
@@ -373,7 +374,7 @@ impl LocalBucket {
         self.release_pending(now);
         let throttled = now < self.cold.next_token_at;
         let mut kept = VecDeque::new();
-        for waiter in self.cold.waiters.drain(..).collect::<Vec<_>>() {
+        for waiter in std::mem::take(&mut self.cold.waiters) {
             if waiter.is_gone() {
                 continue;
             }
@@ -499,7 +500,7 @@ mod tests {
     /// Queues a request of `cost` at `now`; returns the miss and the verdict's receiver.
     fn queue(b: &mut LocalBucket, cost: u64, now: u64) -> (Miss, oneshot::Receiver<Verdict>) {
         let (waiter, rx) = Waiter::new(cost, now + DEADLINE);
-        (b.miss(cost, now, 0, &limit(), true, waiter), rx)
+        (b.miss(cost, now, 0, &limit(), true, || waiter), rx)
     }
 
     fn verdicts(settled: &Settled) -> Vec<(u64, Verdict)> {
@@ -650,7 +651,7 @@ mod tests {
     fn no_new_fetch_while_the_store_backs_off() {
         let mut b = LocalBucket::default();
         let (waiter, _rx) = Waiter::new(1, DEADLINE);
-        assert_eq!(b.miss(1, 0, 0, &limit(), false, waiter), Miss::StoreDown);
+        assert_eq!(b.miss(1, 0, 0, &limit(), false, || waiter), Miss::StoreDown);
         assert!(!b.is_fetching());
     }
 
