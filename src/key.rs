@@ -39,14 +39,36 @@ pub fn path<B>(request: &http::Request<B>) -> String {
     request.uri().path().to_owned()
 }
 
-/// The peer's IP address from axum's `ConnectInfo<SocketAddr>` (serve with
-/// `into_make_service_with_connect_info::<SocketAddr>()`).
+/// The peer's IP address from axum's `ConnectInfo<SocketAddr>`, which axum sets only when the
+/// app is served with `into_make_service_with_connect_info`:
+///
+/// ```rust,ignore
+/// axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+/// ```
+///
+/// Without it every request has no peer address (and so, with this helper alone, no key): the
+/// first such request logs a warning, once per process.
 #[cfg(feature = "axum")]
 pub fn axum_peer_ip<B>(request: &http::Request<B>) -> Option<std::net::IpAddr> {
     let info = request
         .extensions()
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()?;
-    Some(info.0.ip())
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>();
+    if info.is_none() {
+        warn_once_without_connect_info();
+    }
+    Some(info?.0.ip())
+}
+
+#[cfg(feature = "axum")]
+#[cold]
+fn warn_once_without_connect_info() {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "key::axum_peer_ip found no ConnectInfo: serve the app with \
+             into_make_service_with_connect_info::<SocketAddr>()"
+        );
+    }
 }
 
 /// The peer's IP address from tonic's `TcpConnectInfo` (present on requests served by
