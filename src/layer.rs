@@ -276,11 +276,7 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     /// A slow store that answers in time never hands a request to the failure policy.
     /// Default: 50 ms; 1 ms to 1 hour.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.check(
-            (Duration::from_millis(1)..=MAX_SETTING).contains(&timeout),
-            "store_timeout",
-            "1 ms to 1 hour",
-        );
+        self.check_duration(timeout, "store_timeout");
         self.config.store_timeout = timeout;
         self
     }
@@ -323,11 +319,7 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     /// The longest the throttle leaves a failing global store alone before probing it again
     /// (back-off starts at 50 ms and doubles). Default: 1 s.
     pub fn max_store_backoff(mut self, backoff: Duration) -> Self {
-        self.check(
-            (Duration::from_millis(1)..=MAX_SETTING).contains(&backoff),
-            "max_store_backoff",
-            "1 ms to 1 hour",
-        );
+        self.check_duration(backoff, "max_store_backoff");
         self.config.max_backoff = backoff;
         self
     }
@@ -336,11 +328,7 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     /// stranded on a quiet host return to the fleet. Default: 2 s (two demand intervals: a
     /// batch is sized to last about one).
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.check(
-            (Duration::from_millis(1)..=MAX_SETTING).contains(&ttl),
-            "lease_ttl",
-            "1 ms to 1 hour",
-        );
+        self.check_duration(ttl, "lease_ttl");
         self.config.lease_ttl = ttl;
         self
     }
@@ -403,6 +391,12 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
             config: self.config,
             error: self.error,
         }
+    }
+
+    /// Checks that `d` lies between 1 ms and an hour.
+    fn check_duration(&mut self, d: Duration, setting: &'static str) {
+        let ok = (Duration::from_millis(1)..=MAX_SETTING).contains(&d);
+        self.check(ok, setting, "1 ms to 1 hour");
     }
 
     fn check(&mut self, ok: bool, setting: &'static str, expected: &'static str) {

@@ -270,7 +270,8 @@ where
         let answer = tokio::time::timeout(self.config.store_timeout, call)
             .instrument(span.clone())
             .await;
-        let latency = self.now().saturating_sub(now);
+        let answered = self.now();
+        let latency = answered.saturating_sub(now);
         span.record("latency_us", latency);
         #[cfg(feature = "metrics")]
         crate::metrics::global_call(&self.config.name, Duration::from_micros(latency));
@@ -299,17 +300,14 @@ where
                 if self.global.may_have_applied(&error) {
                     self.stats.tokens_lost.add(request.want);
                 }
-                self.health
-                    .failed(now, self.now(), self.config.max_backoff, &error);
+                self.store_failed(now, answered, &error);
                 FetchOutcome::Failed
             }
             Err(_) => {
                 self.stats.global_timeouts.incr();
                 self.stats.tokens_lost.add(request.want);
                 tracing::debug!(timeout = ?self.config.store_timeout, "global acquire timed out");
-                let timeout = TimedOut(self.config.store_timeout);
-                self.health
-                    .failed(now, self.now(), self.config.max_backoff, &timeout);
+                self.store_failed(now, answered, &TimedOut(self.config.store_timeout));
                 FetchOutcome::Failed
             }
         };
@@ -433,8 +431,7 @@ where
             }
             Ok(Err(error)) => {
                 tracing::debug!(%error, tokens, "global release failed");
-                self.health
-                    .failed(now, self.now(), self.config.max_backoff, &error);
+                self.store_failed(now, self.now(), &error);
                 if self.global.may_have_applied(&error) {
                     self.stats.tokens_lost.add(tokens);
                 } else {
@@ -443,12 +440,16 @@ where
             }
             Err(_) => {
                 tracing::debug!(tokens, "global release timed out");
-                let timeout = TimedOut(self.config.store_timeout);
-                self.health
-                    .failed(now, self.now(), self.config.max_backoff, &timeout);
+                self.store_failed(now, self.now(), &TimedOut(self.config.store_timeout));
                 self.stats.tokens_lost.add(tokens);
             }
         }
+    }
+
+    /// A call sent at `sent_at` failed at `failed_at`: the store's back-off steps.
+    fn store_failed(&self, sent_at: u64, failed_at: u64, error: &dyn std::fmt::Display) {
+        self.health
+            .failed(sent_at, failed_at, self.config.max_backoff, error);
     }
 
     fn defer_return(&self, key: K, tokens: u64) {
@@ -618,10 +619,11 @@ where
             };
             throttle.global.maintain();
             throttle.return_unused_leases().await;
+            // The sweep has just counted every bucket's requests: no second pass over them.
             #[cfg(feature = "metrics")]
             crate::metrics::publish(
                 &throttle.config.name,
-                &throttle.stats(),
+                &throttle.stats.snapshot(),
                 throttle.local.len(),
                 throttle.health.is_up(throttle.now()),
             );

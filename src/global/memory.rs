@@ -58,6 +58,13 @@ impl<K> MemoryGlobalStore<K> {
     }
 }
 
+impl<K, C> Inner<K, C> {
+    /// The shard of a key hashed to `hash` (its top bits).
+    fn shard(&self, hash: u64) -> &Mutex<Shard<K>> {
+        &self.shards[(hash >> 58) as usize % SHARDS]
+    }
+}
+
 impl<K> Default for MemoryGlobalStore<K> {
     fn default() -> Self {
         Self::new()
@@ -121,8 +128,7 @@ where
     ) -> R {
         let now = micros(self.inner.clock.now());
         let hash = self.inner.hasher.hash_one(key);
-        let shard = &self.inner.shards[(hash >> 58) as usize % SHARDS];
-        let mut shard = lock(shard);
+        let mut shard = lock(self.inner.shard(hash));
         let hasher = |e: &(K, TokenBucket, Limit)| self.inner.hasher.hash_one(&e.0);
         let mut entry = shard
             .buckets
@@ -149,7 +155,7 @@ where
     pub fn peek(&self, key: &K, limit: &Limit) -> TokenBucket {
         let now = micros(self.inner.clock.now());
         let hash = self.inner.hasher.hash_one(key);
-        let shard = lock(&self.inner.shards[(hash >> 58) as usize % SHARDS]);
+        let shard = lock(self.inner.shard(hash));
         let mut bucket = shard
             .buckets
             .find(hash, |e| e.0 == *key)
