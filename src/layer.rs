@@ -17,10 +17,11 @@ use crate::key::MissingKey;
 use crate::limit::Limit;
 use crate::local::LocalStore;
 use crate::local::memory::MemoryLocalStore;
+use crate::quota::{BucketKey, LeaseKey, Name, Quota};
 use crate::response::DefaultRejection;
 use crate::service::HierarchicalThrottle;
 use crate::stats::ThrottleStats;
-use crate::throttle::{Check, Config, Limits, Throttle};
+use crate::throttle::{Check, Config, Level, QuotaSource, Throttle};
 
 /// Applies hierarchical token-bucket throttling to requests, per key, across a fleet.
 ///
@@ -43,9 +44,11 @@ pub struct HierarchicalThrottleLayer<
     pub(crate) policy: Arc<RequestPolicy<Req, K, R>>,
 }
 
-/// How a request becomes a key and a cost, and a rejection a response.
+/// How a request becomes keys and a cost, and a rejection a response.
 pub(crate) struct RequestPolicy<Req, K, R> {
     pub(crate) key: KeyFn<Req, K>,
+    /// The key closures of the levels after the first.
+    pub(crate) levels: Box<[KeyFn<Req, K>]>,
     pub(crate) cost: Option<CostFn<Req>>,
     pub(crate) missing_key: MissingKey<K>,
     pub(crate) on_rejection: R,
@@ -103,8 +106,8 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
             // Until `key` is set the builder cannot build: `Unset` is not a key.
             key: Box::new(|_| None),
             cost: None,
-            limit: None,
-            limit_per_key: None,
+            quota: None,
+            levels: Vec::new(),
             missing_key: MissingKey::Reject,
             global: Unset,
             local: Unset,
@@ -130,8 +133,8 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
 impl<Req, K, G, L, C, R> HierarchicalThrottleLayer<Req, K, G, L, C, R>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<K>,
-    L: LocalStore<K>,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
     /// Counters of the decisions made so far, shared by all clones.
@@ -163,9 +166,12 @@ where
     /// assert_eq!(refused.retry_after_secs(), Some(1));
     /// # Ok(()) }
     /// ```
+    ///
+    /// It draws on every limit of `key`'s quota at the layer's first level (further
+    /// [levels](Builder::level) have their own keys, which a bare key does not carry).
     #[inline]
     pub fn acquire(&self, key: K, cost: u64) -> Acquire<K> {
-        match self.throttle.check(key, cost) {
+        match self.throttle.check_key(key, cost) {
             Check::Admit => Acquire::admitted(),
             Check::Reject(rejection) => Acquire::rejected(rejection),
             Check::Wait(decision) => Acquire::waiting(decision),
@@ -211,7 +217,22 @@ pub struct Unset;
 
 type KeyFn<Req, K> = Box<dyn Fn(&Req) -> Option<K> + Send + Sync>;
 type CostFn<Req> = Box<dyn Fn(&Req) -> u64 + Send + Sync>;
-type LimitFn<K> = Box<dyn Fn(&K) -> Limit + Send + Sync>;
+
+/// The most levels a layer has, its first included.
+pub const MAX_LEVELS: usize = 8;
+
+/// Where the first level's quotas come from, as set on the builder.
+enum QuotaSetting<K> {
+    Fixed(Quota),
+    PerKey(Box<dyn Fn(&K) -> Quota + Send + Sync>),
+}
+
+/// A further level, as set on the builder.
+struct LevelSetting<Req, K> {
+    name: Name,
+    key: KeyFn<Req, K>,
+    quota: QuotaSource<K>,
+}
 
 /// Builds a [`HierarchicalThrottleLayer`]. Setters consume and return the builder; invalid
 /// values are reported by [`build`](Self::build).
@@ -219,8 +240,8 @@ type LimitFn<K> = Box<dyn Fn(&K) -> Limit + Send + Sync>;
 pub struct Builder<Req, K, G, L, C, R> {
     key: KeyFn<Req, K>,
     cost: Option<CostFn<Req>>,
-    limit: Option<Limit>,
-    limit_per_key: Option<LimitFn<K>>,
+    quota: Option<QuotaSetting<K>>,
+    levels: Vec<LevelSetting<Req, K>>,
     missing_key: MissingKey<K>,
     global: G,
     local: L,
@@ -233,8 +254,14 @@ pub struct Builder<Req, K, G, L, C, R> {
 
 impl<Req, K, G, L, C, R> fmt::Debug for Builder<Req, K, G, L, C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let quota = match &self.quota {
+            Some(QuotaSetting::Fixed(quota)) => Some(quota.to_string()),
+            Some(QuotaSetting::PerKey(_)) => Some("per key".to_owned()),
+            None => None,
+        };
         f.debug_struct("Builder")
-            .field("limit", &self.limit)
+            .field("quota", &quota)
+            .field("levels", &self.levels.len())
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -250,8 +277,11 @@ impl<C, R> Builder<Unset, Unset, Unset, Unset, C, R> {
         Builder {
             key: Box::new(key),
             cost: None,
-            limit: self.limit,
-            limit_per_key: None,
+            quota: match self.quota {
+                Some(QuotaSetting::Fixed(quota)) => Some(QuotaSetting::Fixed(quota)),
+                _ => None,
+            },
+            levels: Vec::new(),
             missing_key: MissingKey::Reject,
             global: Unset,
             local: MemoryLocalStore::new(),
@@ -265,10 +295,30 @@ impl<C, R> Builder<Unset, Unset, Unset, Unset, C, R> {
 }
 
 impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
-    /// The limit every key gets.
-    pub fn limit(mut self, limit: Limit) -> Self {
-        self.limit = Some(limit);
+    /// The limits every key gets, all of which a request must satisfy: a [`Limit`] or a
+    /// [`Quota`] of several named limits (`100/s` **and** `100000/day`).
+    ///
+    /// ```
+    /// use axum::body::Body;
+    /// use http::Request;
+    /// use hierarchical_throttle::{HierarchicalThrottleLayer, MemoryGlobalStore, Quota, key};
+    ///
+    /// let layer = HierarchicalThrottleLayer::builder()
+    ///     .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+    ///     .quota("per-second: 100/s burst 200; per-day: 100000/day".parse::<Quota>()?)
+    ///     .global_store(MemoryGlobalStore::new())
+    ///     .build()?;
+    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
+    /// ```
+    pub fn quota(mut self, quota: impl Into<Quota>) -> Self {
+        self.quota = Some(QuotaSetting::Fixed(quota.into()));
         self
+    }
+
+    /// The limit every key gets: a [`Quota`] of one limit called
+    /// [`default`](crate::quota::DEFAULT_NAME).
+    pub fn limit(self, limit: Limit) -> Self {
+        self.quota(limit)
     }
 
     /// How long one call to the global store may take; past it, the call counts as failed and
@@ -380,8 +430,8 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
         Builder {
             key: self.key,
             cost: self.cost,
-            limit: self.limit,
-            limit_per_key: self.limit_per_key,
+            quota: self.quota,
+            levels: self.levels,
             missing_key: self.missing_key,
             global,
             local,
@@ -417,12 +467,81 @@ where
         self
     }
 
-    /// A limit chosen per key (for tiers of customers), instead of [`limit`](Self::limit).
-    /// It is asked when a key's tokens run short, never on the hot path; the global store gets
-    /// the limit with every call, so a closure that reads a shared setting changes limits at
-    /// run time (within one batch).
-    pub fn limit_per_key(mut self, limit: impl Fn(&K) -> Limit + Send + Sync + 'static) -> Self {
-        self.limit_per_key = Some(Box::new(limit));
+    /// Limits chosen per key (tiers of customers), instead of [`quota`](Self::quota): a
+    /// [`Limit`] or a [`Quota`]. It is asked when a key's tokens run short, never on the hot
+    /// path; the global store gets the limit with every call, so a closure that reads a shared
+    /// setting changes limits at run time: a lowered limit applies to the next batch (within
+    /// one lease time-to-live), and the global bucket is clamped to it. Quotas are cheap to
+    /// clone: build each tier once.
+    pub fn limit_per_key<Q: Into<Quota>>(
+        mut self,
+        quota: impl Fn(&K) -> Q + Send + Sync + 'static,
+    ) -> Self {
+        self.quota = Some(QuotaSetting::PerKey(Box::new(move |key| quota(key).into())));
+        self
+    }
+
+    /// One more level of keys, drawn on by the same requests: a request is admitted only when
+    /// every level's buckets have its cost. A tenant's ceiling holds whatever its users do,
+    /// and a user's limit within it. A request whose closure gives no key at this level is
+    /// not limited at it. At most [`MAX_LEVELS`] levels, the first included; level names
+    /// follow [`Quota`]'s rules for names and prefix the level's limit names in responses
+    /// (`tenant/per-second`).
+    ///
+    /// ```
+    /// use axum::body::Body;
+    /// use http::Request;
+    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
+    ///
+    /// let layer = HierarchicalThrottleLayer::builder()
+    ///     .key(|req: &Request<Body>| key::header_value(req, "x-user"))
+    ///     .limit(Limit::per_second(10).burst(20)?)
+    ///     .level("tenant", |req: &Request<Body>| key::header_value(req, "x-tenant"),
+    ///         Limit::per_second(100).burst(100)?)
+    ///     .global_store(MemoryGlobalStore::new())
+    ///     .build()?;
+    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
+    /// ```
+    pub fn level(
+        self,
+        name: &str,
+        key: impl Fn(&Req) -> Option<K> + Send + Sync + 'static,
+        quota: impl Into<Quota>,
+    ) -> Self {
+        self.add_level(name, Box::new(key), QuotaSource::Fixed(quota.into()))
+    }
+
+    /// A [`level`](Self::level) whose limits are chosen per key, as
+    /// [`limit_per_key`](Self::limit_per_key) chooses them at the first level.
+    pub fn level_per_key<Q: Into<Quota>>(
+        self,
+        name: &str,
+        key: impl Fn(&Req) -> Option<K> + Send + Sync + 'static,
+        quota: impl Fn(&K) -> Q + Send + Sync + 'static,
+    ) -> Self {
+        let quota = QuotaSource::PerKey(Box::new(move |key: &K| quota(key).into()));
+        self.add_level(name, Box::new(key), quota)
+    }
+
+    fn add_level(mut self, name: &str, key: KeyFn<Req, K>, quota: QuotaSource<K>) -> Self {
+        let name = match Name::new(name) {
+            Ok(name) => name,
+            Err(error) => {
+                self.error.get_or_insert(error);
+                return self;
+            }
+        };
+        self.check(
+            self.levels.iter().all(|l| l.name != name),
+            "level",
+            "level names distinct within a layer",
+        );
+        self.check(
+            self.levels.len() + 1 < MAX_LEVELS,
+            "level",
+            "at most 8 levels, the first included",
+        );
+        self.levels.push(LevelSetting { name, key, quota });
         self
     }
 
@@ -434,12 +553,18 @@ where
 
     /// The global store: [`MemoryGlobalStore`](crate::MemoryGlobalStore) for one process, a
     /// Redis store for a fleet, or your own.
-    pub fn global_store<G2: GlobalStore<K>>(self, global: G2) -> Builder<Req, K, G2, L, C, R> {
+    pub fn global_store<G2: GlobalStore<BucketKey<K>>>(
+        self,
+        global: G2,
+    ) -> Builder<Req, K, G2, L, C, R> {
         self.swap(|_, local, clock, on_rejection| (global, local, clock, on_rejection))
     }
 
     /// The local store. Default: [`MemoryLocalStore::new`] (at most 100,000 keys).
-    pub fn local_store<L2: LocalStore<K>>(self, local: L2) -> Builder<Req, K, G, L2, C, R> {
+    pub fn local_store<L2: LocalStore<LeaseKey<K>>>(
+        self,
+        local: L2,
+    ) -> Builder<Req, K, G, L2, C, R> {
         self.swap(|global, _, clock, on_rejection| (global, local, clock, on_rejection))
     }
 }
@@ -447,8 +572,8 @@ where
 impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<K>,
-    L: LocalStore<K>,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
     /// The layer, or the first invalid setting.
@@ -456,26 +581,39 @@ where
         if let Some(error) = self.error {
             return Err(error);
         }
-        let limits = match (self.limit_per_key, self.limit) {
-            (Some(per_key), _) => Limits::PerKey(per_key),
-            (None, Some(limit)) => Limits::Fixed(limit),
-            (None, None) => {
+        let first = match self.quota {
+            Some(QuotaSetting::PerKey(per_key)) => QuotaSource::PerKey(per_key),
+            Some(QuotaSetting::Fixed(quota)) => QuotaSource::Fixed(quota),
+            None => {
                 return Err(ConfigError::InvalidSetting {
                     setting: "limit",
-                    expected: "a limit: call .limit() or .limit_per_key()",
+                    expected: "a limit: call .limit(), .quota() or .limit_per_key()",
                 });
             }
         };
+        let mut levels = vec![Level {
+            name: None,
+            quota: first,
+        }];
+        let mut level_keys = Vec::with_capacity(self.levels.len());
+        for level in self.levels {
+            levels.push(Level {
+                name: Some(level.name),
+                quota: level.quota,
+            });
+            level_keys.push(level.key);
+        }
         let throttle = Throttle::new(
             self.global,
             self.local,
             self.clock,
-            limits,
+            levels.into_boxed_slice(),
             self.batch,
             self.config,
         );
         let policy = RequestPolicy {
             key: self.key,
+            levels: level_keys.into_boxed_slice(),
             cost: self.cost,
             missing_key: self.missing_key,
             on_rejection: self.on_rejection,

@@ -78,6 +78,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod admission;
 pub mod batch;
 pub mod bucket;
 pub mod clock;
@@ -92,6 +93,7 @@ mod limit;
 pub mod local;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+pub mod quota;
 mod response;
 mod service;
 mod stats;
@@ -103,9 +105,10 @@ pub use failure::FailurePolicy;
 pub use future::{Acquire, ResponseFuture};
 pub use global::memory::MemoryGlobalStore;
 pub use key::MissingKey;
-pub use layer::{Builder, HierarchicalThrottleLayer, Unset};
+pub use layer::{Builder, HierarchicalThrottleLayer, MAX_LEVELS, Unset};
 pub use limit::{Limit, LimitBuilder};
 pub use local::memory::MemoryLocalStore;
+pub use quota::Quota;
 pub use response::{DefaultRejection, OnRejection, Rejection, RejectionReason, http_response};
 pub use service::HierarchicalThrottle;
 pub use stats::ThrottleStats;

@@ -51,18 +51,43 @@ pub struct Rejection<K> {
     pub reason: RejectionReason,
     /// How long until a retry can succeed, when one can.
     pub retry_after: Option<Duration>,
-    /// The key's limit, when one applies.
+    /// The refusing limit, when one applies.
     pub limit: Option<Limit>,
+    /// The refusing limit's name ([`DEFAULT_NAME`](crate::quota::DEFAULT_NAME) for a layer
+    /// given a single [`Limit`]).
+    pub limit_name: Option<&'static str>,
+    /// The level the refusing limit belongs to; `None` at the layer's first level.
+    pub level: Option<&'static str>,
 }
 
 impl<K> Rejection<K> {
-    pub(crate) fn new(key: Option<K>, reason: RejectionReason, limit: Option<Limit>) -> Self {
+    pub(crate) fn new(key: Option<K>, reason: RejectionReason) -> Self {
         Self {
             key,
             reason,
             retry_after: None,
-            limit,
+            limit: None,
+            limit_name: None,
+            level: None,
         }
+    }
+
+    pub(crate) fn of_limit(
+        mut self,
+        limit: Limit,
+        name: &'static str,
+        level: Option<&'static str>,
+    ) -> Self {
+        self.limit = Some(limit);
+        self.limit_name = Some(name);
+        self.level = level;
+        self
+    }
+
+    /// The refusing limit's name as `RateLimit-Policy` shows it: `per-second`, or
+    /// `tenant/per-second` at a further level.
+    pub fn policy_name(&self) -> Option<std::borrow::Cow<'static, str>> {
+        Some(crate::quota::scope(self.level, self.limit_name?))
     }
 
     pub(crate) fn with_retry_after(mut self, wait: Duration) -> Self {

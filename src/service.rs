@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use futures_util::future::BoxFuture;
 use tower_service::Service;
 
+use crate::admission::AllOf;
 use crate::clock::{Clock, MonotonicClock};
 use crate::future::ResponseFuture;
 use crate::global::GlobalStore;
@@ -15,6 +16,7 @@ use crate::key::MissingKey;
 use crate::layer::RequestPolicy;
 use crate::local::LocalStore;
 use crate::local::memory::MemoryLocalStore;
+use crate::quota::{BucketKey, LeaseKey};
 use crate::response::{DefaultRejection, OnRejection, Rejection, RejectionReason};
 use crate::stats::ThrottleStats;
 use crate::throttle::{Check, Throttle};
@@ -88,8 +90,8 @@ impl<S, Req, K, G, L, C, R> Service<Req> for HierarchicalThrottle<S, Req, K, G, 
 where
     S: Service<Req> + Clone,
     K: Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<K>,
-    L: LocalStore<K>,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
     C: Clock,
     R: OnRejection<Req, K, S::Response, S::Error>,
 {
@@ -105,8 +107,8 @@ where
     fn call(&mut self, request: Req) -> Self::Future {
         let cost = self.policy.cost(&request);
         let check = match (self.policy.key)(&request) {
-            Some(key) => self.throttle.check(key, cost),
-            None => self.check_keyless(cost),
+            Some(key) if self.policy.levels.is_empty() => self.throttle.check_key(key, cost),
+            key => self.check_levels(key, &request, cost),
         };
         match check {
             Check::Admit => ResponseFuture::called(self.inner.call(request)),
@@ -124,8 +126,8 @@ impl<S, Req, K, G, L, C, R> HierarchicalThrottle<S, Req, K, G, L, C, R>
 where
     S: Service<Req> + Clone,
     K: Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<K>,
-    L: LocalStore<K>,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
     C: Clock,
     R: OnRejection<Req, K, S::Response, S::Error>,
 {
@@ -163,8 +165,8 @@ where
 impl<S, Req, K, G, L, C, R> HierarchicalThrottle<S, Req, K, G, L, C, R>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<K>,
-    L: LocalStore<K>,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
     /// Counters of the decisions made so far, shared with the layer and all its services.
@@ -172,17 +174,33 @@ where
         self.throttle.stats()
     }
 
+    /// A request with further levels, or without a first-level key.
     #[inline(never)]
-    fn check_keyless(&self, cost: u64) -> Check<K> {
-        self.throttle.stats.missing_key.incr();
-        tracing::debug!(policy = ?self.policy.missing_key_name(), "request without a throttle key");
-        match &self.policy.missing_key {
-            MissingKey::Reject => {
-                Check::Reject(Rejection::new(None, RejectionReason::MissingKey, None))
+    fn check_levels(&self, key: Option<K>, request: &Req, cost: u64) -> Check<K> {
+        let key = match key {
+            Some(key) => Some(key),
+            None => {
+                self.throttle.stats.missing_key.incr();
+                tracing::debug!(policy = ?self.policy.missing_key_name(), "request without a throttle key");
+                match &self.policy.missing_key {
+                    MissingKey::Reject => {
+                        return Check::Reject(Rejection::new(None, RejectionReason::MissingKey));
+                    }
+                    MissingKey::Admit => None,
+                    MissingKey::UseKey(key) => Some(key.clone()),
+                }
             }
-            MissingKey::Admit => Check::Admit,
-            MissingKey::UseKey(key) => self.throttle.check(key.clone(), cost),
+        };
+        let mut all = AllOf::new(self.throttle.clone(), cost);
+        if let Some(key) = key {
+            all.check_level(key, 0);
         }
+        for (level, key_of) in (1..).zip(self.policy.levels.iter()) {
+            if let Some(key) = key_of(request) {
+                all.check_level(key, level);
+            }
+        }
+        all.finish()
     }
 }
 

@@ -26,6 +26,7 @@ use crate::failure::FailurePolicy;
 use crate::global::GlobalStore;
 use crate::limit::Limit;
 use crate::local::{FetchOutcome, Hit, LocalStore, Miss, Settled, Verdict, Waiter};
+use crate::quota::{BucketKey, LeaseKey, Name, Quota};
 use crate::response::{Rejection, RejectionReason};
 use crate::stats::{Stats, ThrottleStats};
 use crate::sync::lock;
@@ -37,10 +38,26 @@ pub(crate) enum Check<K> {
     Wait(BoxFuture<'static, Result<(), Rejection<K>>>),
 }
 
-/// Where a key's limit comes from.
-pub(crate) enum Limits<K> {
-    Fixed(Limit),
-    PerKey(Box<dyn Fn(&K) -> Limit + Send + Sync>),
+/// A level of keys: its name (none for the layer's first) and where its keys' quotas come
+/// from.
+pub(crate) struct Level<K> {
+    pub(crate) name: Option<Name>,
+    pub(crate) quota: QuotaSource<K>,
+}
+
+pub(crate) enum QuotaSource<K> {
+    Fixed(Quota),
+    PerKey(Box<dyn Fn(&K) -> Quota + Send + Sync>),
+}
+
+/// A bucket's limit and names, looked up from its key's quota.
+#[derive(Clone, Copy)]
+pub(crate) struct Resolved {
+    pub(crate) limit: Limit,
+    name: Name,
+    level: Option<Name>,
+    /// How many limits the key's quota has.
+    slots: u8,
 }
 
 #[derive(Debug, Clone)]
@@ -64,28 +81,28 @@ pub(crate) struct Throttle<K, G, L, C> {
     pub(crate) global: G,
     pub(crate) local: L,
     pub(crate) clock: C,
-    pub(crate) limits: Limits<K>,
+    pub(crate) levels: Box<[Level<K>]>,
     pub(crate) batch: Box<dyn BatchPolicy>,
     pub(crate) config: Config,
     pub(crate) stats: Stats,
     health: StoreHealth,
     sweeper_running: AtomicBool,
     /// Tokens to hand back: evicted leases, and hand-backs the store did not take.
-    returns: Mutex<Vec<(K, u64)>>,
+    returns: Mutex<Vec<(LeaseKey<K>, u64)>>,
 }
 
 impl<K, G, L, C> Throttle<K, G, L, C>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<K>,
-    L: LocalStore<K>,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
     pub(crate) fn new(
         global: G,
         local: L,
         clock: C,
-        limits: Limits<K>,
+        levels: Box<[Level<K>]>,
         batch: Box<dyn BatchPolicy>,
         config: Config,
     ) -> Self {
@@ -93,7 +110,7 @@ where
             global,
             local,
             clock,
-            limits,
+            levels,
             batch,
             config,
             stats: Stats::default(),
@@ -103,11 +120,28 @@ where
         }
     }
 
-    pub(crate) fn limit_for(&self, key: &K) -> Limit {
-        match &self.limits {
-            Limits::Fixed(limit) => *limit,
-            Limits::PerKey(f) => f(key),
-        }
+    /// The quota of `key` at `level`.
+    pub(crate) fn quota(&self, level: u8, key: &K) -> Option<Quota> {
+        Some(match &self.levels.get(usize::from(level))?.quota {
+            QuotaSource::Fixed(quota) => quota.clone(),
+            QuotaSource::PerKey(f) => f(key),
+        })
+    }
+
+    /// The limit and names of bucket `id`; `None` if its key's quota no longer has that limit.
+    pub(crate) fn resolve(&self, id: &LeaseKey<K>) -> Option<Resolved> {
+        let quota = self.quota(id.level, &id.key)?;
+        let (name, limit) = quota.slot(id.slot)?;
+        Some(Resolved {
+            limit,
+            name,
+            level: self.levels.get(usize::from(id.level))?.name,
+            slots: quota.slots(),
+        })
+    }
+
+    fn global_key(id: &LeaseKey<K>, r: &Resolved) -> BucketKey<K> {
+        BucketKey::from_parts(id.key.clone(), r.level, r.name)
     }
 
     fn now(&self) -> u64 {
@@ -118,24 +152,32 @@ where
         now / micros(self.config.demand_interval).max(1)
     }
 
-    /// Decides a request for `key` costing `cost` tokens. Inlined into its callers, so a hit
+    /// Decides one bucket's share of a request costing `cost` tokens, and tells how many limits
+    /// the key's quota has (read from its first bucket). Inlined into its callers, so a hit
     /// builds no decision value in memory; the slow path stays out of line.
     #[inline(always)]
-    pub(crate) fn check(self: &Arc<Self>, key: K, cost: u64) -> Check<K> {
-        match self.local.with_bucket(&key, |b| b.take_leased(cost)) {
-            Hit::Admitted => Check::Admit,
+    pub(crate) fn check(self: &Arc<Self>, id: &LeaseKey<K>, cost: u64) -> (Check<K>, u8) {
+        let (hit, slots) = self
+            .local
+            .with_bucket(id, |b| (b.take_leased(cost), b.slots()));
+        match hit {
+            Hit::Admitted => (Check::Admit, slots),
             Hit::AdmittedStartFetch => {
-                self.start_fetch(key);
-                Check::Admit
+                self.start_fetch(id.clone());
+                (Check::Admit, slots)
             }
-            Hit::Short => self.check_short(key, cost),
+            Hit::Short => self.check_short(id, cost),
         }
     }
 
     /// The slow path: the lease held fewer than `cost` tokens.
     #[inline(never)]
-    fn check_short(self: &Arc<Self>, key: K, cost: u64) -> Check<K> {
-        let limit = self.limit_for(&key);
+    fn check_short(self: &Arc<Self>, id: &LeaseKey<K>, cost: u64) -> (Check<K>, u8) {
+        let Some(bucket) = self.resolve(id) else {
+            // The key's quota no longer has this limit: nothing to enforce.
+            return (Check::Admit, 1);
+        };
+        let limit = bucket.limit;
         if cost > limit.capacity() {
             self.stats.refused_cost.incr();
             tracing::debug!(
@@ -143,11 +185,7 @@ where
                 capacity = limit.capacity(),
                 "refused: cost above capacity"
             );
-            let reason = RejectionReason::CostExceedsCapacity {
-                cost,
-                capacity: limit.capacity(),
-            };
-            return Check::Reject(Rejection::new(Some(key), reason, Some(limit)));
+            return (Check::Reject(bucket.cost_rejection(id, cost)), bucket.slots);
         }
         self.start_sweeper();
         let now = self.now();
@@ -156,7 +194,10 @@ where
         let deadline = now.saturating_add(micros(self.config.store_timeout));
         // Made only for a request that waits: a refusal allocates nothing.
         let mut verdict = None;
-        let miss = self.local.with_bucket(&key, |b| {
+        let miss = self.local.with_bucket(id, |b| {
+            if id.slot == 0 {
+                b.set_slots(bucket.slots);
+            }
             self.stats.admitted_local.add(b.take_uncounted());
             b.miss(cost, now, interval, &limit, store_up, || {
                 let (waiter, receiver) = Waiter::new(cost, deadline);
@@ -164,7 +205,7 @@ where
                 waiter
             })
         });
-        match miss {
+        let check = match miss {
             Miss::Admitted => {
                 self.stats.admitted_local.incr();
                 Check::Admit
@@ -172,36 +213,66 @@ where
             Miss::Throttled { until } => {
                 self.stats.rejected_cached.incr();
                 tracing::debug!(cost, "throttled by the throttled-key cache");
-                Check::Reject(throttled(key, limit, until.saturating_sub(now)))
+                Check::Reject(bucket.throttled(id, until.saturating_sub(now)))
             }
-            Miss::StoreDown => match self.decide_on_failure(key, cost, &limit) {
+            Miss::StoreDown => match self.decide_on_failure(id, cost, &bucket) {
                 Ok(()) => Check::Admit,
                 Err(rejection) => Check::Reject(rejection),
             },
             Miss::Joined | Miss::StartFetch => {
                 if miss == Miss::StartFetch {
-                    self.start_fetch(key.clone());
+                    self.start_fetch(id.clone());
                 }
                 // Always there: `miss` made the waiter when it queued the request.
                 let Some(verdict) = verdict else {
-                    return Check::Reject(throttled(key, limit, 1));
+                    return (Check::Reject(bucket.throttled(id, 1)), bucket.slots);
                 };
-                Check::Wait(Box::pin(self.clone().wait(key, cost, limit, verdict)))
+                let wait = self.clone().wait(id.clone(), cost, bucket, verdict);
+                Check::Wait(Box::pin(wait))
             }
+        };
+        (check, bucket.slots)
+    }
+
+    /// Without taking anything: the refusal bucket `id` would give a request of `cost`, if it
+    /// is known now (cost above capacity, or the global bucket known to be short). For the
+    /// other buckets of a request one bucket has refused, so that the answer names the longest
+    /// wait without taking tokens or calling the store.
+    pub(crate) fn known_refusal(&self, id: &LeaseKey<K>, cost: u64) -> Option<Rejection<K>> {
+        let bucket = self.resolve(id)?;
+        if cost > bucket.limit.capacity() {
+            return Some(bucket.cost_rejection(id, cost));
         }
+        let now = self.now();
+        let until = self
+            .local
+            .with_bucket(id, |b| b.known_short(cost, now, &bucket.limit))?;
+        Some(bucket.throttled(id, until.saturating_sub(now)))
+    }
+
+    /// Puts back the `cost` tokens a request took from bucket `id` when another of its buckets
+    /// refused it.
+    pub(crate) fn undo(&self, id: &LeaseKey<K>, cost: u64) {
+        self.local.with_bucket(id, |b| b.undo_take(cost));
+    }
+
+    /// Puts back the `cost` tokens a waiting request was admitted with by bucket `id`, when
+    /// another of its buckets refused it or it went away.
+    pub(crate) fn give_back(&self, id: &LeaseKey<K>, cost: u64) {
+        self.local.with_bucket(id, |b| b.give_back(cost));
     }
 
     /// Waits for the verdict of the fetch the request was queued for.
     async fn wait(
         self: Arc<Self>,
-        key: K,
+        id: LeaseKey<K>,
         cost: u64,
-        limit: Limit,
+        bucket: Resolved,
         verdict: oneshot::Receiver<Verdict>,
     ) -> Result<(), Rejection<K>> {
         let mut pending = PendingVerdict {
             throttle: &self,
-            key: &key,
+            id: &id,
             cost,
             verdict,
         };
@@ -217,21 +288,21 @@ where
             Verdict::Throttled { until } => {
                 self.stats.rejected_global.incr();
                 tracing::debug!(cost, "throttled by the global store");
-                Err(throttled(key, limit, until.saturating_sub(self.now())))
+                Err(bucket.throttled(&id, until.saturating_sub(self.now())))
             }
-            Verdict::Failed => self.decide_on_failure(key, cost, &limit),
+            Verdict::Failed => self.decide_on_failure(&id, cost, &bucket),
         }
     }
 
-    /// Runs a fetch for `key` in a task of its own (the bucket is marked as fetching). Without
-    /// a Tokio runtime the fetch fails at once, and its waiters go to the failure policy.
-    /// Out of line and cold: the hit path that calls it once per batch stays small.
+    /// Runs a fetch for bucket `id` in a task of its own (the bucket is marked as fetching).
+    /// Without a Tokio runtime the fetch fails at once, and its waiters go to the failure
+    /// policy. Out of line and cold: the hit path that calls it once per batch stays small.
     #[cold]
     #[inline(never)]
-    fn start_fetch(self: &Arc<Self>, key: K) {
+    fn start_fetch(self: &Arc<Self>, id: LeaseKey<K>) {
         let fetch = FetchTask {
             throttle: self.clone(),
-            key,
+            id,
             settled: false,
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -239,34 +310,39 @@ where
         }
     }
 
-    /// Asks the global store for `key`'s next batch.
-    async fn fetch(&self, key: &K) -> (FetchOutcome, Limit) {
+    /// Asks the global store for bucket `id`'s next batch.
+    async fn fetch(&self, id: &LeaseKey<K>) -> (FetchOutcome, Option<Limit>) {
         // Let requests already scheduled join this batch before it is sized.
         tokio::task::yield_now().await;
-        let limit = self.limit_for(key);
+        let Some(bucket) = self.resolve(id) else {
+            return (FetchOutcome::Failed, None);
+        };
+        let limit = bucket.limit;
         let now = self.now();
         let interval = self.interval(now);
         let plan = self
             .local
-            .with_bucket(key, |b| b.plan(now, interval, &limit));
+            .with_bucket(id, |b| b.plan(now, interval, &limit));
         let Some(plan) = plan else {
-            return (FetchOutcome::Skipped, limit);
+            return (FetchOutcome::Skipped, Some(limit));
         };
         if !self.health.is_up(now) {
-            return (FetchOutcome::Failed, limit);
+            return (FetchOutcome::Failed, Some(limit));
         }
         let batch = self.batch_size(&limit, plan.needed, &plan.demand);
         let request = plan.request(batch, self.config.max_reservation);
         self.stats.global_calls.incr();
         let span = tracing::debug_span!(
             "global_acquire",
-            key_hash = KEY_HASH.hash_one(key),
+            key_hash = KEY_HASH.hash_one(&id.key),
+            limit = bucket.name.as_str(),
             want = request.want,
             granted = tracing::field::Empty,
             reserved = tracing::field::Empty,
             latency_us = tracing::field::Empty,
         );
-        let call = self.global.acquire(key, &limit, request);
+        let key = Self::global_key(id, &bucket);
+        let call = self.global.acquire(&key, &limit, request);
         let answer = tokio::time::timeout(self.config.store_timeout, call)
             .instrument(span.clone())
             .await;
@@ -311,7 +387,7 @@ where
                 FetchOutcome::Failed
             }
         };
-        (outcome, limit)
+        (outcome, Some(limit))
     }
 
     /// The batch policy's answer; a policy that panics asks for what the waiters need.
@@ -328,28 +404,30 @@ where
         })
     }
 
-    /// Takes in `outcome` for `key` and delivers the verdicts, then hands back what the lease
-    /// cannot hold and starts the next fetch if requests still wait.
-    fn settle(self: &Arc<Self>, key: &K, outcome: &FetchOutcome, limit: &Limit) {
+    /// Takes in `outcome` for bucket `id` and delivers the verdicts, then hands back what the
+    /// lease cannot hold and starts the next fetch if requests still wait. Without a limit (the
+    /// key's quota lost it) the waiters go to the failure policy.
+    fn settle(self: &Arc<Self>, id: &LeaseKey<K>, outcome: &FetchOutcome, limit: Option<&Limit>) {
         let now = self.now();
         let Settled {
             verdicts,
             excess,
             refetch,
-        } = self
-            .local
-            .with_bucket(key, |b| b.settle(outcome, now, limit));
-        self.deliver(key, verdicts);
+        } = self.local.with_bucket(id, |b| match limit {
+            Some(limit) => b.settle(outcome, now, limit),
+            None => b.fail_fetch(),
+        });
+        self.deliver(id, verdicts);
         if excess > 0 {
-            self.defer_return(key.clone(), excess);
+            self.defer_return(id.clone(), excess);
         }
         if refetch {
-            self.start_fetch(key.clone());
+            self.start_fetch(id.clone());
         }
     }
 
     /// Sends each verdict; tokens taken for a request that went away go back to the lease.
-    fn deliver(&self, key: &K, verdicts: Vec<(Waiter, Verdict)>) {
+    fn deliver(&self, id: &LeaseKey<K>, verdicts: Vec<(Waiter, Verdict)>) {
         let mut unclaimed = 0u64;
         for (waiter, verdict) in verdicts {
             let cost = waiter.cost();
@@ -358,35 +436,45 @@ where
             }
         }
         if unclaimed > 0 {
-            self.local.with_bucket(key, |b| b.give_back(unclaimed));
+            self.local.with_bucket(id, |b| b.give_back(unclaimed));
         }
     }
 
     /// Applies the [`FailurePolicy`] to a request the global store could not decide.
-    fn decide_on_failure(&self, key: K, cost: u64, limit: &Limit) -> Result<(), Rejection<K>> {
+    fn decide_on_failure(
+        &self,
+        id: &LeaseKey<K>,
+        cost: u64,
+        bucket: &Resolved,
+    ) -> Result<(), Rejection<K>> {
         self.stats.fallback_decisions.incr();
         let now = self.now();
         let until_probe = self.health.down_until().saturating_sub(now).max(1);
+        let limit = &bucket.limit;
         match self.config.failure_policy {
             FailurePolicy::Admit => Ok(()),
             FailurePolicy::Reject => {
-                let rejection =
-                    Rejection::new(Some(key), RejectionReason::StoreUnavailable, Some(*limit));
+                let rejection = bucket.rejection(id, RejectionReason::StoreUnavailable, *limit);
                 Err(rejection.with_retry_after(Duration::from_micros(until_probe)))
             }
             FailurePolicy::LocalFallback { expected_hosts } => {
                 let share = limit.share(expected_hosts.get());
+                let throttled = |wait| {
+                    bucket
+                        .rejection(id, RejectionReason::Throttled, share)
+                        .with_retry_after(Duration::from_micros(wait))
+                };
                 if cost > share.capacity() {
                     // This host's share can never hold it: it waits for the store instead.
-                    return Err(throttled(key, share, until_probe));
+                    return Err(throttled(until_probe));
                 }
                 let wait = self
                     .local
-                    .with_bucket(&key, |b| b.take_fallback(&share, now, cost));
+                    .with_bucket(id, |b| b.take_fallback(&share, now, cost));
                 if wait == 0 {
                     Ok(())
                 } else {
-                    Err(throttled(key, share, wait))
+                    Err(throttled(wait))
                 }
             }
         }
@@ -399,31 +487,35 @@ where
         let ttl = micros(self.config.lease_ttl);
         self.collect_evicted();
         let mut returns = std::mem::take(&mut *lock(&self.returns));
-        self.local.for_each_bucket(|key, b| {
+        self.local.for_each_bucket(|id, b| {
             self.stats.admitted_local.add(b.take_uncounted());
             let tokens = b.take_expired(now, ttl);
             if tokens > 0 {
-                returns.push((key.clone(), tokens));
+                returns.push((id.clone(), tokens));
             }
         });
         stream::iter(returns)
-            .for_each_concurrent(CONCURRENT_RETURNS, |(key, tokens)| async move {
-                self.hand_back(key, tokens).await;
+            .for_each_concurrent(CONCURRENT_RETURNS, |(id, tokens)| async move {
+                self.hand_back(id, tokens).await;
             })
             .await;
     }
 
-    /// Hands `tokens` of `key` back to the global store, or keeps them for a later sweep if
-    /// the store is backing off or refused them. Tokens of a hand-back that may have reached
+    /// Hands `tokens` of bucket `id` back to the global store, or keeps them for a later sweep
+    /// if the store is backing off or refused them. Tokens of a hand-back that may have reached
     /// the store are never sent twice: they are counted as lost.
-    async fn hand_back(&self, key: K, tokens: u64) {
+    async fn hand_back(&self, id: LeaseKey<K>, tokens: u64) {
         let now = self.now();
         if !self.health.is_up(now) {
-            self.defer_return(key, tokens);
+            self.defer_return(id, tokens);
             return;
         }
-        let limit = self.limit_for(&key);
-        let call = self.global.release(&key, &limit, tokens);
+        let Some(bucket) = self.resolve(&id) else {
+            // The key's quota no longer has this limit: its bucket is not used any more.
+            return;
+        };
+        let key = Self::global_key(&id, &bucket);
+        let call = self.global.release(&key, &bucket.limit, tokens);
         match tokio::time::timeout(self.config.store_timeout, call).await {
             Ok(Ok(())) => {
                 self.health.succeeded();
@@ -435,7 +527,7 @@ where
                 if self.global.may_have_applied(&error) {
                     self.stats.tokens_lost.add(tokens);
                 } else {
-                    self.defer_return(key, tokens);
+                    self.defer_return(id, tokens);
                 }
             }
             Err(_) => {
@@ -452,8 +544,8 @@ where
             .failed(sent_at, failed_at, self.config.max_backoff, error);
     }
 
-    fn defer_return(&self, key: K, tokens: u64) {
-        lock(&self.returns).push((key, tokens));
+    fn defer_return(&self, id: LeaseKey<K>, tokens: u64) {
+        lock(&self.returns).push((id, tokens));
     }
 
     /// Counts the requests served by evicted buckets, and keeps their leases for the next sweep.
@@ -463,11 +555,11 @@ where
             return;
         }
         let mut returns = lock(&self.returns);
-        for (key, mut bucket) in evicted {
+        for (id, mut bucket) in evicted {
             self.stats.admitted_local.add(bucket.take_uncounted());
             let tokens = bucket.take_all_leased();
             if tokens > 0 {
-                returns.push((key, tokens));
+                returns.push((id, tokens));
             }
         }
     }
@@ -513,12 +605,12 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
 struct PendingVerdict<'a, K, G, L, C>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<K>,
-    L: LocalStore<K>,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
     throttle: &'a Throttle<K, G, L, C>,
-    key: &'a K,
+    id: &'a LeaseKey<K>,
     cost: u64,
     verdict: oneshot::Receiver<Verdict>,
 }
@@ -526,8 +618,8 @@ where
 impl<K, G, L, C> Drop for PendingVerdict<'_, K, G, L, C>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<K>,
-    L: LocalStore<K>,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
     fn drop(&mut self) {
@@ -535,7 +627,7 @@ where
         if let Ok(Verdict::Admitted) = self.verdict.try_recv() {
             self.throttle
                 .local
-                .with_bucket(self.key, |b| b.give_back(self.cost));
+                .with_bucket(self.id, |b| b.give_back(self.cost));
         }
     }
 }
@@ -545,34 +637,34 @@ where
 struct FetchTask<K, G, L, C>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<K>,
-    L: LocalStore<K>,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
     throttle: Arc<Throttle<K, G, L, C>>,
-    key: K,
+    id: LeaseKey<K>,
     settled: bool,
 }
 
 impl<K, G, L, C> FetchTask<K, G, L, C>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<K>,
-    L: LocalStore<K>,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
     async fn run(mut self) {
-        let (outcome, limit) = self.throttle.fetch(&self.key).await;
+        let (outcome, limit) = self.throttle.fetch(&self.id).await;
         self.settled = true;
-        self.throttle.settle(&self.key, &outcome, &limit);
+        self.throttle.settle(&self.id, &outcome, limit.as_ref());
     }
 }
 
 impl<K, G, L, C> Drop for FetchTask<K, G, L, C>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<K>,
-    L: LocalStore<K>,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
     fn drop(&mut self) {
@@ -583,8 +675,8 @@ where
         let failed = self
             .throttle
             .local
-            .with_bucket(&self.key, |b| b.fail_fetch());
-        self.throttle.deliver(&self.key, failed.verdicts);
+            .with_bucket(&self.id, |b| b.fail_fetch());
+        self.throttle.deliver(&self.id, failed.verdicts);
     }
 }
 
@@ -592,8 +684,8 @@ where
 struct Sweeper<K, G, L, C>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<K>,
-    L: LocalStore<K>,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
     throttle: Weak<Throttle<K, G, L, C>>,
@@ -602,8 +694,8 @@ where
 impl<K, G, L, C> Sweeper<K, G, L, C>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<K>,
-    L: LocalStore<K>,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
     async fn run(self) {
@@ -634,8 +726,8 @@ where
 impl<K, G, L, C> Drop for Sweeper<K, G, L, C>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<K>,
-    L: LocalStore<K>,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
     fn drop(&mut self) {
@@ -658,9 +750,31 @@ impl std::fmt::Display for TimedOut {
     }
 }
 
-fn throttled<K>(key: K, limit: Limit, wait_micros: u64) -> Rejection<K> {
-    Rejection::new(Some(key), RejectionReason::Throttled, Some(limit))
-        .with_retry_after(Duration::from_micros(wait_micros.max(1)))
+impl Resolved {
+    fn rejection<K: Clone>(
+        &self,
+        id: &LeaseKey<K>,
+        reason: RejectionReason,
+        limit: Limit,
+    ) -> Rejection<K> {
+        Rejection::new(Some(id.key.clone()), reason).of_limit(
+            limit,
+            self.name.as_str(),
+            self.level.map(Name::as_str),
+        )
+    }
+
+    /// Refused until `wait_micros` from now.
+    fn throttled<K: Clone>(&self, id: &LeaseKey<K>, wait_micros: u64) -> Rejection<K> {
+        self.rejection(id, RejectionReason::Throttled, self.limit)
+            .with_retry_after(Duration::from_micros(wait_micros.max(1)))
+    }
+
+    fn cost_rejection<K: Clone>(&self, id: &LeaseKey<K>, cost: u64) -> Rejection<K> {
+        let capacity = self.limit.capacity();
+        let reason = RejectionReason::CostExceedsCapacity { cost, capacity };
+        self.rejection(id, reason, self.limit)
+    }
 }
 
 /// A circuit breaker over the global store: after a failure, no key calls the store until a

@@ -15,6 +15,7 @@ use common::*;
 use hierarchical_throttle::clock::ManualClock;
 use hierarchical_throttle::global::redis::RedisGlobalStore;
 use hierarchical_throttle::global::{GlobalStore, TokenRequest};
+use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{FailurePolicy, HierarchicalThrottleLayer, Limit, RejectionReason};
 use redis::AsyncCommands;
 use tower::{Layer, service_fn};
@@ -23,6 +24,11 @@ async fn store(server: &RedisServer) -> RedisGlobalStore<String> {
     RedisGlobalStore::connect(&server.url())
         .await
         .expect("connect to the test's redis-server")
+}
+
+/// `key`'s bucket of the limit called `default`.
+fn bucket(key: &str) -> BucketKey<String> {
+    BucketKey::new(key.to_owned(), "default").unwrap()
 }
 
 async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
@@ -44,7 +50,7 @@ async fn buckets_expire_when_they_would_be_full_again() {
     let server = RedisServer::start();
     let redis = store(&server).await;
     let limit = Limit::per_second(10).burst(10).unwrap();
-    let key = "expiring".to_owned();
+    let key = bucket("expiring");
     let grant = redis
         .acquire(&key, &limit, TokenRequest::now(3, 3))
         .await
@@ -175,6 +181,7 @@ async fn hostile_keys_get_distinct_redis_keys_and_buckets() {
         long.clone(),
         format!("{long}y"),
     ];
+    let keys: Vec<BucketKey<String>> = keys.iter().map(|k| bucket(k)).collect();
     let redis_keys: std::collections::HashSet<Vec<u8>> =
         keys.iter().map(|k| redis.redis_key(k)).collect();
     assert_eq!(
@@ -183,7 +190,8 @@ async fn hostile_keys_get_distinct_redis_keys_and_buckets() {
         "no two keys share a Redis key"
     );
     for rk in &redis_keys {
-        let tag = &rk[b"throttle:".len()..];
+        let tag = &rk[b"throttle:".len()..rk.len() - b":default".len()];
+        assert!(rk.ends_with(b"}:default"));
         assert!(tag.starts_with(b"{") && tag.ends_with(b"}"));
         assert!(
             !tag[1..tag.len() - 1]
@@ -345,7 +353,7 @@ async fn a_stalled_primary_delays_only_the_keys_it_serves() {
         .expect("connect to the test's cluster");
     let limit = Limit::per_hour(100).burst(100).unwrap();
     // One key per primary: a node owns a key when it answers for it without a redirection.
-    let owner = |key: &String| {
+    let owner = |key: &BucketKey<String>| {
         let redis_key = String::from_utf8(redis.redis_key(key)).unwrap();
         cluster
             .nodes
@@ -353,16 +361,16 @@ async fn a_stalled_primary_delays_only_the_keys_it_serves() {
             .position(|n| !n.cli(&["exists", &redis_key]).contains("MOVED"))
             .expect("some node owns every slot")
     };
-    let mut keys: Vec<Option<String>> = vec![None; 3];
+    let mut keys: Vec<Option<BucketKey<String>>> = vec![None; 3];
     for k in 0.. {
-        let key = format!("node-key-{k}");
+        let key = bucket(&format!("node-key-{k}"));
         let node = owner(&key);
         keys[node].get_or_insert(key);
         if keys.iter().all(Option::is_some) {
             break;
         }
     }
-    let keys: Vec<String> = keys.into_iter().map(Option::unwrap).collect();
+    let keys: Vec<BucketKey<String>> = keys.into_iter().map(Option::unwrap).collect();
     for key in &keys {
         let grant = redis.acquire(key, &limit, TokenRequest::now(1, 1)).await;
         assert_eq!(grant.expect("a healthy cluster answers").granted, 1);
@@ -535,18 +543,18 @@ async fn an_acl_user_limited_to_the_prefix_and_the_scripts_commands_is_enough() 
     let redis: RedisGlobalStore<String> = RedisGlobalStore::connect(&url).await.unwrap();
     let limit = Limit::per_hour(10).burst(10).unwrap();
     let grant = redis
-        .acquire(&"tenant".to_owned(), &limit, TokenRequest::now(1, 4))
+        .acquire(&bucket("tenant"), &limit, TokenRequest::now(1, 4))
         .await
         .expect("the user may run the acquire script on its prefix");
     assert_eq!(grant.granted, 4);
     redis
-        .release(&"tenant".to_owned(), &limit, 4)
+        .release(&bucket("tenant"), &limit, 4)
         .await
         .expect("and the release script");
     // Outside its prefix the same user is refused: the rights above are all it has.
     let elsewhere = redis.clone().with_prefix("other:").unwrap();
     let refused = elsewhere
-        .acquire(&"tenant".to_owned(), &limit, TokenRequest::now(1, 1))
+        .acquire(&bucket("tenant"), &limit, TokenRequest::now(1, 1))
         .await;
     assert!(refused.is_err(), "{refused:?}");
 }

@@ -10,6 +10,7 @@ use common::*;
 use hierarchical_throttle::bucket::TokenBucket;
 use hierarchical_throttle::clock::ManualClock;
 use hierarchical_throttle::global::{GlobalStore, TokenRequest};
+use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{Limit, MemoryGlobalStore, RejectionReason};
 
 fn tb() -> Limit {
@@ -27,7 +28,8 @@ async fn conforming_on_store(arrivals: &[u64]) -> Vec<bool> {
     for &ms in arrivals {
         clock.set(Duration::from_millis(ms));
         let request = TokenRequest::now(1, 1);
-        let grant = store.acquire(&"k", &tb(), request).await.unwrap();
+        let key = BucketKey::new("k", "default").unwrap();
+        let grant = store.acquire(&key, &tb(), request).await.unwrap();
         out.push(grant.granted == 1);
     }
     out

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use hierarchical_throttle::MemoryLocalStore;
 use hierarchical_throttle::local::LocalStore;
+use hierarchical_throttle::quota::LeaseKey;
 
 fn main() {
     let keys: u64 = if std::env::args().any(|a| a == "--bench") {
@@ -21,9 +22,10 @@ fn main() {
     let mut nanos: Vec<u64> = Vec::with_capacity(keys as usize);
     for key in 0..keys {
         let started = Instant::now();
-        store.with_bucket(&key.wrapping_mul(0x9E37_79B9_7F4A_7C15), |b| {
-            std::hint::black_box(b.leased_tokens())
-        });
+        store.with_bucket(
+            &LeaseKey::new(key.wrapping_mul(0x9E37_79B9_7F4A_7C15), 0, 0),
+            |b| std::hint::black_box(b.leased_tokens()),
+        );
         nanos.push(started.elapsed().as_nanos() as u64);
     }
     nanos.sort_unstable();

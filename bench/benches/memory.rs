@@ -11,6 +11,7 @@ use std::num::NonZeroU32;
 use governor::{Quota, RateLimiter};
 use hierarchical_throttle::global::{GlobalStore, TokenRequest};
 use hierarchical_throttle::local::LocalStore;
+use hierarchical_throttle::quota::{BucketKey, LeaseKey};
 use hierarchical_throttle::{Limit, MemoryGlobalStore, MemoryLocalStore};
 
 /// Resident memory of this process, in bytes (Linux).
@@ -40,7 +41,7 @@ fn measure(store: &str, keys: u64) {
         "local" => per_key(keys, || {
             let store = MemoryLocalStore::<u64>::with_max_keys(keys as usize * 2).expect("a bound");
             for k in 0..keys {
-                store.with_bucket(&k, |b| b.mark_used());
+                store.with_bucket(&LeaseKey::new(k, 0, 0), |b| b.mark_used());
             }
             assert_eq!(store.len() as u64, keys);
             Box::new(store)
@@ -52,7 +53,8 @@ fn measure(store: &str, keys: u64) {
                 .expect("a runtime");
             runtime.block_on(async {
                 for k in 0..keys {
-                    let _ = store.acquire(&k, &limit, TokenRequest::now(1, 1)).await;
+                    let key = BucketKey::new(k, "default").expect("a valid name");
+                    let _ = store.acquire(&key, &limit, TokenRequest::now(1, 1)).await;
                 }
             });
             assert_eq!(store.len() as u64, keys);

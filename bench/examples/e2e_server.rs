@@ -72,7 +72,7 @@ fn throttle<G>(
     global: G,
 ) -> Result<HierarchicalThrottleLayer<Request, String, G>, hierarchical_throttle::ConfigError>
 where
-    G: hierarchical_throttle::global::GlobalStore<String>,
+    G: hierarchical_throttle::global::GlobalStore<hierarchical_throttle::quota::BucketKey<String>>,
 {
     HierarchicalThrottleLayer::builder()
         .key(|req: &Request| key::header_value(req, "x-api-key"))

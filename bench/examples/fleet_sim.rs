@@ -36,6 +36,7 @@ use hierarchical_throttle::batch::FractionOfCapacity;
 use hierarchical_throttle::bucket::TokenBucket;
 use hierarchical_throttle::clock::TokioClock;
 use hierarchical_throttle::global::{GlobalStore, Grant, TokenRequest};
+use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, Rejection};
 use plotters::prelude::*;
 use tower::{Layer, ServiceExt, service_fn};
@@ -202,17 +203,17 @@ impl CountingStore {
     }
 }
 
-impl GlobalStore<usize> for CountingStore {
+impl GlobalStore<BucketKey<usize>> for CountingStore {
     type Error = Infallible;
 
     fn acquire(
         &self,
-        key: &usize,
+        key: &BucketKey<usize>,
         limit: &Limit,
         request: TokenRequest,
     ) -> impl Future<Output = Result<Grant, Infallible>> + Send {
-        self.calls[*key].fetch_add(1, Ordering::Relaxed);
-        let (this, key, limit) = (self.clone(), *key, *limit);
+        self.calls[*key.key()].fetch_add(1, Ordering::Relaxed);
+        let (this, key, limit) = (self.clone(), key.clone(), *limit);
         async move {
             tokio::time::sleep(this.latency / 2).await;
             let grant = this.inner.acquire(&key, &limit, request).await;
@@ -223,11 +224,11 @@ impl GlobalStore<usize> for CountingStore {
 
     fn release(
         &self,
-        key: &usize,
+        key: &BucketKey<usize>,
         limit: &Limit,
         tokens: u64,
     ) -> impl Future<Output = Result<(), Infallible>> + Send {
-        let (this, key, limit) = (self.clone(), *key, *limit);
+        let (this, key, limit) = (self.clone(), key.clone(), *limit);
         async move {
             tokio::time::sleep(this.latency / 2).await;
             let released = this.inner.release(&key, &limit, tokens).await;
@@ -307,7 +308,10 @@ impl Fleet for PerRequestGlobal {
         let store = self.store.clone();
         async move {
             let limit = limit();
-            let call = store.acquire(&arrival.key, &limit, TokenRequest::now(1, 1));
+            let Ok(key) = BucketKey::new(arrival.key, "default") else {
+                return false;
+            };
+            let call = store.acquire(&key, &limit, TokenRequest::now(1, 1));
             match tokio::time::timeout(STORE_TIMEOUT, call).await {
                 Ok(grant) => grant.is_ok_and(|g| g.granted == 1),
                 Err(_) => true,

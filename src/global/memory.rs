@@ -10,6 +10,7 @@ use crate::bucket::TokenBucket;
 use crate::clock::{Clock, MonotonicClock, micros};
 use crate::global::{GlobalStore, Grant, TokenRequest};
 use crate::limit::Limit;
+use crate::quota::BucketKey;
 use crate::sync::lock;
 
 const SHARDS: usize = 64;
@@ -26,11 +27,13 @@ const SHARDS: usize = 64;
 /// are still refilling.
 ///
 /// ```
-/// use hierarchical_throttle::{Limit, global::{GlobalStore, TokenRequest, memory::MemoryGlobalStore}};
+/// use hierarchical_throttle::{Limit, quota::BucketKey};
+/// use hierarchical_throttle::global::{GlobalStore, TokenRequest, memory::MemoryGlobalStore};
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 /// let store = MemoryGlobalStore::new();
 /// let limit = Limit::per_second(10).burst(10)?;
-/// let grant = store.acquire(&"tenant-a", &limit, TokenRequest::now(1, 4)).await.unwrap();
+/// let bucket = BucketKey::new("tenant-a", "per-second")?;
+/// let grant = store.acquire(&bucket, &limit, TokenRequest::now(1, 4)).await.unwrap();
 /// assert_eq!((grant.granted, grant.remaining), (4, 6));
 /// # Ok::<(), hierarchical_throttle::ConfigError>(()) }).unwrap();
 /// ```
@@ -48,7 +51,7 @@ struct Inner<K, C> {
 
 #[derive(Debug)]
 struct Shard<K> {
-    buckets: HashTable<(K, TokenBucket, Limit)>,
+    buckets: HashTable<(BucketKey<K>, TokenBucket, Limit)>,
 }
 
 impl<K> MemoryGlobalStore<K> {
@@ -122,14 +125,14 @@ where
     /// again if it is full afterwards.
     fn with_bucket<R>(
         &self,
-        key: &K,
+        key: &BucketKey<K>,
         limit: &Limit,
         f: impl FnOnce(&mut TokenBucket, u64) -> R,
     ) -> R {
         let now = micros(self.inner.clock.now());
         let hash = self.inner.hasher.hash_one(key);
         let mut shard = lock(self.inner.shard(hash));
-        let hasher = |e: &(K, TokenBucket, Limit)| self.inner.hasher.hash_one(&e.0);
+        let hasher = |e: &(BucketKey<K>, TokenBucket, Limit)| self.inner.hasher.hash_one(&e.0);
         let mut entry = shard
             .buckets
             .entry(hash, |e| e.0 == *key, hasher)
@@ -152,7 +155,7 @@ where
     /// `key`'s bucket brought up to now, without taking anything: a full bucket if the store
     /// holds none. Its [`tokens`](TokenBucket::tokens) are what an acquire could get at once,
     /// and [`micros_until`](TokenBucket::micros_until) tells when more are due.
-    pub fn peek(&self, key: &K, limit: &Limit) -> TokenBucket {
+    pub fn peek(&self, key: &BucketKey<K>, limit: &Limit) -> TokenBucket {
         let now = micros(self.inner.clock.now());
         let hash = self.inner.hasher.hash_one(key);
         let shard = lock(self.inner.shard(hash));
@@ -165,7 +168,7 @@ where
     }
 }
 
-impl<K, C> GlobalStore<K> for MemoryGlobalStore<K, C>
+impl<K, C> GlobalStore<BucketKey<K>> for MemoryGlobalStore<K, C>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
@@ -174,7 +177,7 @@ where
 
     fn acquire(
         &self,
-        key: &K,
+        key: &BucketKey<K>,
         limit: &Limit,
         request: TokenRequest,
     ) -> impl Future<Output = Result<Grant, Infallible>> + Send {
@@ -193,7 +196,7 @@ where
 
     fn release(
         &self,
-        key: &K,
+        key: &BucketKey<K>,
         limit: &Limit,
         tokens: u64,
     ) -> impl Future<Output = Result<(), Infallible>> + Send {

@@ -14,6 +14,7 @@ use crate::clock::{Clock, micros};
 use crate::error::ConfigError;
 use crate::global::{GlobalStore, Grant, TokenRequest};
 use crate::limit::Limit;
+use crate::quota::BucketKey;
 
 /// A global store on Redis: one hash per key holding the bucket, updated atomically by a Lua
 /// script that reads **Redis's clock** (`TIME`), so hosts' clocks never matter.
@@ -35,7 +36,8 @@ use crate::limit::Limit;
 ///
 /// # Keys
 ///
-/// The bucket for key `k` lives at `<prefix>{<k>}` (prefix `throttle:` by default), with `k`'s
+/// The bucket of key `k` for a limit lives at `<prefix>{<k>}:<limit>` (prefix `throttle:` by
+/// default; `<limit>` is the limit's name, or `<level>/<limit>` at a further level), with `k`'s
 /// bytes percent-encoded except for ASCII letters, digits and `-_.:@`: any key (spaces, braces,
 /// newlines, binary) maps to exactly one Redis key, no two keys to the same one, and the braces
 /// form a hash tag that keeps each bucket on one cluster slot.
@@ -227,9 +229,11 @@ impl<K> RedisGlobalStore<K> {
 }
 
 impl<K: RedisKey> RedisGlobalStore<K> {
-    /// The Redis key holding `key`'s bucket.
-    pub fn redis_key(&self, key: &K) -> Vec<u8> {
-        let bytes = key.key_bytes();
+    /// The Redis key holding bucket `key`: `<prefix>{<key>}:<scope>`, such as
+    /// `throttle:{user-1}:per-second` or `throttle:{acme}:tenant/per-day`.
+    pub fn redis_key(&self, key: &BucketKey<K>) -> Vec<u8> {
+        let bytes = key.key().key_bytes();
+        let scope = key.scope();
         let mut out = Vec::with_capacity(self.prefix.len() + bytes.len() + 2);
         out.extend_from_slice(&self.prefix);
         out.push(b'{');
@@ -241,6 +245,9 @@ impl<K: RedisKey> RedisGlobalStore<K> {
             }
         }
         out.push(b'}');
+        out.push(b':');
+        // Scopes are ASCII letters, digits and `-_./`: nothing to encode.
+        out.extend_from_slice(scope.as_bytes());
         out
     }
 
@@ -251,7 +258,7 @@ impl<K: RedisKey> RedisGlobalStore<K> {
     async fn run<T: redis::FromRedisValue>(
         &self,
         script: &LuaScript,
-        key: &K,
+        key: &BucketKey<K>,
         limit: &Limit,
         args: [u64; 3],
     ) -> Result<T, RedisError> {
@@ -289,7 +296,7 @@ impl<K: RedisKey> RedisGlobalStore<K> {
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
-impl<K> GlobalStore<K> for RedisGlobalStore<K>
+impl<K> GlobalStore<BucketKey<K>> for RedisGlobalStore<K>
 where
     K: RedisKey + Send + Sync + 'static,
 {
@@ -297,7 +304,7 @@ where
 
     async fn acquire(
         &self,
-        key: &K,
+        key: &BucketKey<K>,
         limit: &Limit,
         request: TokenRequest,
     ) -> Result<Grant, RedisError> {
@@ -318,7 +325,12 @@ where
         })
     }
 
-    async fn release(&self, key: &K, limit: &Limit, tokens: u64) -> Result<(), RedisError> {
+    async fn release(
+        &self,
+        key: &BucketKey<K>,
+        limit: &Limit,
+        tokens: u64,
+    ) -> Result<(), RedisError> {
         let _held: u64 = self
             .run(&self.scripts.release, key, limit, [tokens, 0, 0])
             .await?;

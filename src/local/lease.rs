@@ -33,6 +33,9 @@ pub struct LocalBucket {
     fetching: bool,
     /// Set by the store on every access; cleared by its eviction pass (second chance).
     used: bool,
+    /// How many limits the key's quota had when last looked up (kept by a key's first bucket,
+    /// so that the hot path finds the others without asking for the quota).
+    slots: u8,
     cold: Box<Cold>,
 }
 
@@ -242,6 +245,30 @@ impl LocalBucket {
     /// Puts back `tokens` taken for a request that went away before it was served.
     pub(crate) fn give_back(&mut self, tokens: u64) {
         self.tokens = self.tokens.saturating_add(tokens);
+    }
+
+    /// Undoes a [`take_leased`](Self::take_leased) of `cost` for a request another of its
+    /// buckets refused: the tokens stay in the lease, and the request is not counted.
+    pub(crate) fn undo_take(&mut self, cost: u64) {
+        self.give_back(cost);
+        self.uncounted = self.uncounted.saturating_sub(1);
+    }
+
+    /// How many limits the key's quota has (1 until told otherwise).
+    #[inline]
+    pub(crate) fn slots(&self) -> u8 {
+        self.slots.max(1)
+    }
+
+    pub(crate) fn set_slots(&mut self, slots: u8) {
+        self.slots = slots;
+    }
+
+    /// Without taking anything: when a request of `cost` is due, if the lease cannot serve it
+    /// at `now` and the global bucket is known to be short; `None` if it might be served.
+    pub(crate) fn known_short(&mut self, cost: u64, now: u64, limit: &Limit) -> Option<u64> {
+        self.release_pending(now);
+        (self.tokens < cost && now < self.cold.next_token_at).then(|| self.due(cost, now, limit))
     }
 
     /// Requests served from the lease since the last call.

@@ -7,6 +7,7 @@ use hashbrown::HashTable;
 
 use crate::error::ConfigError;
 use crate::local::{LocalBucket, LocalStore};
+use crate::quota::LeaseKey;
 use crate::sync::{ShardLock, lock};
 
 /// The default local store: buckets in memory, in independently locked shards, bounded to a
@@ -25,10 +26,10 @@ pub struct MemoryLocalStore<K> {
     hasher: foldhash::fast::RandomState,
     /// Evicted buckets holding leased tokens or uncounted requests, until the throttle takes
     /// them.
-    evicted: Mutex<Vec<(K, LocalBucket)>>,
+    evicted: Mutex<Vec<(LeaseKey<K>, LocalBucket)>>,
 }
 
-type Shard<K> = HashTable<Entry<K>>;
+type Shard<K> = HashTable<Entry<LeaseKey<K>>>;
 
 /// A key and its bucket, on cache lines of their own (one for small keys): threads serving
 /// different keys of one shard never write to the same line.
@@ -124,7 +125,7 @@ impl<K: Clone> MemoryLocalStore<K> {
         &self,
         table: &mut Shard<K>,
         hash: u64,
-        key: &K,
+        key: &LeaseKey<K>,
         f: impl FnOnce(&mut LocalBucket) -> R,
     ) -> R
     where
@@ -173,12 +174,12 @@ impl<K: Clone> MemoryLocalStore<K> {
     }
 }
 
-impl<K> LocalStore<K> for MemoryLocalStore<K>
+impl<K> LocalStore<LeaseKey<K>> for MemoryLocalStore<K>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
 {
     #[inline]
-    fn with_bucket<R>(&self, key: &K, f: impl FnOnce(&mut LocalBucket) -> R) -> R {
+    fn with_bucket<R>(&self, key: &LeaseKey<K>, f: impl FnOnce(&mut LocalBucket) -> R) -> R {
         let hash = self.hasher.hash_one(key);
         let mut table = self.shard(hash).lock();
         match table.find_entry(hash, |e| e.key == *key) {
@@ -191,7 +192,7 @@ where
         }
     }
 
-    fn for_each_bucket(&self, mut f: impl FnMut(&K, &mut LocalBucket)) {
+    fn for_each_bucket(&self, mut f: impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
         for shard in self.shards.iter() {
             for entry in shard.0.lock().iter_mut() {
                 f(&entry.key, &mut entry.bucket);
@@ -199,7 +200,7 @@ where
         }
     }
 
-    fn take_evicted(&self) -> Vec<(K, LocalBucket)> {
+    fn take_evicted(&self) -> Vec<(LeaseKey<K>, LocalBucket)> {
         std::mem::take(&mut *lock(&self.evicted))
     }
 
@@ -220,7 +221,7 @@ mod tests {
         let table_capacity =
             || -> usize { store.shards.iter().map(|s| s.0.lock().capacity()).sum() };
         for key in 0..1_000_000u64 {
-            store.with_bucket(&key, |b| b.mark_used());
+            store.with_bucket(&LeaseKey::new(key, 0, 0), |b| b.mark_used());
             assert!(store.len() <= max);
             if key % 100_000 == 0 {
                 // Eviction leaves tombstones, so a table may double once, then rehashes in place.
@@ -244,17 +245,18 @@ mod tests {
         let store = MemoryLocalStore::<u64>::with_max_keys(64).unwrap();
         assert_eq!(store.shards.len(), 1);
         for key in 0..64u64 {
-            store.with_bucket(&key, |_| ());
+            store.with_bucket(&LeaseKey::new(key, 0, 0), |_| ());
         }
         // A first pass clears every mark and evicts in table order; mark key 7 after it.
-        store.with_bucket(&1000, |_| ());
-        store.with_bucket(&7, |_| ());
+        let touch = |key: u64| store.with_bucket(&LeaseKey::new(key, 0, 0), |_| ());
+        touch(1000);
+        touch(7);
         for key in 2000..2060u64 {
-            store.with_bucket(&key, |_| ());
-            store.with_bucket(&7, |_| ());
+            touch(key);
+            touch(7);
         }
         let mut present = false;
-        store.for_each_bucket(|k, _| present |= *k == 7);
+        store.for_each_bucket(|k, _| present |= *k.key() == 7);
         assert!(present, "a key used between passes is kept");
     }
 }

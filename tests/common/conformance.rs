@@ -6,6 +6,7 @@ use std::time::Duration;
 use hierarchical_throttle::Limit;
 use hierarchical_throttle::clock::{Clock, ManualClock};
 use hierarchical_throttle::global::{GlobalStore, TokenRequest};
+use hierarchical_throttle::quota::BucketKey;
 
 /// One step: advance the clock by `after_us`, then acquire (`min`, `want`) or release `want`.
 #[derive(Debug, Clone, Copy)]
@@ -181,10 +182,14 @@ fn cases() -> Vec<Case> {
 /// Runs every case against `store`, whose time is `clock`, and checks the expected answers.
 pub async fn assert_conformance<G>(store: &G, clock: &ManualClock)
 where
-    G: GlobalStore<String>,
+    G: GlobalStore<BucketKey<String>>,
 {
     for (n, (name, limit, steps, expected)) in cases().into_iter().enumerate() {
-        let key = format!("conformance-{n}-{}", clock.now().as_micros());
+        let key = BucketKey::new(
+            format!("conformance-{n}-{}", clock.now().as_micros()),
+            "default",
+        )
+        .unwrap();
         let mut answers = Vec::new();
         for step in steps {
             match step {
@@ -285,10 +290,14 @@ fn reservation_cases() -> Vec<ReservationCase> {
 /// Runs the reservation cases against `store`, whose time is `clock`.
 pub async fn assert_reservation_conformance<G>(store: &G, clock: &ManualClock)
 where
-    G: GlobalStore<String>,
+    G: GlobalStore<BucketKey<String>>,
 {
     for (n, (name, limit, steps, expected)) in reservation_cases().into_iter().enumerate() {
-        let key = format!("reservation-{n}-{}", clock.now().as_micros());
+        let key = BucketKey::new(
+            format!("reservation-{n}-{}", clock.now().as_micros()),
+            "default",
+        )
+        .unwrap();
         let mut answers = Vec::new();
         for (after_us, min, want, delay_us) in steps {
             clock.advance(Duration::from_micros(after_us));

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use hierarchical_throttle::clock::ManualClock;
 use hierarchical_throttle::global::{GlobalStore, Grant, TokenRequest};
+use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
     Builder, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore, Rejection,
     RejectionReason, Unset,
@@ -112,7 +113,7 @@ pub async fn run_fleet<G>(
     sends: impl Fn(usize, u64) -> bool,
 ) -> FleetRun
 where
-    G: GlobalStore<String> + Clone,
+    G: GlobalStore<BucketKey<String>> + Clone,
 {
     run_hosts(4, clock, global, limit, seconds, |i, ms| {
         u64::from(sends(i, ms))
@@ -131,7 +132,7 @@ pub async fn run_hosts<G>(
     sends: impl Fn(usize, u64) -> u64,
 ) -> FleetRun
 where
-    G: GlobalStore<String> + Clone,
+    G: GlobalStore<BucketKey<String>> + Clone,
 {
     let layers: Vec<_> = (0..hosts)
         .map(|_| {

@@ -4,6 +4,7 @@
 //! took back, and of tokens lost in answers that never arrived, so a run can check that no
 //! token appears or disappears.
 
+use hierarchical_throttle::quota::BucketKey;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -152,7 +153,7 @@ impl FaultyGlobal {
         let old = self.store();
         let mut forgiven = self.forgiven.lock().unwrap();
         for (key, limit) in limits {
-            *forgiven.entry(key.clone()).or_default() += old.peek(key, limit).owed();
+            *forgiven.entry(key.clone()).or_default() += old.peek(&bucket(key), limit).owed();
         }
         *self.inner.lock().unwrap() = MemoryGlobalStore::with_clock(self.clock);
         self.restarts.lock().unwrap().push(self.clock.now());
@@ -172,8 +173,8 @@ impl FaultyGlobal {
     }
 
     /// The key's bucket as of now, without taking anything.
-    pub fn peek(&self, key: &String, limit: &Limit) -> TokenBucket {
-        self.store().peek(key, limit)
+    pub fn peek(&self, key: &str, limit: &Limit) -> TokenBucket {
+        self.store().peek(&bucket(key), limit)
     }
 
     /// Whether tokens came back to `key`'s bucket (a hand-back, a restart) within `slack` of
@@ -224,6 +225,11 @@ impl FaultyGlobal {
     }
 }
 
+/// `key`'s bucket: the simulation's layers have one limit, called `default`.
+fn bucket(key: &str) -> BucketKey<String> {
+    BucketKey::new(key.to_owned(), "default").expect("a valid name")
+}
+
 /// The way back of a call the store has done: the answer fails, hangs, comes too late, or comes
 /// after `latency`.
 async fn answer(fault: Fault, latency: Duration) -> Result<(), Injected> {
@@ -249,12 +255,12 @@ impl Drop for LostUnlessDelivered {
     }
 }
 
-impl GlobalStore<String> for FaultyGlobal {
+impl GlobalStore<BucketKey<String>> for FaultyGlobal {
     type Error = Injected;
 
     fn acquire(
         &self,
-        key: &String,
+        key: &BucketKey<String>,
         limit: &Limit,
         request: TokenRequest,
     ) -> impl Future<Output = Result<Grant, Injected>> + Send {
@@ -286,7 +292,7 @@ impl GlobalStore<String> for FaultyGlobal {
 
     fn release(
         &self,
-        key: &String,
+        key: &BucketKey<String>,
         limit: &Limit,
         tokens: u64,
     ) -> impl Future<Output = Result<(), Injected>> + Send {
@@ -310,7 +316,7 @@ impl GlobalStore<String> for FaultyGlobal {
             this.returned_at
                 .lock()
                 .unwrap()
-                .insert(key, this.clock.now());
+                .insert(key.key().clone(), this.clock.now());
             answer(fault, latency - latency / 2).await
         }
     }

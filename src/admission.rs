@@ -1,0 +1,242 @@
+//! All or nothing: a request drawing on several buckets (several limits, several levels) is
+//! admitted only when every one of them has its cost. When one refuses, the tokens taken from
+//! the others stay in their leases, so nothing is lost, and the refusal names the limit with
+//! the longest wait.
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+
+use crate::clock::Clock;
+use crate::global::GlobalStore;
+use crate::local::LocalStore;
+use crate::quota::{BucketKey, LeaseKey};
+use crate::response::{Rejection, RejectionReason};
+use crate::throttle::{Check, Throttle};
+
+type Decision<K> = BoxFuture<'static, Result<(), Rejection<K>>>;
+
+impl<K, G, L, C> Throttle<K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
+    C: Clock,
+{
+    /// Decides a request of `cost` on every limit of `key` at the first level. One limit (the
+    /// common case) is a single bucket lookup; more are checked out of line.
+    #[inline(always)]
+    pub(crate) fn check_key(self: &Arc<Self>, key: K, cost: u64) -> Check<K> {
+        let id = LeaseKey::new(key, 0, 0);
+        let (first, slots) = self.check(&id, cost);
+        if slots <= 1 {
+            return first;
+        }
+        self.check_other_limits(id, first, slots, cost)
+    }
+
+    /// The limits after the first of a key: while every bucket admits at once, nothing is
+    /// allocated.
+    #[inline(never)]
+    fn check_other_limits(
+        self: &Arc<Self>,
+        mut id: LeaseKey<K>,
+        first: Check<K>,
+        slots: u8,
+        cost: u64,
+    ) -> Check<K> {
+        let mut all = AllOf::new(self.clone(), cost);
+        if let Check::Admit = first {
+            let mut slot = 1;
+            let check = loop {
+                if slot >= slots {
+                    return Check::Admit;
+                }
+                id.slot = slot;
+                match self.check(&id, cost).0 {
+                    Check::Admit => slot += 1,
+                    other => break other,
+                }
+            };
+            for taken in 0..slot {
+                all.taken_at_once(LeaseKey::new(id.key.clone(), id.level, taken));
+            }
+            all.add(id.clone(), check);
+            all.check_slots(&mut id, slot + 1..slots);
+        } else {
+            all.add(id.clone(), first);
+            all.check_slots(&mut id, 1..slots);
+        }
+        all.finish()
+    }
+}
+
+/// The decisions of one request's buckets so far.
+pub(crate) struct AllOf<K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
+    C: Clock,
+{
+    throttle: Arc<Throttle<K, G, L, C>>,
+    cost: u64,
+    /// Buckets whose tokens were taken at once.
+    taken: Vec<LeaseKey<K>>,
+    /// Buckets waiting for a batch.
+    waits: Vec<(LeaseKey<K>, Decision<K>)>,
+    /// The refusal with the longest wait so far.
+    refusal: Option<Rejection<K>>,
+}
+
+impl<K, G, L, C> AllOf<K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
+    C: Clock,
+{
+    pub(crate) fn new(throttle: Arc<Throttle<K, G, L, C>>, cost: u64) -> Self {
+        Self {
+            throttle,
+            cost,
+            taken: Vec::new(),
+            waits: Vec::new(),
+            refusal: None,
+        }
+    }
+
+    fn taken_at_once(&mut self, id: LeaseKey<K>) {
+        self.taken.push(id);
+    }
+
+    fn add(&mut self, id: LeaseKey<K>, check: Check<K>) {
+        match check {
+            Check::Admit => self.taken.push(id),
+            Check::Reject(rejection) => self.refuse(rejection),
+            Check::Wait(decision) => self.waits.push((id, decision)),
+        }
+    }
+
+    fn refuse(&mut self, rejection: Rejection<K>) {
+        self.refusal = Some(match self.refusal.take() {
+            Some(known) if outlasts(&known, &rejection) => known,
+            _ => rejection,
+        });
+    }
+
+    /// Decides `key`'s buckets at level `level`.
+    pub(crate) fn check_level(&mut self, key: K, level: u8) {
+        let mut id = LeaseKey::new(key, level, 0);
+        let slots = if self.refusal.is_none() {
+            let (check, slots) = self.throttle.check(&id, self.cost);
+            self.add(id.clone(), check);
+            slots
+        } else {
+            self.probe(&id);
+            self.throttle
+                .quota(level, &id.key)
+                .map_or(1, |quota| quota.slots())
+        };
+        self.check_slots(&mut id, 1..slots);
+    }
+
+    /// Decides the buckets of `id`'s key and level in `slots`; once one has refused, the
+    /// others are only looked at (nothing taken, nothing fetched) for a longer wait.
+    fn check_slots(&mut self, id: &mut LeaseKey<K>, slots: std::ops::Range<u8>) {
+        for slot in slots {
+            id.slot = slot;
+            if self.refusal.is_some() {
+                self.probe(id);
+            } else {
+                let check = self.throttle.check(id, self.cost).0;
+                self.add(id.clone(), check);
+            }
+        }
+    }
+
+    fn probe(&mut self, id: &LeaseKey<K>) {
+        if let Some(rejection) = self.throttle.known_refusal(id, self.cost) {
+            self.refuse(rejection);
+        }
+    }
+
+    /// The request's decision: refused if any bucket refused (the tokens others took go back
+    /// to their leases; waits are dropped, which gives back theirs), admitted if all admitted at
+    /// once, or else a wait for the batches.
+    pub(crate) fn finish(mut self) -> Check<K> {
+        if let Some(refusal) = self.refusal.take() {
+            for id in &self.taken {
+                self.throttle.undo(id, self.cost);
+            }
+            return Check::Reject(refusal);
+        }
+        if self.waits.is_empty() {
+            return Check::Admit;
+        }
+        Check::Wait(Box::pin(self.wait()))
+    }
+
+    async fn wait(self) -> Result<(), Rejection<K>> {
+        let mut held = Held {
+            throttle: self.throttle,
+            cost: self.cost,
+            at_once: self.taken,
+            after_wait: Vec::new(),
+            kept: false,
+        };
+        for (id, decision) in self.waits {
+            decision.await?;
+            held.after_wait.push(id);
+        }
+        held.kept = true;
+        Ok(())
+    }
+}
+
+/// Whether `a` should be reported over `b`: a request that can never be served says so, and
+/// otherwise the longer wait wins.
+fn outlasts<K>(a: &Rejection<K>, b: &Rejection<K>) -> bool {
+    let never = |r: &Rejection<K>| matches!(r.reason, RejectionReason::CostExceedsCapacity { .. });
+    match (never(a), never(b)) {
+        (true, _) => true,
+        (false, true) => false,
+        (false, false) => a.retry_after >= b.retry_after,
+    }
+}
+
+/// Tokens a waiting request holds in some buckets while it waits for others: given back unless
+/// the request is admitted (refused, or dropped while waiting).
+struct Held<K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
+    C: Clock,
+{
+    throttle: Arc<Throttle<K, G, L, C>>,
+    cost: u64,
+    at_once: Vec<LeaseKey<K>>,
+    after_wait: Vec<LeaseKey<K>>,
+    kept: bool,
+}
+
+impl<K, G, L, C> Drop for Held<K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
+    C: Clock,
+{
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        for id in &self.at_once {
+            self.throttle.undo(id, self.cost);
+        }
+        for id in &self.after_wait {
+            self.throttle.give_back(id, self.cost);
+        }
+    }
+}
