@@ -9,7 +9,7 @@
 
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
-use crate::response::{Rejection, RejectionReason, ceil_secs, policy_header};
+use crate::response::{Rejection, RejectionReason, ceil_secs, insert_ratelimit_fields};
 
 /// gRPC status codes used for rejections.
 const INVALID_ARGUMENT: u32 = 3;
@@ -58,9 +58,7 @@ pub fn grpc_response<K, B: Default>(rejection: &Rejection<K>) -> Response<B> {
             headers.insert("grpc-status-details-bin", value);
         }
     }
-    if let Some(limit) = &rejection.limit {
-        headers.insert("ratelimit-policy", policy_header(limit));
-    }
+    insert_ratelimit_fields(headers, rejection);
     response
 }
 

@@ -137,8 +137,9 @@ where
 /// | store unavailable | 503 Service Unavailable | `Retry-After` |
 ///
 /// `Retry-After` is in whole seconds rounded up. `RateLimit-Policy` and `RateLimit` follow the
-/// IETF draft (`"default";q=<capacity>;w=<seconds to refill>` and
-/// `"default";r=<remaining>;t=<seconds>`). Bodies are empty.
+/// IETF draft, naming the refusing limit (`"per-day";q=<capacity>;w=<seconds an empty bucket
+/// takes to fill>` and `"per-day";r=0;t=<seconds>`; `tenant/per-day` at a further level), with
+/// every integer clamped to the 15 digits Structured Fields allow. Bodies are empty.
 ///
 /// gRPC ([`grpc_response`](crate::grpc::grpc_response)): HTTP 200 with `grpc-status`
 /// `RESOURCE_EXHAUSTED` (throttled), `UNAVAILABLE` (store unavailable) or `INVALID_ARGUMENT`
@@ -214,23 +215,43 @@ pub fn http_response<K, B: Default>(rejection: &Rejection<K>) -> Response<B> {
     let headers = response.headers_mut();
     if let Some(secs) = rejection.retry_after_secs() {
         headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        if rejection.reason == RejectionReason::Throttled {
-            headers.insert(
-                "ratelimit",
-                header_value(format!("\"default\";r=0;t={secs}")),
-            );
-        }
     }
-    if let Some(limit) = &rejection.limit {
-        headers.insert("ratelimit-policy", policy_header(limit));
-    }
+    insert_ratelimit_fields(headers, rejection);
     response
 }
 
-/// `RateLimit-Policy` for `limit`: its capacity, and the seconds an empty bucket takes to fill.
-pub(crate) fn policy_header(limit: &Limit) -> HeaderValue {
+/// `RateLimit-Policy` for the refusing limit, and for a throttled request `RateLimit` with no
+/// tokens left and the seconds until there are.
+pub(crate) fn insert_ratelimit_fields<K>(headers: &mut http::HeaderMap, rejection: &Rejection<K>) {
+    let (Some(limit), Some(name)) = (&rejection.limit, rejection.policy_name()) else {
+        return;
+    };
+    headers.insert("ratelimit-policy", header_value(policy_item(&name, limit)));
+    if let (RejectionReason::Throttled, Some(secs)) =
+        (rejection.reason, rejection.retry_after_secs())
+    {
+        let state = format!("\"{name}\";r=0;t={}", sf_integer(secs));
+        headers.insert("ratelimit", header_value(state));
+    }
+}
+
+/// One `RateLimit-Policy` item: `"<name>";q=<capacity>;w=<seconds an empty bucket takes to
+/// fill>`, so a client reads the burst as `q` and the rate as `q/w` (with `w` rounded up, a
+/// client pacing itself at `q/w` never runs ahead of the bucket).
+pub(crate) fn policy_item(name: &str, limit: &Limit) -> String {
     let window = ceil_secs(limit.time_to_accrue(limit.capacity()));
-    header_value(format!("\"default\";q={};w={window}", limit.capacity()))
+    format!(
+        "\"{name}\";q={};w={}",
+        sf_integer(limit.capacity()),
+        sf_integer(window)
+    )
+}
+
+/// The largest integer a Structured Field holds (15 digits).
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
+fn sf_integer(n: u64) -> u64 {
+    n.min(SF_INTEGER_MAX)
 }
 
 fn header_value(s: String) -> HeaderValue {

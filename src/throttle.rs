@@ -194,10 +194,12 @@ where
         let deadline = now.saturating_add(micros(self.config.store_timeout));
         // Made only for a request that waits: a refusal allocates nothing.
         let mut verdict = None;
+        let shape = bucket.shape();
         let miss = self.local.with_bucket(id, |b| {
             if id.slot == 0 {
                 b.set_slots(bucket.slots);
             }
+            b.reshape(shape);
             self.stats.admitted_local.add(b.take_uncounted());
             b.miss(cost, now, interval, &limit, store_up, || {
                 let (waiter, receiver) = Waiter::new(cost, deadline);
@@ -751,6 +753,10 @@ impl std::fmt::Display for TimedOut {
 }
 
 impl Resolved {
+    /// A fingerprint of the limit's name and shape.
+    fn shape(&self) -> u64 {
+        KEY_HASH.hash_one((self.name, self.level, self.limit))
+    }
     fn rejection<K: Clone>(
         &self,
         id: &LeaseKey<K>,

@@ -558,3 +558,27 @@ async fn an_acl_user_limited_to_the_prefix_and_the_scripts_commands_is_enough() 
         .await;
     assert!(refused.is_err(), "{refused:?}");
 }
+
+#[tokio::test]
+async fn a_fleet_with_several_limits_and_levels_never_over_admits_any_bucket_on_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(2_000_000));
+    let redis = store(&server).await.with_clock_override(clock.clone());
+    common::levels::fleet_holds_every_bucket(&clock, redis.clone()).await;
+    // Every limit of every level has a bucket of its own, under the key's hash tag.
+    let mut conn = raw(&server).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("throttle:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for expected in [
+        "throttle:{u0}:per-second",
+        "throttle:{u0}:per-minute",
+        "throttle:{acme}:tenant/default",
+        "throttle:{bulk}:route/default",
+    ] {
+        assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
+    }
+}

@@ -55,6 +55,8 @@ struct Cold {
     pending_due: u64,
     /// The host-local bucket used while the global store is unavailable (boxed: rarely there).
     fallback: Option<Box<TokenBucket>>,
+    /// Which limit (name and shape) this bucket was last used for.
+    shape: u64,
 }
 
 impl std::fmt::Debug for LocalBucket {
@@ -252,6 +254,16 @@ impl LocalBucket {
     pub(crate) fn undo_take(&mut self, cost: u64) {
         self.give_back(cost);
         self.uncounted = self.uncounted.saturating_sub(1);
+    }
+
+    /// Tells the bucket which limit it serves (a hash of its name and shape). When that changed
+    /// (a key moved to another tier, a limit was raised or lowered), what the bucket knew of
+    /// the old global bucket no longer holds: it forgets that the key was throttled.
+    pub(crate) fn reshape(&mut self, shape: u64) {
+        if self.cold.shape != shape {
+            self.cold.shape = shape;
+            self.cold.next_token_at = 0;
+        }
     }
 
     /// How many limits the key's quota has (1 until told otherwise).

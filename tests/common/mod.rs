@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod conformance;
+pub mod levels;
 pub mod proxy;
 pub mod redis_server;
 
