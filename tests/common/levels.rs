@@ -131,7 +131,7 @@ where
         ledger.admit(&buckets, elapsed);
     }
     // The users' per-minute limits bind: 6 x (20 + 2/s x 20 s) = 360 at most.
-    assert!(served <= 360 && served >= 320, "served {served} of {sent}");
+    assert!((320..=360).contains(&served), "served {served} of {sent}");
     for bucket in [
         "u0/per-minute",
         "tenant acme",
