@@ -253,6 +253,23 @@ impl std::str::FromStr for Limit {
     }
 }
 
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Limit {
+    /// From the strings [`FromStr`](std::str::FromStr) reads (`"100/s burst 200"`).
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for Limit {
+    /// As the string [`Display`](std::fmt::Display) prints.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
 fn parse_error(part: &str, expected: &'static str) -> ConfigError {
     ConfigError::Unreadable {
         part: part.to_owned(),

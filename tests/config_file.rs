@@ -1,0 +1,63 @@
+//! Limits and quotas loaded with serde: the TOML example file, and errors that name the part.
+
+use std::collections::HashMap;
+
+use hierarchical_throttle::{Limit, Quota};
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+struct Settings {
+    default_tier: String,
+    tiers: HashMap<String, Quota>,
+    levels: HashMap<String, Quota>,
+}
+
+#[test]
+fn the_example_file_loads_tiers_and_levels() {
+    let settings: Settings = toml::from_str(include_str!("../examples/tiers.toml")).unwrap();
+    assert_eq!(settings.default_tier, "free");
+    let free = &settings.tiers["free"];
+    assert_eq!(
+        free.get("per-minute"),
+        Some(&Limit::per_minute(60).burst(10).unwrap())
+    );
+    // Printed in the most readable unit; it reads back as the same quota.
+    assert_eq!(free.to_string(), "per-minute: 1/s burst 10");
+    let pro = &settings.tiers["pro"];
+    assert_eq!(
+        pro.get("per-second"),
+        Some(&Limit::per_second(100).burst(200).unwrap())
+    );
+    assert_eq!(
+        pro.get("per-day"),
+        Some(&Limit::per_day(100_000).build().unwrap())
+    );
+    assert_eq!(settings.levels["route"].to_string(), "default: 1/s burst 5");
+    assert_eq!(settings.levels["tenant"].len(), 1);
+}
+
+#[derive(Debug, Deserialize, serde::Serialize, PartialEq)]
+struct OneLimit {
+    limit: Limit,
+}
+
+#[test]
+fn limits_round_trip_and_bad_ones_name_the_part() {
+    let read: OneLimit = toml::from_str("limit = \"15 per 2min\"").unwrap();
+    assert_eq!(
+        read.limit,
+        Limit::per(15, std::time::Duration::from_secs(120))
+            .build()
+            .unwrap()
+    );
+    let written = toml::to_string(&read).unwrap();
+    assert_eq!(toml::from_str::<OneLimit>(&written).unwrap(), read);
+
+    let error = toml::from_str::<OneLimit>("limit = \"100/fortnight\"").unwrap_err();
+    assert!(error.to_string().contains("`fortnight`"), "{error}");
+    let error = toml::from_str::<Settings>(
+        "default_tier = \"x\"\n[tiers]\nx = { \"bad name\" = \"1/s\" }\n[levels]\n",
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("`bad name`"), "{error}");
+}
