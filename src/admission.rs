@@ -9,7 +9,7 @@ use futures_util::future::BoxFuture;
 
 use crate::clock::Clock;
 use crate::global::GlobalStore;
-use crate::local::LocalStore;
+use crate::local::{Hit, LocalStore};
 use crate::quota::{BucketKey, LeaseKey};
 use crate::response::{Rejection, RejectionReason};
 use crate::throttle::{Check, Throttle};
@@ -23,12 +23,28 @@ where
     L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
-    /// Decides a request of `cost` on every limit of `key` at the first level. One limit (the
-    /// common case) is a single bucket lookup; more are checked out of line.
+    /// Decides a request of `cost` on every limit of `key` at the first level. The common case
+    /// (one limit, tokens leased) is one bucket lookup and a subtraction; everything else is
+    /// out of line.
     #[inline(always)]
     pub(crate) fn check_key(self: &Arc<Self>, key: K, cost: u64) -> Check<K> {
         let id = LeaseKey::new(key, 0, 0);
-        let (first, slots) = self.check(&id, cost);
+        let (hit, slots) = self.take_leased(&id, cost);
+        if hit == Hit::Admitted && slots <= 1 {
+            return Check::Admit;
+        }
+        self.check_key_further(id, hit, slots, cost)
+    }
+
+    #[inline(never)]
+    fn check_key_further(
+        self: &Arc<Self>,
+        id: LeaseKey<K>,
+        hit: Hit,
+        slots: u8,
+        cost: u64,
+    ) -> Check<K> {
+        let (first, slots) = self.after_take(&id, hit, slots, cost);
         if slots <= 1 {
             return first;
         }
@@ -45,7 +61,6 @@ where
         slots: u8,
         cost: u64,
     ) -> Check<K> {
-        let mut all = AllOf::new(self.clone(), cost);
         if let Check::Admit = first {
             let mut slot = 1;
             let check = loop {
@@ -58,15 +73,19 @@ where
                     other => break other,
                 }
             };
+            // Only now is anything kept: while every bucket admits, nothing is allocated or
+            // shared.
+            let mut all = AllOf::new(self.clone(), cost);
             for taken in 0..slot {
                 all.taken_at_once(LeaseKey::new(id.key.clone(), id.level, taken));
             }
             all.add(id.clone(), check);
             all.check_slots(&mut id, slot + 1..slots);
-        } else {
-            all.add(id.clone(), first);
-            all.check_slots(&mut id, 1..slots);
+            return all.finish();
         }
+        let mut all = AllOf::new(self.clone(), cost);
+        all.add(id.clone(), first);
+        all.check_slots(&mut id, 1..slots);
         all.finish()
     }
 }

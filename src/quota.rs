@@ -345,11 +345,23 @@ impl<K: fmt::Debug> fmt::Debug for BucketKey<K> {
 
 /// A local bucket's identity on one host: a key, its level's index and the limit's index in
 /// the key's quota. Indices, not names, so the hot path needs no quota to find a bucket.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseKey<K> {
     pub(crate) key: K,
     pub(crate) level: u8,
     pub(crate) slot: u8,
+}
+
+impl<K: Hash> Hash for LeaseKey<K> {
+    /// A key's first bucket hashes as the key alone: the common layer (one level, one limit)
+    /// pays for no more than its key.
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key.hash(state);
+        if self.level != 0 || self.slot != 0 {
+            state.write_u16(u16::from(self.level) << 8 | u16::from(self.slot));
+        }
+    }
 }
 
 impl<K> LeaseKey<K> {

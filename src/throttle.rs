@@ -153,13 +153,30 @@ where
     }
 
     /// Decides one bucket's share of a request costing `cost` tokens, and tells how many limits
-    /// the key's quota has (read from its first bucket). Inlined into its callers, so a hit
-    /// builds no decision value in memory; the slow path stays out of line.
+    /// the key's quota has (read from its first bucket).
     #[inline(always)]
     pub(crate) fn check(self: &Arc<Self>, id: &LeaseKey<K>, cost: u64) -> (Check<K>, u8) {
-        let (hit, slots) = self
-            .local
-            .with_bucket(id, |b| (b.take_leased(cost), b.slots()));
+        let (hit, slots) = self.take_leased(id, cost);
+        self.after_take(id, hit, slots, cost)
+    }
+
+    /// The hot path: takes `cost` leased tokens from bucket `id` if it holds them. No clock,
+    /// no allocation, no shared counter.
+    #[inline(always)]
+    pub(crate) fn take_leased(&self, id: &LeaseKey<K>, cost: u64) -> (Hit, u8) {
+        self.local
+            .with_bucket(id, |b| (b.take_leased(cost), b.slots()))
+    }
+
+    /// The decision after [`take_leased`](Self::take_leased) answered `hit`.
+    #[inline(always)]
+    pub(crate) fn after_take(
+        self: &Arc<Self>,
+        id: &LeaseKey<K>,
+        hit: Hit,
+        slots: u8,
+        cost: u64,
+    ) -> (Check<K>, u8) {
         match hit {
             Hit::Admitted => (Check::Admit, slots),
             Hit::AdmittedStartFetch => {
