@@ -152,10 +152,7 @@ where
             self.add(id.clone(), check);
             slots
         } else {
-            self.probe(&id);
-            self.throttle
-                .quota(level, &id.key)
-                .map_or(1, |quota| quota.slots())
+            self.probe(&id)
         };
         self.check_slots(&mut id, 1..slots);
     }
@@ -174,10 +171,13 @@ where
         }
     }
 
-    fn probe(&mut self, id: &LeaseKey<K>) {
-        if let Some(rejection) = self.throttle.known_refusal(id, self.cost) {
+    /// Looks at bucket `id` without taking anything; returns how many limits its key has.
+    fn probe(&mut self, id: &LeaseKey<K>) -> u8 {
+        let (refusal, slots) = self.throttle.known_refusal(id, self.cost);
+        if let Some(rejection) = refusal {
             self.refuse(rejection);
         }
+        slots
     }
 
     /// The request's decision: refused if any bucket refused (the tokens others took go back

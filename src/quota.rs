@@ -139,22 +139,35 @@ impl FromStr for Quota {
     /// `name: limit` pairs separated by `;`, each limit as [`Limit`] reads it; a lone limit
     /// without a name is called [`DEFAULT_NAME`]. Errors name the part that could not be read.
     fn from_str(text: &str) -> Result<Self, ConfigError> {
-        let mut quota: Option<Quota> = None;
-        for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-            let (name, limit) = match part.split_once(':') {
+        let pairs = text
+            .split(';')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|part| match part.split_once(':') {
                 Some((name, limit)) => (name.trim(), limit),
                 None => (DEFAULT_NAME, part),
-            };
-            let limit: Limit = limit.parse()?;
-            quota = Some(match quota {
-                None => Quota::new(name, limit)?,
-                Some(quota) => quota.and(name, limit)?,
             });
-        }
-        quota.ok_or_else(|| ConfigError::Unreadable {
+        Quota::from_written(pairs)?.ok_or_else(|| ConfigError::Unreadable {
             part: text.to_owned(),
             expected: "at least one `name: limit`",
         })
+    }
+}
+
+impl Quota {
+    /// The quota of `(name, limit as text)` pairs, in order; `None` when there are none.
+    fn from_written<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Option<Self>, ConfigError> {
+        pairs
+            .into_iter()
+            .try_fold(None, |quota: Option<Quota>, (name, limit)| {
+                let limit: Limit = limit.parse()?;
+                Ok(Some(match quota {
+                    None => Quota::new(name, limit)?,
+                    Some(quota) => quota.and(name, limit)?,
+                }))
+            })
     }
 }
 
@@ -171,16 +184,11 @@ impl<'de> serde::Deserialize<'de> for Quota {
         }
         let quota = match Written::deserialize(deserializer)? {
             Written::Text(text) => text.parse(),
-            Written::Named(limits) => limits
-                .iter()
-                .try_fold(None, |quota, (name, limit)| {
-                    let limit: Limit = limit.parse()?;
-                    Ok::<_, ConfigError>(Some(match quota {
-                        None => Quota::new(name, limit)?,
-                        Some(q) => Quota::and(q, name, limit)?,
-                    }))
-                })
-                .and_then(|q| q.ok_or_else(|| invalid("quota", "at least one limit"))),
+            Written::Named(limits) => {
+                let pairs = limits.iter().map(|(n, l)| (n.as_str(), l.as_str()));
+                Quota::from_written(pairs)
+                    .and_then(|q| q.ok_or_else(|| invalid("quota", "at least one limit")))
+            }
         };
         quota.map_err(serde::de::Error::custom)
     }

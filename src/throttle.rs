@@ -257,16 +257,20 @@ where
     /// is known now (cost above capacity, or the global bucket known to be short). For the
     /// other buckets of a request one bucket has refused, so that the answer names the longest
     /// wait without taking tokens or calling the store.
-    pub(crate) fn known_refusal(&self, id: &LeaseKey<K>, cost: u64) -> Option<Rejection<K>> {
-        let bucket = self.resolve(id)?;
+    /// Also tells how many limits the key's quota has.
+    pub(crate) fn known_refusal(&self, id: &LeaseKey<K>, cost: u64) -> (Option<Rejection<K>>, u8) {
+        let Some(bucket) = self.resolve(id) else {
+            return (None, 1);
+        };
         if cost > bucket.limit.capacity() {
-            return Some(bucket.cost_rejection(id, cost));
+            return (Some(bucket.cost_rejection(id, cost)), bucket.slots);
         }
         let now = self.now();
         let until = self
             .local
-            .with_bucket(id, |b| b.known_short(cost, now, &bucket.limit))?;
-        Some(bucket.throttled(id, until.saturating_sub(now)))
+            .with_bucket(id, |b| b.known_short(cost, now, &bucket.limit));
+        let refusal = until.map(|until| bucket.throttled(id, until.saturating_sub(now)));
+        (refusal, bucket.slots)
     }
 
     /// Puts back the `cost` tokens a request took from bucket `id` when another of its buckets

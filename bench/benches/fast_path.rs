@@ -15,6 +15,8 @@ use std::num::NonZeroU32;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+mod support;
+
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use hierarchical_throttle::batch::{BatchContext, FractionOfCapacity};
@@ -23,6 +25,7 @@ use hierarchical_throttle::{
     Builder, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore, Rejection,
     Unset,
 };
+use support::{keys, poll_once};
 use tower::{Layer, Service, ServiceExt};
 
 /// The inner service: answers at once.
@@ -44,13 +47,6 @@ impl Service<u64> for Echo {
 }
 
 type Reject = fn(&u64, Rejection<u64>) -> Result<u64, Infallible>;
-
-fn keys(n: u64) -> Vec<u64> {
-    // Spread keys so consecutive iterations do not touch neighbouring slots.
-    (0..n)
-        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-        .collect()
-}
 
 /// A layer keyed by the request itself, with a limit the benchmarks never reach.
 fn builder() -> Builder<u64, u64, Unset, MemoryLocalStore<u64>, MonotonicClock, Reject> {
@@ -98,17 +94,6 @@ fn governor(keys: &[u64]) -> DefaultKeyedRateLimiter<u64> {
         assert!(limiter.check_key(&k).is_ok());
     }
     limiter
-}
-
-/// Polls a future once, as a server would on an answer that is ready: inlined on every side,
-/// so none pays a call that another does not.
-#[inline(always)]
-fn poll_once<F: std::future::Future>(future: F) -> Option<F::Output> {
-    let mut context = Context::from_waker(std::task::Waker::noop());
-    match std::pin::pin!(future).poll(&mut context) {
-        Poll::Ready(output) => Some(output),
-        Poll::Pending => None,
-    }
 }
 
 /// The next index, wrapping without a division (which would cost more than a decision).

@@ -5,13 +5,15 @@
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::task::{Context, Poll};
 use std::time::Duration;
+
+mod support;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota as GovernorQuota, RateLimiter};
 use hierarchical_throttle::batch::FractionOfCapacity;
 use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, Quota};
+use support::{keys, poll_once};
 
 const KEYS: u64 = 1_000;
 
@@ -27,28 +29,13 @@ fn quota(n: usize) -> Quota {
     quota
 }
 
-#[inline(always)]
-fn poll_once<F: std::future::Future>(future: F) -> Option<F::Output> {
-    let mut context = Context::from_waker(std::task::Waker::noop());
-    match std::pin::pin!(future).poll(&mut context) {
-        Poll::Ready(output) => Some(output),
-        Poll::Pending => None,
-    }
-}
-
-fn keys() -> Vec<u64> {
-    (0..KEYS)
-        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-        .collect()
-}
-
 fn bench(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .unwrap();
     let _guard = runtime.enter();
-    let keys = keys();
+    let keys = keys(KEYS);
     let mut group = c.benchmark_group("hit path by number of limits (1,000 keys)");
     let governor = RateLimiter::keyed(GovernorQuota::per_second(NonZeroU32::MAX));
     for k in &keys {
