@@ -36,6 +36,15 @@ where
         self.check_key_further(id, hit, slots, cost)
     }
 
+    /// Decides a request of `cost` on every limit of each of `keys` (with their levels).
+    pub(crate) fn check_keys(self: &Arc<Self>, keys: &[(u8, K)], cost: u64) -> Check<K> {
+        let mut all = AllOf::new(self.clone(), cost);
+        for (level, key) in keys {
+            all.check_level(key.clone(), *level);
+        }
+        all.finish()
+    }
+
     #[inline(never)]
     fn check_key_further(
         self: &Arc<Self>,

@@ -10,11 +10,13 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::layer::RequestPolicy;
+use crate::remaining::Remaining;
 use crate::response::{OnRejection, Rejection};
 
 pin_project! {
     /// Response future of [`HierarchicalThrottle`](crate::HierarchicalThrottle): the inner
-    /// service's future, an immediate rejection, or a wait for a batch from the global store.
+    /// service's future (whose response may get the `RateLimit` fields), an immediate
+    /// rejection, or a wait for a batch from the global store.
     pub struct ResponseFuture<S, Req, K, R>
     where
         S: Service<Req>,
@@ -34,16 +36,26 @@ pin_project! {
             #[pin]
             future: S::Future,
         },
+        Annotated {
+            #[pin]
+            future: S::Future,
+            remaining: Vec<Remaining>,
+            policy: Arc<RequestPolicy<Req, K, R>>,
+        },
         Rejected {
             #[pin]
             response: Ready<Result<S::Response, S::Error>>,
         },
         Waiting {
-            decision: BoxFuture<'static, Result<(), Rejection<K>>>,
+            decision: Decision<K>,
             parked: Option<Parked<S, Req, K, R>>,
         },
     }
 }
+
+/// A waiting request's decision: admitted with the state of its limits for its response (none
+/// to add when empty), or refused.
+pub(crate) type Decision<K> = BoxFuture<'static, Result<Vec<Remaining>, Rejection<K>>>;
 
 /// A request waiting for its decision, with the ready service that will serve it.
 struct Parked<S, Req, K, R> {
@@ -60,6 +72,20 @@ impl<S: Service<Req>, Req, K, R> ResponseFuture<S, Req, K, R> {
         }
     }
 
+    pub(crate) fn annotated(
+        future: S::Future,
+        remaining: Vec<Remaining>,
+        policy: Arc<RequestPolicy<Req, K, R>>,
+    ) -> Self {
+        Self {
+            state: State::Annotated {
+                future,
+                remaining,
+                policy,
+            },
+        }
+    }
+
     pub(crate) fn rejected(response: Result<S::Response, S::Error>) -> Self {
         Self {
             state: State::Rejected {
@@ -69,7 +95,7 @@ impl<S: Service<Req>, Req, K, R> ResponseFuture<S, Req, K, R> {
     }
 
     pub(crate) fn waiting(
-        decision: BoxFuture<'static, Result<(), Rejection<K>>>,
+        decision: Decision<K>,
         inner: S,
         request: Req,
         policy: Arc<RequestPolicy<Req, K, R>>,
@@ -100,6 +126,15 @@ where
         loop {
             match state.as_mut().project() {
                 StateProj::Called { future } => return future.poll(cx),
+                StateProj::Annotated {
+                    future,
+                    remaining,
+                    policy,
+                } => {
+                    let mut response = ready!(future.poll(cx))?;
+                    policy.on_rejection.on_admitted(&mut response, remaining);
+                    return Poll::Ready(Ok(response));
+                }
                 StateProj::Rejected { response } => return response.poll(cx),
                 StateProj::Waiting { decision, parked } => {
                     let next = ready!(Self::poll_decision(decision, parked, cx));
@@ -119,7 +154,7 @@ where
     /// to inline.
     #[inline(never)]
     fn poll_decision(
-        decision: &mut BoxFuture<'static, Result<(), Rejection<K>>>,
+        decision: &mut Decision<K>,
         parked: &mut Option<Parked<S, Req, K, R>>,
         cx: &mut Context<'_>,
     ) -> Poll<State<S, Req, K, R>> {
@@ -134,8 +169,13 @@ where
             return Poll::Pending;
         };
         Poll::Ready(match verdict {
-            Ok(()) => State::Called {
+            Ok(remaining) if remaining.is_empty() => State::Called {
                 future: inner.call(request),
+            },
+            Ok(remaining) => State::Annotated {
+                future: inner.call(request),
+                remaining,
+                policy,
             },
             Err(rejection) => State::Rejected {
                 response: ready(policy.on_rejection.on_rejection(&request, rejection)),

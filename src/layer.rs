@@ -123,6 +123,8 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
                 max_backoff: Duration::from_secs(1),
                 max_reservation: Duration::from_millis(100),
                 shadow: false,
+                ratelimit_fields: true,
+                retry_jitter: Duration::ZERO,
                 name: Arc::from("default"),
             },
             error: None,
@@ -176,6 +178,42 @@ where
             Check::Reject(rejection) => Acquire::rejected(rejection),
             Check::Wait(decision) => Acquire::waiting(decision),
         }
+    }
+
+    /// What every limit of `key` (at the layer's first level) holds as this host sees it,
+    /// without taking anything or calling the global store: the host's lease plus the global
+    /// bucket's level at its last answer and what has refilled since. Other hosts may have
+    /// taken some of that since, so this is an estimate; a limit this host has not used yet
+    /// shows full. [`remaining_global`](Self::remaining_global) asks the store.
+    ///
+    /// ```
+    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = HierarchicalThrottleLayer::builder()
+    ///     .key(|user: &u64| Some(*user))
+    ///     .limit(Limit::per_second(10).burst(10)?)
+    ///     .global_store(MemoryGlobalStore::new())
+    ///     .build()?;
+    /// layer.acquire(7, 3).await?;
+    ///
+    /// let left = layer.remaining(&7);
+    /// assert_eq!((left[0].limit_name, left[0].tokens), ("default", 7));
+    /// // The global bucket alone: without the tokens leased to this host.
+    /// assert!(layer.remaining_global(&7).await?[0].tokens <= 7);
+    /// # Ok(()) }
+    /// ```
+    pub fn remaining(&self, key: &K) -> Vec<crate::Remaining> {
+        let mut out = Vec::new();
+        self.throttle.remaining_local(0, key, &mut out);
+        out
+    }
+
+    /// What every limit of `key` (at the layer's first level) holds in the global store: one
+    /// read per limit, taking nothing. Tokens leased to hosts are not in it.
+    pub async fn remaining_global(&self, key: &K) -> Result<Vec<crate::Remaining>, G::Error> {
+        self.throttle.remaining_global(0, key).await
     }
 
     /// Hands back to the global store the leased tokens not used within the lease time-to-live,
@@ -356,6 +394,27 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     /// traffic before enforcing it. Default: off.
     pub fn shadow(mut self, on: bool) -> Self {
         self.config.shadow = on;
+        self
+    }
+
+    /// Whether admitted responses carry `RateLimit-Policy` and `RateLimit` (one item per limit
+    /// the request drew on, at every level), as refusals always do. It costs reading each
+    /// limit's state and formatting two fields per response; turn it off when clients do not
+    /// read them. Only a rejection handler that writes them
+    /// ([`OnRejection::on_admitted`](crate::OnRejection::on_admitted), as
+    /// [`DefaultRejection`](crate::DefaultRejection) does) adds anything. Default: on.
+    pub fn ratelimit_fields(mut self, on: bool) -> Self {
+        self.config.ratelimit_fields = on;
+        self
+    }
+
+    /// Adds a random delay of up to `max` to every refusal's `retry_after` (so `Retry-After`,
+    /// `RateLimit`'s `t` and gRPC's `RetryInfo`), so that clients refused together do not all
+    /// come back at the same instant. A client waiting the longer time is never refused for
+    /// waiting too little. Default: none; at most 1 hour.
+    pub fn retry_after_jitter(mut self, max: Duration) -> Self {
+        self.check(max <= MAX_SETTING, "retry_after_jitter", "at most 1 hour");
+        self.config.retry_jitter = max;
         self
     }
 

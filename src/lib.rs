@@ -94,6 +94,7 @@ pub mod local;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod quota;
+mod remaining;
 mod response;
 mod service;
 mod stats;
@@ -109,7 +110,10 @@ pub use layer::{Builder, HierarchicalThrottleLayer, MAX_LEVELS, Unset};
 pub use limit::{Limit, LimitBuilder};
 pub use local::memory::MemoryLocalStore;
 pub use quota::Quota;
-pub use response::{DefaultRejection, OnRejection, Rejection, RejectionReason, http_response};
+pub use remaining::Remaining;
+pub use response::{
+    DefaultRejection, OnRejection, Rejection, RejectionReason, append_ratelimit_fields, http_response,
+};
 pub use service::HierarchicalThrottle;
 pub use stats::ThrottleStats;
 

@@ -110,6 +110,12 @@ impl Limit {
         Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX))
     }
 
+    /// Whole tokens an empty bucket accrues in `micros` microseconds (not capped at capacity).
+    pub(crate) fn accrued_in(&self, micros: u64) -> u64 {
+        let tokens = u128::from(micros) * u128::from(self.amount) / u128::from(self.per_micros);
+        u64::try_from(tokens).unwrap_or(u64::MAX)
+    }
+
     /// This limit with capacity and rate divided by `parts` (rounded up, at least one token),
     /// for a host that enforces its share of a fleet-wide limit alone.
     pub(crate) fn share(&self, parts: u64) -> Limit {

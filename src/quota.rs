@@ -96,6 +96,11 @@ impl Quota {
         self.limits.get(usize::from(slot)).copied()
     }
 
+    /// The limits with their interned names, in slot order.
+    pub(crate) fn slots_iter(&self) -> impl Iterator<Item = (Name, Limit)> + '_ {
+        self.limits.iter().copied()
+    }
+
     /// Number of limits, as a bucket slot count.
     pub(crate) fn slots(&self) -> u8 {
         // At most MAX_LIMITS: always fits.

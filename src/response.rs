@@ -6,6 +6,7 @@ use std::time::Duration;
 use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::limit::Limit;
+use crate::remaining::Remaining;
 
 /// Why a request was not served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,13 +103,30 @@ impl<K> Rejection<K> {
     }
 }
 
-/// Turns a [`Rejection`] into the wrapped service's response or error.
+/// Turns a [`Rejection`] into the wrapped service's response or error, and tells admitted
+/// responses what their limits hold.
 ///
-/// Implemented by [`DefaultRejection`] for HTTP, and by any closure
-/// `Fn(&Request, Rejection<K>) -> Result<Response, Error>`.
+/// Implemented by [`DefaultRejection`] for HTTP and gRPC, and by any closure
+/// `Fn(&Request, Rejection<K>) -> Result<Response, Error>` (which adds nothing to admitted
+/// responses).
 pub trait OnRejection<Req, K, Res, E>: Send + Sync + 'static {
     /// The answer to a refused `request`.
     fn on_rejection(&self, request: &Req, rejection: Rejection<K>) -> Result<Res, E>;
+
+    /// Whether [`on_admitted`](Self::on_admitted) does anything: the throttle reads the
+    /// limits' state for admitted responses only when it does. Default: `false`.
+    fn annotates_admitted(&self) -> bool {
+        false
+    }
+
+    /// Adds what the limits a request drew on hold after it (one [`Remaining`] per limit, at
+    /// every level) to its response: [`DefaultRejection`] writes the `RateLimit-Policy` and
+    /// `RateLimit` fields. In [shadow mode](crate::Builder::shadow), a request that would have
+    /// been throttled gets the fields of its refusal (no tokens left, its wait). Default:
+    /// nothing.
+    fn on_admitted(&self, response: &mut Res, remaining: &[Remaining]) {
+        let _ = (response, remaining);
+    }
 }
 
 impl<F, Req, K, Res, E> OnRejection<Req, K, Res, E> for F
@@ -135,6 +153,10 @@ where
 /// | cost above capacity | 413 Content Too Large | `RateLimit-Policy` |
 /// | missing key | 400 Bad Request | |
 /// | store unavailable | 503 Service Unavailable | `Retry-After` |
+///
+/// Admitted responses get `RateLimit-Policy` and `RateLimit` too, one item per limit the
+/// request drew on ([`append_ratelimit_fields`]), unless the layer is built with
+/// [`ratelimit_fields(false)`](crate::Builder::ratelimit_fields).
 ///
 /// `Retry-After` is in whole seconds rounded up. `RateLimit-Policy` and `RateLimit` follow the
 /// IETF draft, naming the refusing limit (`"per-day";q=<capacity>;w=<seconds an empty bucket
@@ -200,6 +222,41 @@ where
             http_response(&rejection)
         })
     }
+
+    fn annotates_admitted(&self) -> bool {
+        true
+    }
+
+    fn on_admitted(&self, response: &mut Response<ResB>, remaining: &[Remaining]) {
+        append_ratelimit_fields(response.headers_mut(), remaining);
+    }
+}
+
+/// Appends `RateLimit-Policy` and `RateLimit` for `remaining`, one list item per limit:
+/// `"<name>";q=<capacity>;w=<seconds to fill>` and `"<name>";r=<tokens left>;t=<seconds until
+/// more>`. Appended, not replaced: fields from another layer stay, and the lines combine into
+/// one list.
+pub fn append_ratelimit_fields(headers: &mut http::HeaderMap, remaining: &[Remaining]) {
+    if remaining.is_empty() {
+        return;
+    }
+    let mut policies = String::new();
+    let mut states = String::new();
+    for (i, r) in remaining.iter().enumerate() {
+        let name = r.policy_name();
+        if i > 0 {
+            policies.push_str(", ");
+            states.push_str(", ");
+        }
+        policies.push_str(&policy_item(&name, &r.limit));
+        states.push_str(&format!(
+            "\"{name}\";r={};t={}",
+            sf_integer(r.tokens),
+            sf_integer(ceil_secs(r.next_in))
+        ));
+    }
+    headers.append("ratelimit-policy", header_value(policies));
+    headers.append("ratelimit", header_value(states));
 }
 
 /// The HTTP response [`DefaultRejection`] gives for `rejection`.

@@ -8,7 +8,6 @@ use std::task::{Context, Poll};
 use futures_util::future::BoxFuture;
 use tower_service::Service;
 
-use crate::admission::AllOf;
 use crate::clock::{Clock, MonotonicClock};
 use crate::future::ResponseFuture;
 use crate::global::GlobalStore;
@@ -17,6 +16,7 @@ use crate::layer::RequestPolicy;
 use crate::local::LocalStore;
 use crate::local::memory::MemoryLocalStore;
 use crate::quota::{BucketKey, LeaseKey};
+use crate::remaining::Remaining;
 use crate::response::{DefaultRejection, OnRejection, Rejection, RejectionReason};
 use crate::stats::ThrottleStats;
 use crate::throttle::{Check, Throttle};
@@ -106,21 +106,22 @@ where
     #[inline(always)]
     fn call(&mut self, request: Req) -> Self::Future {
         let cost = self.policy.cost(&request);
+        if self.annotates() {
+            return self.call_annotated(request, cost);
+        }
         let check = match (self.policy.key)(&request) {
             Some(key) if self.policy.levels.is_empty() => self.throttle.check_key(key, cost),
-            key => self.check_levels(key, &request, cost),
+            key => match self.level_keys(key, &request) {
+                Ok(keys) => self.throttle.check_keys(&keys, cost),
+                Err(rejection) => Check::Reject(rejection),
+            },
         };
-        match check {
-            Check::Admit => ResponseFuture::called(self.inner.call(request)),
-            Check::Reject(rejection) if self.throttle.config.shadow => {
-                self.throttle.admit_in_shadow(&rejection);
-                ResponseFuture::called(self.inner.call(request))
-            }
-            Check::Reject(rejection) => self.reject(&request, rejection),
-            Check::Wait(decision) => self.park(decision, request),
-        }
+        self.respond(check, request, None)
     }
 }
+
+/// The keys a request draws on, with their levels.
+type LevelKeys<K> = Vec<(u8, K)>;
 
 impl<S, Req, K, G, L, C, R> HierarchicalThrottle<S, Req, K, G, L, C, R>
 where
@@ -131,34 +132,132 @@ where
     C: Clock,
     R: OnRejection<Req, K, S::Response, S::Error>,
 {
-    // Both out of line, so `call` stays small enough to inline.
+    // All out of line, so `call` stays small enough to inline.
+
+    /// Whether admitted responses get the state of their limits.
+    #[inline(always)]
+    fn annotates(&self) -> bool {
+        self.throttle.config.ratelimit_fields
+            && OnRejection::<Req, K, S::Response, S::Error>::annotates_admitted(
+                &self.policy.on_rejection,
+            )
+    }
+
+    /// A request whose response will carry the state of the limits it drew on: its keys are
+    /// kept to read them once it is admitted.
+    #[inline(never)]
+    fn call_annotated(&mut self, request: Req, cost: u64) -> ResponseFuture<S, Req, K, R> {
+        match self.level_keys((self.policy.key)(&request), &request) {
+            Ok(keys) => {
+                let check = match keys.as_slice() {
+                    [(0, key)] => self.throttle.check_key(key.clone(), cost),
+                    _ => self.throttle.check_keys(&keys, cost),
+                };
+                self.respond(check, request, Some(keys))
+            }
+            Err(rejection) => self.respond(Check::Reject(rejection), request, None),
+        }
+    }
+
+    /// Serves, refuses or parks `request` by `check`; `keys` when its response is annotated.
+    #[inline(always)]
+    fn respond(
+        &mut self,
+        check: Check<K>,
+        request: Req,
+        keys: Option<LevelKeys<K>>,
+    ) -> ResponseFuture<S, Req, K, R> {
+        match check {
+            Check::Admit => match keys {
+                None => ResponseFuture::called(self.inner.call(request)),
+                Some(keys) => {
+                    let remaining = self.throttle.remaining_of(&keys);
+                    self.annotated(request, remaining)
+                }
+            },
+            Check::Reject(rejection) if self.throttle.config.shadow => {
+                self.throttle.admit_in_shadow(&rejection);
+                let remaining = keys
+                    .and(Remaining::of_refusal(&rejection))
+                    .into_iter()
+                    .collect();
+                self.annotated(request, remaining)
+            }
+            Check::Reject(rejection) => self.reject(&request, rejection),
+            Check::Wait(decision) => self.park(decision, request, keys),
+        }
+    }
 
     #[inline(never)]
-    fn reject(&self, request: &Req, rejection: Rejection<K>) -> ResponseFuture<S, Req, K, R> {
+    fn annotated(&mut self, request: Req, remaining: Vec<Remaining>) -> ResponseFuture<S, Req, K, R> {
+        ResponseFuture::annotated(self.inner.call(request), remaining, self.policy.clone())
+    }
+
+    #[inline(never)]
+    fn reject(&self, request: &Req, mut rejection: Rejection<K>) -> ResponseFuture<S, Req, K, R> {
+        self.throttle.add_jitter(&mut rejection);
         ResponseFuture::rejected(self.policy.on_rejection.on_rejection(request, rejection))
     }
 
     /// The request waits for a batch with the ready service; a clone, maybe not ready, stays.
+    /// Once decided, it is admitted with the state of its limits (`keys` given), admitted in
+    /// shadow mode with its refusal's, or refused.
     #[inline(never)]
     fn park(
         &mut self,
         decision: BoxFuture<'static, Result<(), Rejection<K>>>,
         request: Req,
+        keys: Option<LevelKeys<K>>,
     ) -> ResponseFuture<S, Req, K, R> {
-        let decision = if self.throttle.config.shadow {
-            let throttle = self.throttle.clone();
-            Box::pin(async move {
-                if let Err(rejection) = decision.await {
+        let throttle = self.throttle.clone();
+        let decision = Box::pin(async move {
+            match decision.await {
+                Ok(()) => Ok(keys.map_or_else(Vec::new, |keys| throttle.remaining_of(&keys))),
+                Err(rejection) if throttle.config.shadow => {
                     throttle.admit_in_shadow(&rejection);
+                    let remaining = keys.and(Remaining::of_refusal(&rejection));
+                    Ok(remaining.into_iter().collect())
                 }
-                Ok(())
-            })
-        } else {
-            decision
-        };
+                Err(mut rejection) => {
+                    throttle.add_jitter(&mut rejection);
+                    Err(rejection)
+                }
+            }
+        });
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::waiting(decision, inner, request, self.policy.clone())
+    }
+
+    /// The keys of `request` at every level, `first` being the first level's (which the
+    /// [`MissingKey`] policy decides when absent). A level whose closure gives no key is not
+    /// limited.
+    #[inline(never)]
+    fn level_keys(&self, first: Option<K>, request: &Req) -> Result<LevelKeys<K>, Rejection<K>> {
+        let mut keys = Vec::with_capacity(1 + self.policy.levels.len());
+        if let Some(key) = self.first_key(first)? {
+            keys.push((0, key));
+        }
+        for (level, key_of) in (1..).zip(self.policy.levels.iter()) {
+            if let Some(key) = key_of(request) {
+                keys.push((level, key));
+            }
+        }
+        Ok(keys)
+    }
+
+    /// The first level's key, or what the [`MissingKey`] policy makes of its absence.
+    fn first_key(&self, key: Option<K>) -> Result<Option<K>, Rejection<K>> {
+        if key.is_some() {
+            return Ok(key);
+        }
+        self.throttle.stats.missing_key.incr();
+        tracing::debug!(policy = ?self.policy.missing_key_name(), "request without a throttle key");
+        match &self.policy.missing_key {
+            MissingKey::Reject => Err(Rejection::new(None, RejectionReason::MissingKey)),
+            MissingKey::Admit => Ok(None),
+            MissingKey::UseKey(key) => Ok(Some(key.clone())),
+        }
     }
 }
 
@@ -172,35 +271,6 @@ where
     /// Counters of the decisions made so far, shared with the layer and all its services.
     pub fn stats(&self) -> ThrottleStats {
         self.throttle.stats()
-    }
-
-    /// A request with further levels, or without a first-level key.
-    #[inline(never)]
-    fn check_levels(&self, key: Option<K>, request: &Req, cost: u64) -> Check<K> {
-        let key = match key {
-            Some(key) => Some(key),
-            None => {
-                self.throttle.stats.missing_key.incr();
-                tracing::debug!(policy = ?self.policy.missing_key_name(), "request without a throttle key");
-                match &self.policy.missing_key {
-                    MissingKey::Reject => {
-                        return Check::Reject(Rejection::new(None, RejectionReason::MissingKey));
-                    }
-                    MissingKey::Admit => None,
-                    MissingKey::UseKey(key) => Some(key.clone()),
-                }
-            }
-        };
-        let mut all = AllOf::new(self.throttle.clone(), cost);
-        if let Some(key) = key {
-            all.check_level(key, 0);
-        }
-        for (level, key_of) in (1..).zip(self.policy.levels.iter()) {
-            if let Some(key) = key_of(request) {
-                all.check_level(key, level);
-            }
-        }
-        all.finish()
     }
 }
 

@@ -70,8 +70,28 @@ pub(crate) struct Config {
     pub(crate) max_backoff: Duration,
     pub(crate) max_reservation: Duration,
     pub(crate) shadow: bool,
+    /// Admitted responses get `RateLimit` fields (when the rejection handler writes them).
+    pub(crate) ratelimit_fields: bool,
+    /// The most added at random to a refusal's `retry_after`.
+    pub(crate) retry_jitter: Duration,
     /// The layer's name, a label on its metrics.
     pub(crate) name: std::sync::Arc<str>,
+}
+
+/// Random delays for refusals' waits: a seeded hash of a counter, spread evenly enough for
+/// clients to scatter, and no lock.
+#[derive(Default)]
+struct Jitter {
+    seed: foldhash::fast::RandomState,
+    draws: AtomicU64,
+}
+
+impl Jitter {
+    /// A delay from 0 to `max` micros, both included.
+    fn draw(&self, max: u64) -> u64 {
+        let n = self.draws.fetch_add(1, Ordering::Relaxed);
+        self.seed.hash_one(n) % max.saturating_add(1)
+    }
 }
 
 /// Hand-backs in flight at once during a sweep.
@@ -87,6 +107,7 @@ pub(crate) struct Throttle<K, G, L, C> {
     pub(crate) stats: Stats,
     health: StoreHealth,
     sweeper_running: AtomicBool,
+    jitter: Jitter,
     /// Tokens to hand back: evicted leases, and hand-backs the store did not take.
     returns: Mutex<Vec<(LeaseKey<K>, u64)>>,
 }
@@ -116,6 +137,7 @@ where
             stats: Stats::default(),
             health: StoreHealth::default(),
             sweeper_running: AtomicBool::new(false),
+            jitter: Jitter::default(),
             returns: Mutex::default(),
         }
     }
@@ -617,6 +639,14 @@ where
 
 impl<K, G, L, C> Throttle<K, G, L, C> {
     /// Counts and logs a refusal that shadow mode turns into an admission.
+    /// Adds the configured random delay to a refusal's wait.
+    pub(crate) fn add_jitter(&self, rejection: &mut Rejection<K>) {
+        let max = micros(self.config.retry_jitter);
+        if let (Some(wait), true) = (&mut rejection.retry_after, max > 0) {
+            *wait += Duration::from_micros(self.jitter.draw(max));
+        }
+    }
+
     pub(crate) fn admit_in_shadow(&self, rejection: &Rejection<K>) {
         self.stats.shadow_admitted.incr();
         tracing::debug!(reason = %rejection.reason, "shadow mode: served a request it would refuse");

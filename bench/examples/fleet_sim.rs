@@ -35,7 +35,7 @@ use governor::{Quota, RateLimiter};
 use hierarchical_throttle::batch::FractionOfCapacity;
 use hierarchical_throttle::bucket::TokenBucket;
 use hierarchical_throttle::clock::TokioClock;
-use hierarchical_throttle::global::{GlobalStore, Grant, TokenRequest};
+use hierarchical_throttle::global::{BucketLevel, GlobalStore, Grant, TokenRequest};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, Rejection};
 use plotters::prelude::*;
@@ -220,6 +220,14 @@ impl GlobalStore<BucketKey<usize>> for CountingStore {
             tokio::time::sleep(this.latency - this.latency / 2).await;
             grant
         }
+    }
+
+    fn level(
+        &self,
+        key: &BucketKey<usize>,
+        limit: &Limit,
+    ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
+        self.inner.level(key, limit)
     }
 
     fn release(

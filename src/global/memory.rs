@@ -8,7 +8,7 @@ use hashbrown::HashTable;
 
 use crate::bucket::TokenBucket;
 use crate::clock::{Clock, MonotonicClock, micros};
-use crate::global::{GlobalStore, Grant, TokenRequest};
+use crate::global::{BucketLevel, GlobalStore, Grant, TokenRequest};
 use crate::limit::Limit;
 use crate::quota::BucketKey;
 use crate::sync::lock;
@@ -202,6 +202,17 @@ where
     ) -> impl Future<Output = Result<(), Infallible>> + Send {
         self.with_bucket(key, limit, |b, now| b.give_back(limit, now, tokens));
         std::future::ready(Ok(()))
+    }
+
+    fn level(
+        &self,
+        key: &BucketKey<K>,
+        limit: &Limit,
+    ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
+        let bucket = self.peek(key, limit);
+        // Read after the peek's own reading, so never earlier than the bucket's update.
+        let now = micros(self.inner.clock.now());
+        std::future::ready(Ok(BucketLevel::of(&bucket, limit, now)))
     }
 
     /// Forgets every bucket that has refilled, one shard (of 64) locked at a time.

@@ -53,6 +53,32 @@ pub struct Grant {
     pub refill_in: Duration,
 }
 
+/// A global bucket's level, read without taking anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketLevel {
+    /// Whole tokens in the bucket now.
+    pub tokens: u64,
+    /// How long until it holds one more (zero when it is full).
+    pub next_in: Duration,
+    /// How long until it is full (zero when it is).
+    pub full_in: Duration,
+}
+
+impl BucketLevel {
+    /// The level of `bucket` at `now_micros` (brought up to date first).
+    pub fn of(bucket: &crate::bucket::TokenBucket, limit: &Limit, now_micros: u64) -> Self {
+        let mut bucket = *bucket;
+        bucket.refill(limit, now_micros);
+        let tokens = bucket.tokens();
+        let next = tokens.saturating_add(1).min(limit.capacity());
+        Self {
+            tokens,
+            next_in: Duration::from_micros(bucket.micros_until(limit, next)),
+            full_in: Duration::from_micros(bucket.micros_until(limit, limit.capacity())),
+        }
+    }
+}
+
 /// The global level of the hierarchy: a token bucket per key, refilled lazily by the store's
 /// own clock.
 ///
@@ -81,6 +107,15 @@ pub trait GlobalStore<K>: Send + Sync + 'static {
         limit: &Limit,
         tokens: u64,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Reads `key`'s bucket without changing it (a bucket never seen is full): for
+    /// [`remaining_global`](crate::HierarchicalThrottleLayer::remaining_global), never on a
+    /// request's path.
+    fn level(
+        &self,
+        key: &K,
+        limit: &Limit,
+    ) -> impl Future<Output = Result<BucketLevel, Self::Error>> + Send;
 
     /// Whether a call that ended in `error` may still have taken effect in the store (the
     /// answer was lost, not the call). The throttle retries a failed hand-back only when this

@@ -12,7 +12,7 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
 use crate::clock::{Clock, micros};
 use crate::error::ConfigError;
-use crate::global::{GlobalStore, Grant, TokenRequest};
+use crate::global::{BucketLevel, GlobalStore, Grant, TokenRequest};
 use crate::limit::Limit;
 use crate::quota::BucketKey;
 
@@ -83,6 +83,7 @@ fn manager_config() -> ConnectionManagerConfig {
 struct Scripts {
     acquire: LuaScript,
     release: LuaScript,
+    level: LuaScript,
 }
 
 /// A script's source and SHA-1: called by its hash, and sent whole only to a node that does
@@ -104,6 +105,10 @@ impl LuaScript {
 const ACQUIRE: &str = concat!(
     include_str!("redis/bucket.lua"),
     include_str!("redis/acquire.lua")
+);
+const LEVEL: &str = concat!(
+    include_str!("redis/bucket.lua"),
+    include_str!("redis/level.lua")
 );
 const RELEASE: &str = concat!(
     include_str!("redis/bucket.lua"),
@@ -199,6 +204,7 @@ impl<K> RedisGlobalStore<K> {
             scripts: Arc::new(Scripts {
                 acquire: LuaScript::new(ACQUIRE),
                 release: LuaScript::new(RELEASE),
+                level: LuaScript::new(LEVEL),
             }),
             prefix: Arc::from(&b"throttle:"[..]),
             now_override: None,
@@ -335,6 +341,16 @@ where
             .run(&self.scripts.release, key, limit, [tokens, 0, 0])
             .await?;
         Ok(())
+    }
+
+    async fn level(&self, key: &BucketKey<K>, limit: &Limit) -> Result<BucketLevel, RedisError> {
+        let (tokens, next_in, full_in): (u64, u64, u64) =
+            self.run(&self.scripts.level, key, limit, [0, 0, 0]).await?;
+        Ok(BucketLevel {
+            tokens,
+            next_in: std::time::Duration::from_micros(next_in),
+            full_in: std::time::Duration::from_micros(full_in),
+        })
     }
 
     /// A refused connection, an error reply (the scripts write only once they cannot fail) or

@@ -57,6 +57,32 @@ struct Cold {
     fallback: Option<Box<TokenBucket>>,
     /// Which limit (name and shape) this bucket was last used for.
     shape: u64,
+    /// Whole tokens the global bucket held at its last answer, and when that came (clock
+    /// micros): what the host estimates the fleet has left from. `None` before any answer.
+    global_left: Option<u64>,
+    global_seen_at: u64,
+}
+
+/// What a bucket holds as this host sees it: its lease plus its estimate of the global bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct View {
+    /// Tokens estimated left, at most the capacity.
+    pub(crate) tokens: u64,
+    /// Microseconds until the bucket holds more (zero when full).
+    pub(crate) next_in: u64,
+    /// Microseconds until the bucket is full again (zero when full).
+    pub(crate) full_in: u64,
+}
+
+impl View {
+    /// A bucket this host knows nothing of: full, as a global bucket starts.
+    pub(crate) fn full(limit: &Limit) -> Self {
+        Self {
+            tokens: limit.capacity(),
+            next_in: 0,
+            full_in: 0,
+        }
+    }
 }
 
 impl std::fmt::Debug for LocalBucket {
@@ -283,6 +309,50 @@ impl LocalBucket {
         (self.tokens < cost && now < self.cold.next_token_at).then(|| self.due(cost, now, limit))
     }
 
+    /// What the bucket holds at `now`, without changing it: the usable lease plus the global
+    /// bucket's level at its last answer and what it has refilled since (none while it is
+    /// known to be short). Other hosts may have taken some of it since: an estimate, the best
+    /// a host has without asking.
+    pub(crate) fn view(&self, now: u64, limit: &Limit) -> View {
+        let capacity = limit.capacity();
+        let due = if now >= self.cold.pending_due {
+            self.cold.pending
+        } else {
+            0
+        };
+        let lease = self.tokens.saturating_add(due);
+        let short = now < self.cold.next_token_at;
+        let global = match self.cold.global_left {
+            None => capacity,
+            Some(_) if short => 0,
+            // It was short at its answer: its first token came at `next_token_at`.
+            Some(_) if self.cold.next_token_at > self.cold.global_seen_at => {
+                1 + limit.accrued_in(now - self.cold.next_token_at)
+            }
+            Some(left) => {
+                left.saturating_add(limit.accrued_in(now.saturating_sub(self.cold.global_seen_at)))
+            }
+        };
+        let tokens = lease.saturating_add(global).min(capacity);
+        if tokens >= capacity {
+            return View::full(limit);
+        }
+        let lacking = capacity - tokens;
+        let (next_in, full_in) = if short {
+            let next_in = self.cold.next_token_at - now;
+            let rest = micros(limit.time_to_accrue(lacking - 1));
+            (next_in, next_in.saturating_add(rest))
+        } else {
+            let full_in = micros(limit.time_to_accrue(lacking));
+            (micros(limit.time_to_accrue(1)).min(full_in), full_in)
+        };
+        View {
+            tokens,
+            next_in,
+            full_in,
+        }
+    }
+
     /// Requests served from the lease since the last call.
     pub(crate) fn take_uncounted(&mut self) -> u64 {
         u64::from(std::mem::take(&mut self.uncounted))
@@ -457,6 +527,8 @@ impl LocalBucket {
         // From the time the call was sent, so that no request is refused while the global
         // bucket could already admit it.
         self.cold.next_token_at = sent_at.saturating_add(micros(grant.refill_in));
+        self.cold.global_left = Some(grant.remaining);
+        self.cold.global_seen_at = now;
         if grant.granted > 0 {
             self.tokens = self.tokens.saturating_add(grant.granted);
             self.cold.leased_at = now;
@@ -544,6 +616,44 @@ mod tests {
 
     fn verdicts(settled: &Settled) -> Vec<(u64, Verdict)> {
         settled.verdicts.iter().map(|(w, v)| (w.cost, *v)).collect()
+    }
+
+    #[test]
+    fn a_view_adds_the_lease_to_the_global_level_and_its_refill_since() {
+        let limit = limit(); // 10 per second, burst 10
+        let mut b = LocalBucket::default();
+        assert_eq!(b.view(0, &limit), View::full(&limit), "never asked: full");
+        let answer = FetchOutcome::Granted {
+            grant: Grant {
+                granted: 4,
+                reserved: 0,
+                ready_in: Duration::ZERO,
+                remaining: 3,
+                refill_in: Duration::ZERO,
+            },
+            sent_at: 0,
+        };
+        b.settle(&answer, 0, &limit);
+        b.take_leased(2);
+        let view = b.view(0, &limit);
+        assert_eq!(view.tokens, 2 + 3);
+        assert_eq!(view.next_in, 100_000, "one token every 100 ms");
+        assert_eq!(view.full_in, 500_000);
+        // 250 ms later the global bucket has refilled two more.
+        assert_eq!(b.view(250_000, &limit).tokens, 7);
+        assert_eq!(b.view(2_000_000, &limit), View::full(&limit));
+    }
+
+    #[test]
+    fn a_view_of_a_key_known_short_counts_only_the_lease_until_tokens_are_due() {
+        let limit = limit();
+        let mut b = LocalBucket::default();
+        b.settle(&grant(1, 0, 0, 300), 0, &limit);
+        let view = b.view(100_000, &limit);
+        assert_eq!((view.tokens, view.next_in), (1, 200_000));
+        assert_eq!(view.full_in, 200_000 + 800_000, "then 8 more at 10 per second");
+        assert_eq!(b.view(300_000, &limit).tokens, 2, "the global bucket's first token");
+        assert_eq!(b.view(400_000, &limit).tokens, 3);
     }
 
     #[test]

@@ -192,6 +192,12 @@ where
         }
     }
 
+    fn peek_bucket<R>(&self, key: &LeaseKey<K>, f: impl FnOnce(&LocalBucket) -> R) -> Option<R> {
+        let hash = self.hasher.hash_one(key);
+        let table = self.shard(hash).lock();
+        table.find(hash, |e| e.key == *key).map(|e| f(&e.bucket))
+    }
+
     fn for_each_bucket(&self, mut f: impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
         for shard in self.shards.iter() {
             for entry in shard.0.lock().iter_mut() {

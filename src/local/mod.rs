@@ -9,7 +9,7 @@ mod lease;
 pub mod memory;
 
 pub use lease::LocalBucket;
-pub(crate) use lease::{FetchOutcome, Hit, Miss, Settled, Verdict, Waiter};
+pub(crate) use lease::{FetchOutcome, Hit, Miss, Settled, Verdict, View, Waiter};
 
 /// The per-host cache of local buckets.
 ///
@@ -22,6 +22,13 @@ pub(crate) use lease::{FetchOutcome, Hit, Miss, Settled, Verdict, Waiter};
 pub trait LocalStore<K>: Send + Sync + 'static {
     /// Runs `f` on `key`'s bucket, creating an empty one first if there is none.
     fn with_bucket<R>(&self, key: &K, f: impl FnOnce(&mut LocalBucket) -> R) -> R;
+
+    /// Runs `f` on `key`'s bucket if there is one, without creating it or marking it used
+    /// (for read-only views). The default goes through [`with_bucket`](Self::with_bucket),
+    /// which creates an empty bucket for a key not held.
+    fn peek_bucket<R>(&self, key: &K, f: impl FnOnce(&LocalBucket) -> R) -> Option<R> {
+        Some(self.with_bucket(key, |bucket| f(bucket)))
+    }
 
     /// Runs `f` on every bucket held.
     fn for_each_bucket(&self, f: impl FnMut(&K, &mut LocalBucket));

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hierarchical_throttle::clock::ManualClock;
-use hierarchical_throttle::global::{GlobalStore, Grant, TokenRequest};
+use hierarchical_throttle::global::{BucketLevel, GlobalStore, Grant, TokenRequest};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
     Builder, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore, Rejection,
@@ -289,6 +289,15 @@ impl<K: Sync, G: GlobalStore<K>> GlobalStore<K> for FaultyStore<G> {
                 _ => std::future::pending().await,
             }
         }
+    }
+
+    fn level(
+        &self,
+        key: &K,
+        limit: &Limit,
+    ) -> impl Future<Output = Result<BucketLevel, StoreDown>> + Send {
+        let read = self.inner.level(key, limit);
+        async move { read.await.map_err(|_| StoreDown) }
     }
 
     /// Its errors come before it does anything.

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use hierarchical_throttle::bucket::TokenBucket;
 use hierarchical_throttle::clock::{Clock, TokioClock};
-use hierarchical_throttle::global::{GlobalStore, Grant, TokenRequest};
+use hierarchical_throttle::global::{BucketLevel, GlobalStore, Grant, TokenRequest};
 use hierarchical_throttle::{Limit, MemoryGlobalStore};
 
 use super::Rng;
@@ -287,6 +287,18 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
             answer(fault, latency - latency / 2).await?;
             std::mem::forget(undelivered);
             Ok(grant)
+        }
+    }
+
+    fn level(
+        &self,
+        key: &BucketKey<String>,
+        limit: &Limit,
+    ) -> impl Future<Output = Result<BucketLevel, Injected>> + Send {
+        let (store, key, limit) = (self.store(), key.clone(), *limit);
+        async move {
+            let Ok(level) = store.level(&key, &limit).await;
+            Ok(level)
         }
     }
 
