@@ -3,9 +3,11 @@
 //! gRPC clients read the outcome of a call from `grpc-status`, not from the HTTP status: tonic
 //! maps a bare `429` to `UNAVAILABLE`, which clients retry at once. So a gRPC rejection is a
 //! "trailers-only" response: HTTP 200, `content-type: application/grpc`, `grpc-status` and
-//! `grpc-message`, plus `retry-after` (seconds, rounded up) and a `grpc-status-details-bin`
-//! carrying a `google.rpc.Status` with a `google.rpc.RetryInfo` detail, encoded here without
-//! a protobuf dependency.
+//! `grpc-message`, plus `retry-after` (seconds, rounded up), the `ratelimit-policy` and
+//! `ratelimit` fields as metadata, and a `grpc-status-details-bin` carrying a
+//! `google.rpc.Status` with a `google.rpc.RetryInfo` detail and, when throttled, a
+//! `google.rpc.QuotaFailure` naming the limit, encoded here without a protobuf dependency.
+//! Admitted calls carry `ratelimit-policy` and `ratelimit` as initial metadata.
 
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
@@ -53,8 +55,11 @@ pub fn grpc_response<K, B: Default>(rejection: &Rejection<K>) -> Response<B> {
     }
     if let Some(wait) = rejection.retry_after {
         headers.insert("retry-after", HeaderValue::from(ceil_secs(wait)));
-        let details = status_with_retry_info(code, &message, wait);
-        if let Ok(value) = HeaderValue::try_from(base64_unpadded(&details)) {
+    }
+    let details = details(rejection);
+    if !details.is_empty() {
+        let status = status(code, &message, &details);
+        if let Ok(value) = HeaderValue::try_from(base64_unpadded(&status)) {
             headers.insert("grpc-status-details-bin", value);
         }
     }
@@ -75,21 +80,67 @@ fn percent_encode(message: &str) -> String {
     out
 }
 
-/// `google.rpc.Status { code, message, details: [Any(google.rpc.RetryInfo { retry_delay })] }`
-/// in protobuf wire format.
-fn status_with_retry_info(code: u32, message: &str, wait: std::time::Duration) -> Vec<u8> {
-    let mut delay = Vec::new(); // google.protobuf.Duration
+/// The status details for `rejection`, each a `google.protobuf.Any`: a `google.rpc.RetryInfo`
+/// when a retry can succeed, and a `google.rpc.QuotaFailure` naming the limit when throttled.
+fn details<K>(rejection: &Rejection<K>) -> Vec<Vec<u8>> {
+    let mut details = Vec::new();
+    if let Some(wait) = rejection.retry_after {
+        details.push(any("google.rpc.RetryInfo", &retry_info(wait)));
+    }
+    if let (RejectionReason::Throttled, Some(name)) = (rejection.reason, rejection.policy_name()) {
+        let description = match &rejection.limit {
+            Some(limit) => format!("limit {name} ({limit}) exceeded"),
+            None => format!("limit {name} exceeded"),
+        };
+        details.push(any(
+            "google.rpc.QuotaFailure",
+            &quota_failure(&name, &description),
+        ));
+    }
+    details
+}
+
+/// `google.rpc.RetryInfo { retry_delay: google.protobuf.Duration }`.
+fn retry_info(wait: std::time::Duration) -> Vec<u8> {
+    let mut delay = Vec::new();
     put_varint_field(&mut delay, 1, wait.as_secs());
     put_varint_field(&mut delay, 2, u64::from(wait.subsec_nanos()));
     let mut retry_info = Vec::new();
     put_bytes_field(&mut retry_info, 1, &delay);
+    retry_info
+}
+
+/// `google.rpc.QuotaFailure { violations: [Violation { subject, description }] }`: the subject
+/// is the limit's name, never the key (which may identify a customer).
+fn quota_failure(subject: &str, description: &str) -> Vec<u8> {
+    let mut violation = Vec::new();
+    put_bytes_field(&mut violation, 1, subject.as_bytes());
+    put_bytes_field(&mut violation, 2, description.as_bytes());
+    let mut failure = Vec::new();
+    put_bytes_field(&mut failure, 1, &violation);
+    failure
+}
+
+/// `google.protobuf.Any { type_url, value }` for a message of type `name`.
+fn any(name: &str, value: &[u8]) -> Vec<u8> {
     let mut any = Vec::new();
-    put_bytes_field(&mut any, 1, b"type.googleapis.com/google.rpc.RetryInfo");
-    put_bytes_field(&mut any, 2, &retry_info);
+    put_bytes_field(
+        &mut any,
+        1,
+        format!("type.googleapis.com/{name}").as_bytes(),
+    );
+    put_bytes_field(&mut any, 2, value);
+    any
+}
+
+/// `google.rpc.Status { code, message, details }`.
+fn status(code: u32, message: &str, details: &[Vec<u8>]) -> Vec<u8> {
     let mut status = Vec::new();
     put_varint_field(&mut status, 1, u64::from(code));
     put_bytes_field(&mut status, 2, message.as_bytes());
-    put_bytes_field(&mut status, 3, &any);
+    for detail in details {
+        put_bytes_field(&mut status, 3, detail);
+    }
     status
 }
 

@@ -88,6 +88,20 @@ struct Any {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
+struct QuotaFailure {
+    #[prost(message, repeated, tag = "1")]
+    violations: Vec<Violation>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Violation {
+    #[prost(string, tag = "1")]
+    subject: String,
+    #[prost(string, tag = "2")]
+    description: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
 struct RetryInfo {
     #[prost(message, optional, tag = "1")]
     retry_delay: Option<ProtoDuration>,
@@ -107,8 +121,15 @@ async fn calls_past_the_limit_get_resource_exhausted_with_retry_information() {
         let clock = ManualClock::new();
         let addr = serve(&clock, around_service).await;
         let mut client = EchoClient::connect(format!("http://{addr}")).await.unwrap();
-        for _ in 0..3 {
+        for left in (0..3).rev() {
             let reply = client.say(say("k1")).await.expect("within the limit");
+            // Admitted calls carry the RateLimit fields as initial metadata.
+            let state = format!("\"default\";r={left};t=1");
+            assert_eq!(reply.metadata().get("ratelimit").unwrap(), state.as_str());
+            assert_eq!(
+                reply.metadata().get("ratelimit-policy").unwrap(),
+                "\"default\";q=3;w=1"
+            );
             assert_eq!(reply.into_inner().message, "hi");
         }
         clock.advance(Duration::from_millis(100));
@@ -129,6 +150,19 @@ async fn calls_past_the_limit_get_resource_exhausted_with_retry_information() {
         let retry: RetryInfo = prost::Message::decode(&details.details[0].value[..]).unwrap();
         let delay = retry.retry_delay.unwrap();
         assert_eq!((delay.seconds, delay.nanos), (0, 233_334_000));
+        // A QuotaFailure names the limit (never the key).
+        assert_eq!(
+            details.details[1].type_url,
+            "type.googleapis.com/google.rpc.QuotaFailure"
+        );
+        let failure: QuotaFailure = prost::Message::decode(&details.details[1].value[..]).unwrap();
+        assert_eq!(failure.violations.len(), 1);
+        assert_eq!(failure.violations[0].subject, "default");
+        assert_eq!(
+            failure.violations[0].description,
+            "limit default (3/s) exceeded"
+        );
+        assert_eq!(status.metadata().get("ratelimit").unwrap(), "\"default\";r=0;t=1");
 
         // Another key has its own limit.
         assert!(client.say(say("k2")).await.is_ok());

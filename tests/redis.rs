@@ -551,6 +551,11 @@ async fn an_acl_user_limited_to_the_prefix_and_the_scripts_commands_is_enough() 
         .release(&bucket("tenant"), &limit, 4)
         .await
         .expect("and the release script");
+    let level = redis
+        .level(&bucket("tenant"), &limit)
+        .await
+        .expect("and the read-only level script");
+    assert_eq!(level.tokens, 10);
     // Outside its prefix the same user is refused: the rights above are all it has.
     let elsewhere = redis.clone().with_prefix("other:").unwrap();
     let refused = elsewhere

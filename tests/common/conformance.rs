@@ -201,6 +201,11 @@ where
                     clock.advance(Duration::from_micros(after_us));
                     let request = TokenRequest::now(min, want);
                     let grant = store.acquire(&key, &limit, request).await.expect("acquire");
+                    // A read between steps sees what the acquire left, and changes nothing
+                    // (the answers that follow are checked unchanged).
+                    let level = store.level(&key, &limit).await.expect("level");
+                    assert_eq!(level.tokens, grant.remaining, "case `{name}`");
+                    assert!(level.next_in <= level.full_in, "case `{name}`: {level:?}");
                     answers.push((
                         grant.granted,
                         grant.remaining,
@@ -216,6 +221,40 @@ where
         assert_eq!(answers, expected, "case `{name}`");
     }
     assert_reservation_conformance(store, clock).await;
+    assert_level_conformance(store, clock).await;
+}
+
+/// Reading a bucket's level: exact values, for a bucket never seen, emptied, refilling and in
+/// debt to a reservation.
+pub async fn assert_level_conformance<G>(store: &G, clock: &ManualClock)
+where
+    G: GlobalStore<BucketKey<String>>,
+{
+    let limit = Limit::per(1, Duration::from_millis(3)).burst(4).unwrap();
+    let key = BucketKey::new(format!("level-{}", clock.now().as_micros()), "default").unwrap();
+    let read = async || {
+        let level = store.level(&key, &limit).await.expect("level");
+        (
+            level.tokens,
+            level.next_in.as_micros() as u64,
+            level.full_in.as_micros() as u64,
+        )
+    };
+    assert_eq!(read().await, (4, 0, 0), "never seen: full");
+    store
+        .acquire(&key, &limit, TokenRequest::now(4, 4))
+        .await
+        .expect("acquire");
+    assert_eq!(read().await, (0, 3_000, 12_000), "emptied");
+    clock.advance(Duration::from_micros(4_500));
+    assert_eq!(read().await, (1, 1_500, 7_500), "refilling");
+    let mut reserve = TokenRequest::now(1, 3);
+    reserve.max_delay = Duration::from_millis(10);
+    let grant = store.acquire(&key, &limit, reserve).await.expect("acquire");
+    assert_eq!((grant.granted, grant.reserved), (1, 2));
+    assert_eq!(read().await, (0, 7_500, 16_500), "in debt for two tokens");
+    clock.advance(Duration::from_micros(16_500));
+    assert_eq!(read().await, (4, 0, 0), "full again");
 }
 
 /// One reservation step: advance the clock by `after_us`, then acquire (`min`, `want`) with
