@@ -28,19 +28,25 @@ where
     /// out of line.
     #[inline(always)]
     pub(crate) fn check_key(self: &Arc<Self>, key: K, cost: u64) -> Check<K> {
-        let id = LeaseKey::new(key, 0, 0);
-        let (hit, slots) = self.take_leased(&id, cost);
+        self.check_first_bucket(&LeaseKey::new(key, 0, 0), cost)
+    }
+
+    /// [`check_key`](Self::check_key) for a key's first bucket `id`, which the caller keeps.
+    #[inline(always)]
+    pub(crate) fn check_first_bucket(self: &Arc<Self>, id: &LeaseKey<K>, cost: u64) -> Check<K> {
+        let (hit, slots) = self.take_leased(id, cost);
         if hit == Hit::Admitted && slots <= 1 {
             return Check::Admit;
         }
-        self.check_key_further(id, hit, slots, cost)
+        self.check_key_further(id.clone(), hit, slots, cost)
     }
 
-    /// Decides a request of `cost` on every limit of each of `keys` (with their levels).
-    pub(crate) fn check_keys(self: &Arc<Self>, keys: &[(u8, K)], cost: u64) -> Check<K> {
+    /// Decides a request of `cost` on every limit of each of `keys` (first buckets of their
+    /// levels).
+    pub(crate) fn check_keys(self: &Arc<Self>, keys: &[LeaseKey<K>], cost: u64) -> Check<K> {
         let mut all = AllOf::new(self.clone(), cost);
-        for (level, key) in keys {
-            all.check_level(key.clone(), *level);
+        for id in keys {
+            all.check_level(id.key.clone(), id.level);
         }
         all.finish()
     }

@@ -205,9 +205,8 @@ where
     /// # Ok(()) }
     /// ```
     pub fn remaining(&self, key: &K) -> Vec<crate::Remaining> {
-        let mut out = Vec::new();
-        self.throttle.remaining_local(0, key, &mut out);
-        out
+        self.throttle
+            .remaining_of(&mut [LeaseKey::new(key.clone(), 0, 0)])
     }
 
     /// What every limit of `key` (at the layer's first level) holds in the global store: one

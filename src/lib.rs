@@ -112,7 +112,8 @@ pub use local::memory::MemoryLocalStore;
 pub use quota::Quota;
 pub use remaining::Remaining;
 pub use response::{
-    DefaultRejection, OnRejection, Rejection, RejectionReason, append_ratelimit_fields, http_response,
+    DefaultRejection, OnRejection, Rejection, RejectionReason, append_ratelimit_fields,
+    http_response,
 };
 pub use service::HierarchicalThrottle;
 pub use stats::ThrottleStats;

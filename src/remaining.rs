@@ -8,8 +8,8 @@ use crate::clock::{Clock, micros};
 use crate::global::GlobalStore;
 use crate::limit::Limit;
 use crate::local::{LocalStore, View};
-use crate::quota::{BucketKey, LeaseKey, Name, scope};
-use crate::throttle::Throttle;
+use crate::quota::{BucketKey, LeaseKey, Name, Quota, scope};
+use crate::throttle::{QuotaSource, Throttle};
 
 /// What one limit of a key holds, without taking anything.
 ///
@@ -80,28 +80,38 @@ where
     L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
-    /// This host's view of every limit of `key` at `level`, appended to `out`. A bucket this
-    /// host does not hold is full as far as it knows (global buckets start full).
-    pub(crate) fn remaining_local(&self, level: u8, key: &K, out: &mut Vec<Remaining>) {
-        let Some((level_name, quota)) = self.level_quota(level, key) else {
+    /// This host's view of every limit of the key of bucket `id` at its level, appended to
+    /// `out`; `id`'s slot is left at the key's first bucket. A bucket this host does not hold
+    /// is full as far as it knows (global buckets start full).
+    pub(crate) fn remaining_local(&self, id: &mut LeaseKey<K>, now: u64, out: &mut Vec<Remaining>) {
+        let Some(level) = self.levels.get(usize::from(id.level)) else {
             return;
         };
-        let now = micros(self.clock.now());
+        let per_key;
+        let quota = match &level.quota {
+            QuotaSource::Fixed(quota) => quota,
+            QuotaSource::PerKey(f) => {
+                per_key = f(&id.key);
+                &per_key
+            }
+        };
         for (slot, (name, limit)) in (0..).zip(quota.slots_iter()) {
-            let id = LeaseKey::new(key.clone(), level, slot);
+            id.slot = slot;
             let view = self
                 .local
-                .peek_bucket(&id, |bucket| bucket.view(now, &limit))
+                .peek_bucket(id, |bucket| bucket.view(now, &limit))
                 .unwrap_or_else(|| View::full(&limit));
-            out.push(Remaining::new(name, level_name, limit, view));
+            out.push(Remaining::new(name, level.name, limit, view));
         }
+        id.slot = 0;
     }
 
-    /// This host's view of every limit of `keys` (with their levels).
-    pub(crate) fn remaining_of(&self, keys: &[(u8, K)]) -> Vec<Remaining> {
+    /// This host's view of every limit of `keys` (first buckets of their levels).
+    pub(crate) fn remaining_of(&self, keys: &mut [LeaseKey<K>]) -> Vec<Remaining> {
+        let now = micros(self.clock.now());
         let mut out = Vec::new();
-        for (level, key) in keys {
-            self.remaining_local(*level, key, &mut out);
+        for id in keys {
+            self.remaining_local(id, now, &mut out);
         }
         out
     }
@@ -129,7 +139,7 @@ where
         Ok(out)
     }
 
-    fn level_quota(&self, level: u8, key: &K) -> Option<(Option<Name>, crate::Quota)> {
+    fn level_quota(&self, level: u8, key: &K) -> Option<(Option<Name>, Quota)> {
         let name = self.levels.get(usize::from(level))?.name;
         Some((name, self.quota(level, key)?))
     }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{HeaderName, HeaderValue, Response, StatusCode, header};
 
 use crate::limit::Limit;
 use crate::remaining::Remaining;
@@ -237,26 +237,31 @@ where
 /// more>`. Appended, not replaced: fields from another layer stay, and the lines combine into
 /// one list.
 pub fn append_ratelimit_fields(headers: &mut http::HeaderMap, remaining: &[Remaining]) {
+    use std::fmt::Write;
     if remaining.is_empty() {
         return;
     }
-    let mut policies = String::new();
-    let mut states = String::new();
+    let mut policies = String::with_capacity(40 * remaining.len());
+    let mut states = String::with_capacity(32 * remaining.len());
     for (i, r) in remaining.iter().enumerate() {
+        let separator = if i == 0 { "" } else { ", " };
         let name = r.policy_name();
-        if i > 0 {
-            policies.push_str(", ");
-            states.push_str(", ");
-        }
-        policies.push_str(&policy_item(&name, &r.limit));
-        states.push_str(&format!(
-            "\"{name}\";r={};t={}",
+        // Writing to a String cannot fail.
+        let _ = write!(
+            policies,
+            "{separator}\"{name}\";q={};w={}",
+            sf_integer(r.limit.capacity()),
+            sf_integer(window_secs(&r.limit))
+        );
+        let _ = write!(
+            states,
+            "{separator}\"{name}\";r={};t={}",
             sf_integer(r.tokens),
             sf_integer(ceil_secs(r.next_in))
-        ));
+        );
     }
-    headers.append("ratelimit-policy", header_value(policies));
-    headers.append("ratelimit", header_value(states));
+    headers.append(RATELIMIT_POLICY, header_value(policies));
+    headers.append(RATELIMIT, header_value(states));
 }
 
 /// The HTTP response [`DefaultRejection`] gives for `rejection`.
@@ -283,12 +288,12 @@ pub(crate) fn insert_ratelimit_fields<K>(headers: &mut http::HeaderMap, rejectio
     let (Some(limit), Some(name)) = (&rejection.limit, rejection.policy_name()) else {
         return;
     };
-    headers.insert("ratelimit-policy", header_value(policy_item(&name, limit)));
+    headers.insert(RATELIMIT_POLICY, header_value(policy_item(&name, limit)));
     if let (RejectionReason::Throttled, Some(secs)) =
         (rejection.reason, rejection.retry_after_secs())
     {
         let state = format!("\"{name}\";r=0;t={}", sf_integer(secs));
-        headers.insert("ratelimit", header_value(state));
+        headers.insert(RATELIMIT, header_value(state));
     }
 }
 
@@ -296,13 +301,20 @@ pub(crate) fn insert_ratelimit_fields<K>(headers: &mut http::HeaderMap, rejectio
 /// fill>`, so a client reads the burst as `q` and the rate as `q/w` (with `w` rounded up, a
 /// client pacing itself at `q/w` never runs ahead of the bucket).
 pub(crate) fn policy_item(name: &str, limit: &Limit) -> String {
-    let window = ceil_secs(limit.time_to_accrue(limit.capacity()));
     format!(
         "\"{name}\";q={};w={}",
         sf_integer(limit.capacity()),
-        sf_integer(window)
+        sf_integer(window_secs(limit))
     )
 }
+
+/// The seconds an empty bucket of `limit` takes to fill, rounded up: `RateLimit-Policy`'s `w`.
+fn window_secs(limit: &Limit) -> u64 {
+    ceil_secs(limit.time_to_accrue(limit.capacity()))
+}
+
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// The largest integer a Structured Field holds (15 digits).
 const SF_INTEGER_MAX: u64 = 999_999_999_999_999;

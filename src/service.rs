@@ -120,8 +120,8 @@ where
     }
 }
 
-/// The keys a request draws on, with their levels.
-type LevelKeys<K> = Vec<(u8, K)>;
+/// The first buckets of the keys a request draws on, one per level.
+type LevelKeys<K> = Vec<LeaseKey<K>>;
 
 impl<S, Req, K, G, L, C, R> HierarchicalThrottle<S, Req, K, G, L, C, R>
 where
@@ -150,7 +150,7 @@ where
         match self.level_keys((self.policy.key)(&request), &request) {
             Ok(keys) => {
                 let check = match keys.as_slice() {
-                    [(0, key)] => self.throttle.check_key(key.clone(), cost),
+                    [first] if first.level == 0 => self.throttle.check_first_bucket(first, cost),
                     _ => self.throttle.check_keys(&keys, cost),
                 };
                 self.respond(check, request, Some(keys))
@@ -170,8 +170,8 @@ where
         match check {
             Check::Admit => match keys {
                 None => ResponseFuture::called(self.inner.call(request)),
-                Some(keys) => {
-                    let remaining = self.throttle.remaining_of(&keys);
+                Some(mut keys) => {
+                    let remaining = self.throttle.remaining_of(&mut keys);
                     self.annotated(request, remaining)
                 }
             },
@@ -189,7 +189,11 @@ where
     }
 
     #[inline(never)]
-    fn annotated(&mut self, request: Req, remaining: Vec<Remaining>) -> ResponseFuture<S, Req, K, R> {
+    fn annotated(
+        &mut self,
+        request: Req,
+        remaining: Vec<Remaining>,
+    ) -> ResponseFuture<S, Req, K, R> {
         ResponseFuture::annotated(self.inner.call(request), remaining, self.policy.clone())
     }
 
@@ -212,7 +216,9 @@ where
         let throttle = self.throttle.clone();
         let decision = Box::pin(async move {
             match decision.await {
-                Ok(()) => Ok(keys.map_or_else(Vec::new, |keys| throttle.remaining_of(&keys))),
+                Ok(()) => {
+                    Ok(keys.map_or_else(Vec::new, |mut keys| throttle.remaining_of(&mut keys)))
+                }
                 Err(rejection) if throttle.config.shadow => {
                     throttle.admit_in_shadow(&rejection);
                     let remaining = keys.and(Remaining::of_refusal(&rejection));
@@ -236,11 +242,11 @@ where
     fn level_keys(&self, first: Option<K>, request: &Req) -> Result<LevelKeys<K>, Rejection<K>> {
         let mut keys = Vec::with_capacity(1 + self.policy.levels.len());
         if let Some(key) = self.first_key(first)? {
-            keys.push((0, key));
+            keys.push(LeaseKey::new(key, 0, 0));
         }
         for (level, key_of) in (1..).zip(self.policy.levels.iter()) {
             if let Some(key) = key_of(request) {
-                keys.push((level, key));
+                keys.push(LeaseKey::new(key, level, 0));
             }
         }
         Ok(keys)

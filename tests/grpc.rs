@@ -162,7 +162,10 @@ async fn calls_past_the_limit_get_resource_exhausted_with_retry_information() {
             failure.violations[0].description,
             "limit default (3/s) exceeded"
         );
-        assert_eq!(status.metadata().get("ratelimit").unwrap(), "\"default\";r=0;t=1");
+        assert_eq!(
+            status.metadata().get("ratelimit").unwrap(),
+            "\"default\";r=0;t=1"
+        );
 
         // Another key has its own limit.
         assert!(client.say(say("k2")).await.is_ok());

@@ -104,7 +104,11 @@ async fn a_host_counts_what_other_hosts_took_from_the_global_bucket() {
     assert_eq!(global_view.tokens, 5);
     assert_eq!(global_view.next_in, Duration::from_millis(100));
     clock.advance(Duration::from_millis(250));
-    assert_eq!(layer_b.remaining(&"u1".to_owned())[0].tokens, 7, "refilled since");
+    assert_eq!(
+        layer_b.remaining(&"u1".to_owned())[0].tokens,
+        7,
+        "refilled since"
+    );
     assert_eq!(
         layer_b.remaining(&"u9".to_owned())[0].tokens,
         10,
@@ -118,7 +122,11 @@ async fn every_limit_at_every_level_is_one_item() {
     let layer = HierarchicalThrottleLayer::builder()
         .key(user)
         .clock(clock.clone())
-        .quota("per-second: 5/s; per-minute: 20/min".parse::<Quota>().unwrap())
+        .quota(
+            "per-second: 5/s; per-minute: 20/min"
+                .parse::<Quota>()
+                .unwrap(),
+        )
         .level("tenant", tenant, "default: 100/h".parse::<Quota>().unwrap())
         .global_store(MemoryGlobalStore::with_clock(clock.clone()))
         .build()
@@ -219,9 +227,16 @@ async fn jitter_spreads_retry_after_without_ever_shortening_it() {
         let refused = call(&app, "/", "u1", None).await;
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
         let secs: u64 = field(&refused, "retry-after").unwrap().parse().unwrap();
-        assert!((60..=90).contains(&secs), "{secs} s is not 60 s plus at most 30 s");
+        assert!(
+            (60..=90).contains(&secs),
+            "{secs} s is not 60 s plus at most 30 s"
+        );
         let t = format!("\"default\";r=0;t={secs}");
-        assert_eq!(field(&refused, "ratelimit"), Some(t), "t agrees with Retry-After");
+        assert_eq!(
+            field(&refused, "ratelimit"),
+            Some(t),
+            "t agrees with Retry-After"
+        );
         waits.insert(secs);
     }
     assert!(waits.len() >= 10, "50 refusals spread over only {waits:?}");
@@ -247,7 +262,12 @@ async fn the_fields_are_valid_structured_fields_for_any_limit() {
         let layer = HierarchicalThrottleLayer::builder()
             .key(user)
             .clock(clock.clone())
-            .quota(Quota::new("per-x.y_z", limit).unwrap().and("default", limit).unwrap())
+            .quota(
+                Quota::new("per-x.y_z", limit)
+                    .unwrap()
+                    .and("default", limit)
+                    .unwrap(),
+            )
             .global_store(MemoryGlobalStore::with_clock(clock.clone()))
             .build()
             .unwrap();
@@ -270,7 +290,11 @@ async fn the_fields_are_valid_structured_fields_for_any_limit() {
                     let policy = item.bare_item.as_string().unwrap().as_str().to_owned();
                     assert!(["per-x.y_z", "default"].contains(&policy.as_str()));
                     let params: Vec<_> = item.params.keys().map(|k| k.as_str()).collect();
-                    let expected = if name == "ratelimit" { ["r", "t"] } else { ["q", "w"] };
+                    let expected = if name == "ratelimit" {
+                        ["r", "t"]
+                    } else {
+                        ["q", "w"]
+                    };
                     assert_eq!(params, expected, "{value}");
                     for v in item.params.values() {
                         let n = i64::from(v.as_integer().unwrap());

@@ -1,11 +1,14 @@
 //! What the whole layer adds to a trivial service when the key is a request header
 //! (`key::header_value`, a `String` per request), over 1 and 1,000 keys, every request
-//! admitted: the unthrottled service and the throttled one, in the same run. Each iteration
-//! clones a prepared request on both sides.
+//! admitted, in the same run: the unthrottled service, tower_governor (same key, GCRA per
+//! host), and this layer with its default rejection, with the `RateLimit` fields on admitted
+//! responses turned off and on (the default). Each iteration clones a prepared request.
 //!
 //! Run with: cargo bench -p hierarchical-throttle-bench --bench layer_overhead
 
 use std::convert::Infallible;
+
+use axum::body::Body;
 use std::future::{Ready, ready};
 use std::hint::black_box;
 use std::task::{Context, Poll};
@@ -16,22 +19,38 @@ use hierarchical_throttle::batch::FractionOfCapacity;
 use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
 use http::{Request, Response};
 use tower::{Layer, Service, ServiceExt};
+use tower_governor::GovernorError;
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::KeyExtractor;
 
 /// The inner service: answers at once.
 #[derive(Clone, Copy)]
 struct Echo;
 
 impl Service<Request<()>> for Echo {
-    type Response = Response<()>;
+    type Response = Response<Body>;
     type Error = Infallible;
-    type Future = Ready<Result<Response<()>, Infallible>>;
+    type Future = Ready<Result<Response<Body>, Infallible>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, _: Request<()>) -> Self::Future {
-        ready(Ok(Response::new(())))
+        ready(Ok(Response::new(Body::empty())))
+    }
+}
+
+/// tower_governor's key: the same header, read the same way.
+#[derive(Clone, Copy)]
+struct ApiKey;
+
+impl KeyExtractor for ApiKey {
+    type Key = String;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<String, GovernorError> {
+        key::header_value(req, "x-api-key").ok_or(GovernorError::UnableToExtractKey)
     }
 }
 
@@ -63,7 +82,7 @@ fn limit() -> Limit {
 /// Measures `service` on `requests` after one warm-up round (every key then holds tokens).
 fn measure<S>(c: &mut Criterion, name: String, mut service: S, requests: &[Request<()>])
 where
-    S: Service<Request<()>, Response = Response<()>, Error = Infallible> + Clone,
+    S: Service<Request<()>, Response = Response<Body>, Error = Infallible> + Clone,
 {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -92,21 +111,40 @@ fn bench(c: &mut Criterion) {
             Echo,
             &requests,
         );
-        let by_string = HierarchicalThrottleLayer::builder()
-            .key(|req: &Request<()>| key::header_value(req, "x-api-key"))
-            .limit(limit())
-            .batch_policy(FractionOfCapacity::new(1.0).expect("a fraction"))
-            .lease_ttl(Duration::from_secs(3600))
-            .global_store(MemoryGlobalStore::new())
-            .on_rejection(|_: &Request<()>, _| Ok::<_, Infallible>(Response::new(())))
-            .build()
-            .expect("a valid layer");
+        let config = GovernorConfigBuilder::default()
+            .per_nanosecond(1)
+            .burst_size(u32::MAX)
+            .key_extractor(ApiKey)
+            .finish()
+            .expect("a valid governor config");
         measure(
             c,
-            format!("layer_overhead/throttled/{keys}"),
-            by_string.layer(Echo),
+            format!("layer_overhead/tower_governor/{keys}"),
+            GovernorLayer::new(config).layer(Echo),
             &requests,
         );
+        for fields in [false, true] {
+            let layer = HierarchicalThrottleLayer::builder()
+                .key(|req: &Request<()>| key::header_value(req, "x-api-key"))
+                .limit(limit())
+                .batch_policy(FractionOfCapacity::new(1.0).expect("a fraction"))
+                .lease_ttl(Duration::from_secs(3600))
+                .ratelimit_fields(fields)
+                .global_store(MemoryGlobalStore::new())
+                .build()
+                .expect("a valid layer");
+            let name = if fields {
+                "throttled_fields"
+            } else {
+                "throttled"
+            };
+            measure(
+                c,
+                format!("layer_overhead/{name}/{keys}"),
+                layer.layer(Echo),
+                &requests,
+            );
+        }
     }
 }
 

@@ -651,8 +651,16 @@ mod tests {
         b.settle(&grant(1, 0, 0, 300), 0, &limit);
         let view = b.view(100_000, &limit);
         assert_eq!((view.tokens, view.next_in), (1, 200_000));
-        assert_eq!(view.full_in, 200_000 + 800_000, "then 8 more at 10 per second");
-        assert_eq!(b.view(300_000, &limit).tokens, 2, "the global bucket's first token");
+        assert_eq!(
+            view.full_in,
+            200_000 + 800_000,
+            "then 8 more at 10 per second"
+        );
+        assert_eq!(
+            b.view(300_000, &limit).tokens,
+            2,
+            "the global bucket's first token"
+        );
         assert_eq!(b.view(400_000, &limit).tokens, 3);
     }
 
