@@ -124,6 +124,7 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
                 max_reservation: Duration::from_millis(100),
                 shadow: false,
                 ratelimit_fields: true,
+                shaping: crate::Shaping::Refuse,
                 retry_jitter: Duration::ZERO,
                 name: Arc::from("default"),
             },
@@ -169,15 +170,43 @@ where
     /// # Ok(()) }
     /// ```
     ///
+    /// With [`Shaping::Wait`](crate::Shaping) it waits for its tokens as requests do.
+    ///
     /// It draws on every limit of `key`'s quota at the layer's first level (further
     /// [levels](Builder::level) have their own keys, which a bare key does not carry).
     #[inline]
     pub fn acquire(&self, key: K, cost: u64) -> Acquire<K> {
+        if self.throttle.shapes() {
+            return self.acquire_shaped(key, cost);
+        }
         match self.throttle.check_key(key, cost) {
             Check::Admit => Acquire::admitted(),
             Check::Reject(rejection) => Acquire::rejected(rejection),
             Check::Wait(decision) => Acquire::waiting(decision),
         }
+    }
+
+    /// [`acquire`](Self::acquire) when throttled requests wait for their tokens.
+    #[inline(never)]
+    fn acquire_shaped(&self, key: K, cost: u64) -> Acquire<K> {
+        let id = LeaseKey::new(key, 0, 0);
+        let decision = match self.throttle.check_first_bucket(&id, cost) {
+            Check::Admit => return Acquire::admitted(),
+            Check::Reject(refusal) if !self.throttle.may_wait(&refusal) => {
+                return Acquire::rejected(refusal);
+            }
+            Check::Reject(refusal) => Box::pin(std::future::ready(Err(refusal))),
+            Check::Wait(decision) => decision,
+        };
+        let throttle = self.throttle.clone();
+        Acquire::waiting(Box::pin(async move {
+            match decision.await {
+                Err(refusal) if throttle.may_wait(&refusal) => {
+                    throttle.wait_for_tokens(&[id], cost, refusal).await
+                }
+                decided => decided,
+            }
+        }))
     }
 
     /// What every limit of `key` (at the layer's first level) holds as this host sees it,
@@ -404,6 +433,27 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     /// [`DefaultRejection`](crate::DefaultRejection) does) adds anything. Default: on.
     pub fn ratelimit_fields(mut self, on: bool) -> Self {
         self.config.ratelimit_fields = on;
+        self
+    }
+
+    /// Whether a throttled request is refused at once ([`Shaping::Refuse`](crate::Shaping),
+    /// the default: policing) or waits for its tokens ([`Shaping::wait`](crate::Shaping::wait):
+    /// shaping), in arrival order per key and host, up to a bound.
+    ///
+    /// A waiting request holds no tokens: each time its tokens are due it is decided like any
+    /// other request, so waiting never admits more than refusing would, fleet-wide; if other
+    /// hosts took the tokens first it sleeps until the next are due, until its wait runs out.
+    /// A request that arrives when its key's lease holds tokens is served at once, ahead of
+    /// those waiting. Waits sleep on tokio's timer: in tests, use a clock that follows it
+    /// ([`TokioClock`](crate::clock::TokioClock)) with paused time.
+    ///
+    /// `max` is at most 1 hour, `queue` at least 1.
+    pub fn shaping(mut self, shaping: crate::Shaping) -> Self {
+        if let crate::Shaping::Wait { max, queue } = shaping {
+            self.check(max <= MAX_SETTING, "shaping", "a wait of at most 1 hour");
+            self.check(queue >= 1, "shaping", "a queue of at least 1 request");
+        }
+        self.config.shaping = shaping;
         self
     }
 

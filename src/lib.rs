@@ -97,6 +97,7 @@ pub mod quota;
 mod remaining;
 mod response;
 mod service;
+mod shaping;
 mod stats;
 mod sync;
 mod throttle;
@@ -116,6 +117,7 @@ pub use response::{
     http_response,
 };
 pub use service::HierarchicalThrottle;
+pub use shaping::Shaping;
 pub use stats::ThrottleStats;
 
 /// The README's examples, run as doc tests.

@@ -106,8 +106,8 @@ where
     #[inline(always)]
     fn call(&mut self, request: Req) -> Self::Future {
         let cost = self.policy.cost(&request);
-        if self.annotates() {
-            return self.call_annotated(request, cost);
+        if self.annotates() || self.throttle.shapes() {
+            return self.call_keyed(request, cost);
         }
         let check = match (self.policy.key)(&request) {
             Some(key) if self.policy.levels.is_empty() => self.throttle.check_key(key, cost),
@@ -116,7 +116,7 @@ where
                 Err(rejection) => Check::Reject(rejection),
             },
         };
-        self.respond(check, request, None)
+        self.respond(check, request, None, cost)
     }
 }
 
@@ -143,48 +143,54 @@ where
             )
     }
 
-    /// A request whose response will carry the state of the limits it drew on: its keys are
-    /// kept to read them once it is admitted.
+    /// A request whose keys are kept: to read the state of its limits for its response once
+    /// admitted, or to check them again while it waits for its tokens.
     #[inline(never)]
-    fn call_annotated(&mut self, request: Req, cost: u64) -> ResponseFuture<S, Req, K, R> {
+    fn call_keyed(&mut self, request: Req, cost: u64) -> ResponseFuture<S, Req, K, R> {
         match self.level_keys((self.policy.key)(&request), &request) {
             Ok(keys) => {
                 let check = match keys.as_slice() {
                     [first] if first.level == 0 => self.throttle.check_first_bucket(first, cost),
                     _ => self.throttle.check_keys(&keys, cost),
                 };
-                self.respond(check, request, Some(keys))
+                self.respond(check, request, Some(keys), cost)
             }
-            Err(rejection) => self.respond(Check::Reject(rejection), request, None),
+            Err(rejection) => self.respond(Check::Reject(rejection), request, None, cost),
         }
     }
 
-    /// Serves, refuses or parks `request` by `check`; `keys` when its response is annotated.
+    /// Serves, refuses or parks `request` by `check`; `keys` when they are kept (see
+    /// [`call_keyed`](Self::call_keyed)).
     #[inline(always)]
     fn respond(
         &mut self,
         check: Check<K>,
         request: Req,
         keys: Option<LevelKeys<K>>,
+        cost: u64,
     ) -> ResponseFuture<S, Req, K, R> {
         match check {
             Check::Admit => match keys {
-                None => ResponseFuture::called(self.inner.call(request)),
-                Some(mut keys) => {
+                Some(mut keys) if self.annotates() => {
                     let remaining = self.throttle.remaining_of(&mut keys);
                     self.annotated(request, remaining)
                 }
+                _ => ResponseFuture::called(self.inner.call(request)),
             },
             Check::Reject(rejection) if self.throttle.config.shadow => {
                 self.throttle.admit_in_shadow(&rejection);
-                let remaining = keys
-                    .and(Remaining::of_refusal(&rejection))
-                    .into_iter()
-                    .collect();
+                let remaining = match self.annotates() {
+                    true => Remaining::of_refusal(&rejection).into_iter().collect(),
+                    false => Vec::new(),
+                };
                 self.annotated(request, remaining)
             }
+            Check::Reject(rejection) if keys.is_some() && self.throttle.may_wait(&rejection) => {
+                let refused = Box::pin(std::future::ready(Err(rejection)));
+                self.park(refused, request, keys, cost)
+            }
             Check::Reject(rejection) => self.reject(&request, rejection),
-            Check::Wait(decision) => self.park(decision, request, keys),
+            Check::Wait(decision) => self.park(decision, request, keys, cost),
         }
     }
 
@@ -203,25 +209,35 @@ where
         ResponseFuture::rejected(self.policy.on_rejection.on_rejection(request, rejection))
     }
 
-    /// The request waits for a batch with the ready service; a clone, maybe not ready, stays.
-    /// Once decided, it is admitted with the state of its limits (`keys` given), admitted in
-    /// shadow mode with its refusal's, or refused.
+    /// The request waits for its decision with the ready service; a clone, maybe not ready,
+    /// stays. A throttled decision then waits for its tokens when the layer shapes (`keys`
+    /// given); an admitted request gets the state of its limits when annotated, one admitted in
+    /// shadow mode its refusal's.
     #[inline(never)]
     fn park(
         &mut self,
         decision: BoxFuture<'static, Result<(), Rejection<K>>>,
         request: Req,
         keys: Option<LevelKeys<K>>,
+        cost: u64,
     ) -> ResponseFuture<S, Req, K, R> {
         let throttle = self.throttle.clone();
+        let annotate = self.annotates();
         let decision = Box::pin(async move {
-            match decision.await {
-                Ok(()) => {
-                    Ok(keys.map_or_else(Vec::new, |mut keys| throttle.remaining_of(&mut keys)))
+            let decided = match (decision.await, &keys) {
+                (Err(refusal), Some(keys)) if throttle.may_wait(&refusal) => {
+                    throttle.wait_for_tokens(keys, cost, refusal).await
                 }
+                (decided, _) => decided,
+            };
+            match decided {
+                Ok(()) => Ok(match keys {
+                    Some(mut keys) if annotate => throttle.remaining_of(&mut keys),
+                    _ => Vec::new(),
+                }),
                 Err(rejection) if throttle.config.shadow => {
                     throttle.admit_in_shadow(&rejection);
-                    let remaining = keys.and(Remaining::of_refusal(&rejection));
+                    let remaining = Remaining::of_refusal(&rejection).filter(|_| annotate);
                     Ok(remaining.into_iter().collect())
                 }
                 Err(mut rejection) => {

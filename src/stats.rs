@@ -38,6 +38,12 @@ pub struct ThrottleStats {
     /// Requests that would have been refused and were served because the layer is in
     /// [shadow mode](crate::Builder::shadow). They are counted among the refusals too.
     pub shadow_admitted: u64,
+    /// Requests that queued to wait for their tokens ([`Shaping::Wait`](crate::Shaping)). Each
+    /// check while they wait is counted above as a decision of its own.
+    pub shaped_waits: u64,
+    /// Requests refused at once by [`Shaping::Wait`](crate::Shaping): their tokens were due
+    /// later than the wait allows, or their key's queue was full.
+    pub shaped_refusals: u64,
 }
 
 macro_rules! counters {
@@ -69,6 +75,8 @@ counters!(
     tokens_returned,
     tokens_lost,
     shadow_admitted,
+    shaped_waits,
+    shaped_refusals,
 );
 
 const STRIPES: usize = 8;

@@ -72,6 +72,8 @@ pub(crate) struct Config {
     pub(crate) shadow: bool,
     /// Admitted responses get `RateLimit` fields (when the rejection handler writes them).
     pub(crate) ratelimit_fields: bool,
+    /// Whether throttled requests wait for their tokens.
+    pub(crate) shaping: crate::Shaping,
     /// The most added at random to a refusal's `retry_after`.
     pub(crate) retry_jitter: Duration,
     /// The layer's name, a label on its metrics.
@@ -108,6 +110,7 @@ pub(crate) struct Throttle<K, G, L, C> {
     health: StoreHealth,
     sweeper_running: AtomicBool,
     jitter: Jitter,
+    pub(crate) shaper: crate::shaping::Shaper<K>,
     /// Tokens to hand back: evicted leases, and hand-backs the store did not take.
     returns: Mutex<Vec<(LeaseKey<K>, u64)>>,
 }
@@ -138,6 +141,7 @@ where
             health: StoreHealth::default(),
             sweeper_running: AtomicBool::new(false),
             jitter: Jitter::default(),
+            shaper: crate::shaping::Shaper::default(),
             returns: Mutex::default(),
         }
     }

@@ -24,7 +24,7 @@ use hierarchical_throttle::clock::{Clock, TokioClock};
 use hierarchical_throttle::local::LocalStore;
 use hierarchical_throttle::{
     FailurePolicy, HierarchicalThrottleLayer, Limit, MemoryLocalStore, OnRejection, Rejection,
-    RejectionReason,
+    RejectionReason, Shaping,
 };
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -88,6 +88,9 @@ pub struct Scenario {
     /// Faults are injected at all (else: latency only, and the failure policy must never
     /// decide).
     pub faulty: bool,
+    /// Whether throttled requests wait for their tokens (drawn last, so that earlier seeds
+    /// keep the rest of their scenario).
+    pub shaping: Shaping,
 }
 
 const LIMITS: &[(u64, u64, u64)] = &[
@@ -145,6 +148,14 @@ impl Scenario {
             max_reservation: Duration::from_millis([0, 20, 100][rng.below(3) as usize]),
             faults: FaultPlan::draw(&mut rng, store_timeout, faulty),
             faulty,
+            shaping: if rng.chance(0.3) {
+                Shaping::Wait {
+                    max: Duration::from_millis([5, 50, 300][rng.below(3) as usize]),
+                    queue: [1, 8, 128][rng.below(3) as usize],
+                }
+            } else {
+                Shaping::Refuse
+            },
         }
     }
 }
@@ -247,6 +258,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 .store_timeout(s.store_timeout)
                 .lease_ttl(s.lease_ttl)
                 .max_reservation(s.max_reservation)
+                .shaping(s.shaping)
                 .failure_policy(if s.faulty {
                     FailurePolicy::Reject
                 } else {
