@@ -72,6 +72,8 @@ struct Place<'a, K: Hash + Eq> {
     shaper: &'a Shaper<K>,
     key: &'a K,
     cost: u64,
+    /// The key's turn, to wait for.
+    turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl<K: Hash + Eq> Drop for Place<'_, K> {
@@ -121,8 +123,8 @@ where
             return Err(refusal);
         };
         let deadline = tokio::time::Instant::now() + max;
-        let (turn, _place) = self.queue_up(&first.key, cost, max, queue, refusal)?;
-        let _turn = turn.lock().await;
+        let place = self.queue_up(&first.key, cost, max, queue, refusal)?;
+        let _turn = place.turn.lock().await;
         loop {
             let refusal = match self.check_keys(keys, cost) {
                 Check::Admit => return Ok(()),
@@ -150,7 +152,7 @@ where
         max: Duration,
         bound: usize,
         refusal: Rejection<K>,
-    ) -> Result<(Arc<tokio::sync::Mutex<()>>, Place<'a, K>), Rejection<K>> {
+    ) -> Result<Place<'a, K>, Rejection<K>> {
         let mut queues = lock(&self.shaper.queues);
         let (waiting, ahead) = queues.get(key).map_or((0, 0), |q| (q.waiting, q.tokens));
         let own = refusal.retry_after.unwrap_or_default();
@@ -171,11 +173,11 @@ where
         queue.waiting += 1;
         queue.tokens += cost;
         self.stats.shaped_waits.incr();
-        let place = Place {
+        Ok(Place {
             shaper: &self.shaper,
             key,
             cost,
-        };
-        Ok((queue.turn.clone(), place))
+            turn: queue.turn.clone(),
+        })
     }
 }
