@@ -103,6 +103,23 @@ impl<K> Rejection<K> {
     }
 }
 
+impl<K> fmt::Display for Rejection<K> {
+    /// The reason, the refusing limit and the wait: `rate limit exceeded (limit per-day,
+    /// retry in 3 s)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.reason)?;
+        match (self.policy_name(), self.retry_after_secs()) {
+            (Some(name), Some(secs)) => write!(f, " (limit {name}, retry in {secs} s)"),
+            (Some(name), None) => write!(f, " (limit {name})"),
+            (None, Some(secs)) => write!(f, " (retry in {secs} s)"),
+            (None, None) => Ok(()),
+        }
+    }
+}
+
+/// So that `?` carries a refusal out of code that uses [`acquire`](crate::HierarchicalThrottleLayer::acquire).
+impl<K: fmt::Debug> std::error::Error for Rejection<K> {}
+
 /// Turns a [`Rejection`] into the wrapped service's response or error, and tells admitted
 /// responses what their limits hold.
 ///
@@ -336,6 +353,20 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rejection_says_why_which_limit_and_how_long() {
+        let limit = Limit::per_day(10).build().unwrap();
+        let throttled = Rejection::new(Some(1), RejectionReason::Throttled)
+            .of_limit(limit, "per-day", Some("tenant"))
+            .with_retry_after(Duration::from_millis(2500));
+        assert_eq!(
+            throttled.to_string(),
+            "rate limit exceeded (limit tenant/per-day, retry in 3 s)"
+        );
+        let missing = Rejection::<u64>::new(None, RejectionReason::MissingKey);
+        assert_eq!(missing.to_string(), "request has no throttle key");
+    }
 
     #[test]
     fn retry_after_rounds_up_and_is_never_zero_for_a_wait() {
