@@ -36,11 +36,15 @@ pin_project! {
             #[pin]
             future: S::Future,
         },
-        Annotated {
+        After {
             #[pin]
             future: S::Future,
-            remaining: Vec<Remaining>,
-            policy: Arc<RequestPolicy<Req, K, R>>,
+            after: Box<After<Req, K, R>>,
+        },
+        Charging {
+            charge: BoxFuture<'static, Vec<Remaining>>,
+            response: Option<S::Response>,
+            after: Box<After<Req, K, R>>,
         },
         Rejected {
             #[pin]
@@ -53,9 +57,43 @@ pin_project! {
     }
 }
 
-/// A waiting request's decision: admitted with the state of its limits for its response (none
-/// to add when empty), or refused.
-pub(crate) type Decision<K> = BoxFuture<'static, Result<Vec<Remaining>, Rejection<K>>>;
+/// A waiting request's decision: admitted, with what follows its response, or refused.
+pub(crate) type Decision<K> = BoxFuture<'static, Result<Admission, Rejection<K>>>;
+
+/// What follows an admitted request's response: settling its cost, then adding the state of
+/// its limits.
+#[derive(Default)]
+pub(crate) struct Admission {
+    /// The state of its limits to add (when not settling: settling reads them afterwards).
+    pub(crate) remaining: Vec<Remaining>,
+    pub(crate) settle: Option<Settling>,
+}
+
+impl Admission {
+    fn is_plain(&self) -> bool {
+        self.remaining.is_empty() && self.settle.is_none()
+    }
+}
+
+/// A request's cost to correct from its response: what it was charged, and what corrects it
+/// to the real cost.
+pub(crate) struct Settling {
+    pub(crate) charged: u64,
+    pub(crate) finish: Box<dyn FnOnce(u64) -> Settled + Send>,
+}
+
+/// A corrected cost: the state of the request's limits to add now, or once the global store
+/// has taken what the leases lacked.
+pub(crate) enum Settled {
+    Done(Vec<Remaining>),
+    Charging(BoxFuture<'static, Vec<Remaining>>),
+}
+
+/// An admission with the policy that adds to its response.
+pub(crate) struct After<Req, K, R> {
+    admission: Admission,
+    policy: Arc<RequestPolicy<Req, K, R>>,
+}
 
 /// A request waiting for its decision, with the ready service that will serve it.
 struct Parked<S, Req, K, R> {
@@ -72,17 +110,14 @@ impl<S: Service<Req>, Req, K, R> ResponseFuture<S, Req, K, R> {
         }
     }
 
-    pub(crate) fn annotated(
+    /// The inner service's future, and what follows its response.
+    pub(crate) fn admitted(
         future: S::Future,
-        remaining: Vec<Remaining>,
-        policy: Arc<RequestPolicy<Req, K, R>>,
+        admission: Admission,
+        policy: &Arc<RequestPolicy<Req, K, R>>,
     ) -> Self {
         Self {
-            state: State::Annotated {
-                future,
-                remaining,
-                policy,
-            },
+            state: State::after(future, admission, policy),
         }
     }
 
@@ -126,13 +161,34 @@ where
         loop {
             match state.as_mut().project() {
                 StateProj::Called { future } => return future.poll(cx),
-                StateProj::Annotated {
-                    future,
-                    remaining,
-                    policy,
+                StateProj::After { future, after } => {
+                    let response = ready!(future.poll(cx))?;
+                    match after.settle(response) {
+                        Ok(response) => return Poll::Ready(Ok(response)),
+                        Err((charge, response)) => {
+                            let after = Box::new(After {
+                                admission: std::mem::take(&mut after.admission),
+                                policy: after.policy.clone(),
+                            });
+                            state.set(State::Charging {
+                                charge,
+                                response: Some(response),
+                                after,
+                            });
+                        }
+                    }
+                }
+                StateProj::Charging {
+                    charge,
+                    response,
+                    after,
                 } => {
-                    let mut response = ready!(future.poll(cx))?;
-                    policy.on_rejection.on_admitted(&mut response, remaining);
+                    after.admission.remaining = ready!(charge.as_mut().poll(cx));
+                    // Always Some here: it is taken only on the way out.
+                    let Some(mut response) = response.take() else {
+                        return Poll::Pending;
+                    };
+                    after.annotate(&mut response);
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Rejected { response } => return response.poll(cx),
@@ -169,18 +225,63 @@ where
             return Poll::Pending;
         };
         Poll::Ready(match verdict {
-            Ok(remaining) if remaining.is_empty() => State::Called {
-                future: inner.call(request),
-            },
-            Ok(remaining) => State::Annotated {
-                future: inner.call(request),
-                remaining,
-                policy,
-            },
+            Ok(admission) => State::after(inner.call(request), admission, &policy),
             Err(rejection) => State::Rejected {
                 response: ready(policy.on_rejection.on_rejection(&request, rejection)),
             },
         })
+    }
+}
+
+impl<S: Service<Req>, Req, K, R> State<S, Req, K, R> {
+    fn after(
+        future: S::Future,
+        admission: Admission,
+        policy: &Arc<RequestPolicy<Req, K, R>>,
+    ) -> Self {
+        if admission.is_plain() {
+            return State::Called { future };
+        }
+        let after = Box::new(After {
+            admission,
+            policy: policy.clone(),
+        });
+        State::After { future, after }
+    }
+}
+
+impl<Req, K, R> After<Req, K, R> {
+    /// Settles the request's cost from `response` and adds the state of its limits; or, when
+    /// settling left debt to charge to the global store, gives back the charge to wait for
+    /// first.
+    #[allow(clippy::type_complexity)] // Either the response, or it with what to wait for.
+    fn settle<Res, E>(
+        &mut self,
+        mut response: Res,
+    ) -> Result<Res, (BoxFuture<'static, Vec<Remaining>>, Res)>
+    where
+        R: OnRejection<Req, K, Res, E>,
+    {
+        if let Some(settling) = self.admission.settle.take() {
+            let actual = self.policy.on_rejection.settle(&response, settling.charged);
+            match (settling.finish)(actual) {
+                Settled::Done(remaining) => self.admission.remaining = remaining,
+                Settled::Charging(charge) => return Err((charge, response)),
+            }
+        }
+        self.annotate(&mut response);
+        Ok(response)
+    }
+
+    fn annotate<Res, E>(&self, response: &mut Res)
+    where
+        R: OnRejection<Req, K, Res, E>,
+    {
+        if !self.admission.remaining.is_empty() {
+            self.policy
+                .on_rejection
+                .on_admitted(response, &self.admission.remaining);
+        }
     }
 }
 

@@ -209,6 +209,22 @@ where
         }))
     }
 
+    /// Corrects a use of `key` that [`acquire`](Self::acquire) charged `charged` tokens to
+    /// what it really cost, `actual`, as [`Builder::settle`] does for responses: a refund goes
+    /// into this host's leases (unless the store is down: the use may then have been admitted
+    /// by the failure policy, without tokens), a further charge is taken from them and from the
+    /// global buckets, into debt if need be. Returns once the global store has taken what the
+    /// leases lacked (at most the store time-out).
+    pub async fn settle(&self, key: K, charged: u64, actual: u64) {
+        let mut keys = [LeaseKey::new(key, 0, 0)];
+        if actual < charged && !self.throttle.health.is_up(self.throttle.now()) {
+            return;
+        }
+        if let Some(charge) = self.throttle.settle_cost(&mut keys, charged, actual) {
+            charge.await;
+        }
+    }
+
     /// What every limit of `key` (at the layer's first level) holds as this host sees it,
     /// without taking anything or calling the global store: the host's lease plus the global
     /// bucket's level at its last answer and what has refilled since. Other hosts may have
@@ -526,6 +542,51 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     /// gRPC, told apart by content type).
     pub fn on_rejection<R2>(self, on_rejection: R2) -> Builder<Req, K, G, L, C, R2> {
         self.swap(|global, local, clock, _| (global, local, clock, on_rejection))
+    }
+
+    /// Corrects each admitted request's cost from its response: `settle(&response, charged)`
+    /// returns what the request really cost (the [`cost`](Self::cost) closure gave `charged`).
+    /// Less refunds the difference into this host's leases; more takes the rest from them,
+    /// and what they lack from the global buckets, into debt if need be (so later requests
+    /// wait or are refused until it is paid; the response waits for that global call, at most
+    /// the store time-out). Every bucket the request drew on is corrected. A request admitted
+    /// in shadow mode or by the failure policy's fallback is not settled against the global
+    /// store beyond its lease.
+    ///
+    /// It wraps the rejection handler set so far: call [`on_rejection`](Self::on_rejection)
+    /// first.
+    ///
+    /// ```
+    /// use axum::body::Body;
+    /// use http::{Request, Response};
+    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
+    ///
+    /// // An LLM-style endpoint: reserve 1,000 tokens, settle to what the response says it used.
+    /// let layer = HierarchicalThrottleLayer::builder()
+    ///     .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+    ///     .limit(Limit::per_minute(100_000).build()?)
+    ///     .cost(|_: &Request<Body>| 1_000)
+    ///     .settle(|response: &Response<Body>, reserved| {
+    ///         response.headers().get("x-tokens-used")
+    ///             .and_then(|used| used.to_str().ok()?.parse().ok())
+    ///             .unwrap_or(reserved)
+    ///     })
+    ///     .global_store(MemoryGlobalStore::new())
+    ///     .build()?;
+    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
+    /// ```
+    pub fn settle<Res, F>(self, settle: F) -> Builder<Req, K, G, L, C, crate::Settle<R, F>>
+    where
+        F: Fn(&Res, u64) -> u64 + Send + Sync + 'static,
+    {
+        self.swap(|global, local, clock, on_rejection| {
+            (
+                global,
+                local,
+                clock,
+                crate::Settle::new(on_rejection, settle),
+            )
+        })
     }
 
     /// This builder with its store, clock and rejection types replaced by `f`'s.

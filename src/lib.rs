@@ -97,6 +97,7 @@ pub mod quota;
 mod remaining;
 mod response;
 mod service;
+mod settle;
 mod shaping;
 mod stats;
 mod sync;
@@ -117,6 +118,7 @@ pub use response::{
     http_response,
 };
 pub use service::HierarchicalThrottle;
+pub use settle::Settle;
 pub use shaping::Shaping;
 pub use stats::ThrottleStats;
 

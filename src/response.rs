@@ -144,6 +144,19 @@ pub trait OnRejection<Req, K, Res, E>: Send + Sync + 'static {
     fn on_admitted(&self, response: &mut Res, remaining: &[Remaining]) {
         let _ = (response, remaining);
     }
+
+    /// Whether [`settle`](Self::settle) may correct costs: the throttle keeps a request's keys
+    /// for it only then. Default: `false`.
+    fn settles(&self) -> bool {
+        false
+    }
+
+    /// The cost an admitted request charged `charged` tokens really had, read from its
+    /// response ([`Builder::settle`](crate::Builder::settle)). Default: `charged`.
+    fn settle(&self, response: &Res, charged: u64) -> u64 {
+        let _ = response;
+        charged
+    }
 }
 
 impl<F, Req, K, Res, E> OnRejection<Req, K, Res, E> for F

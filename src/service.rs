@@ -9,14 +9,13 @@ use futures_util::future::BoxFuture;
 use tower_service::Service;
 
 use crate::clock::{Clock, MonotonicClock};
-use crate::future::ResponseFuture;
+use crate::future::{Admission, ResponseFuture};
 use crate::global::GlobalStore;
 use crate::key::MissingKey;
 use crate::layer::RequestPolicy;
 use crate::local::LocalStore;
 use crate::local::memory::MemoryLocalStore;
 use crate::quota::{BucketKey, LeaseKey};
-use crate::remaining::Remaining;
 use crate::response::{DefaultRejection, OnRejection, Rejection, RejectionReason};
 use crate::stats::ThrottleStats;
 use crate::throttle::{Check, Throttle};
@@ -106,7 +105,7 @@ where
     #[inline(always)]
     fn call(&mut self, request: Req) -> Self::Future {
         let cost = self.policy.cost(&request);
-        if self.annotates() || self.throttle.shapes() {
+        if self.annotates() || self.settles() || self.throttle.shapes() {
             return self.call_keyed(request, cost);
         }
         let check = match (self.policy.key)(&request) {
@@ -171,19 +170,16 @@ where
     ) -> ResponseFuture<S, Req, K, R> {
         match check {
             Check::Admit => match keys {
-                Some(mut keys) if self.annotates() => {
-                    let remaining = self.throttle.remaining_of(&mut keys);
-                    self.annotated(request, remaining)
+                Some(keys) => {
+                    let (annotate, settle) = (self.annotates(), self.settles());
+                    let admission = self.throttle.admission(keys, cost, annotate, settle);
+                    self.admitted(request, admission)
                 }
-                _ => ResponseFuture::called(self.inner.call(request)),
+                None => ResponseFuture::called(self.inner.call(request)),
             },
             Check::Reject(rejection) if self.throttle.config.shadow => {
-                self.throttle.admit_in_shadow(&rejection);
-                let remaining = match self.annotates() {
-                    true => Remaining::of_refusal(&rejection).into_iter().collect(),
-                    false => Vec::new(),
-                };
-                self.annotated(request, remaining)
+                let admission = self.throttle.admit_in_shadow(&rejection, self.annotates());
+                self.admitted(request, admission)
             }
             Check::Reject(rejection) if keys.is_some() && self.throttle.may_wait(&rejection) => {
                 let refused = Box::pin(std::future::ready(Err(rejection)));
@@ -195,12 +191,14 @@ where
     }
 
     #[inline(never)]
-    fn annotated(
-        &mut self,
-        request: Req,
-        remaining: Vec<Remaining>,
-    ) -> ResponseFuture<S, Req, K, R> {
-        ResponseFuture::annotated(self.inner.call(request), remaining, self.policy.clone())
+    fn admitted(&mut self, request: Req, admission: Admission) -> ResponseFuture<S, Req, K, R> {
+        ResponseFuture::admitted(self.inner.call(request), admission, &self.policy)
+    }
+
+    /// Whether admitted requests' costs are corrected from their responses.
+    #[inline(always)]
+    fn settles(&self) -> bool {
+        OnRejection::<Req, K, S::Response, S::Error>::settles(&self.policy.on_rejection)
     }
 
     #[inline(never)]
@@ -222,7 +220,7 @@ where
         cost: u64,
     ) -> ResponseFuture<S, Req, K, R> {
         let throttle = self.throttle.clone();
-        let annotate = self.annotates();
+        let (annotate, settle) = (self.annotates(), self.settles());
         let decision = Box::pin(async move {
             let decided = match (decision.await, &keys) {
                 (Err(refusal), Some(keys)) if throttle.may_wait(&refusal) => {
@@ -232,13 +230,11 @@ where
             };
             match decided {
                 Ok(()) => Ok(match keys {
-                    Some(mut keys) if annotate => throttle.remaining_of(&mut keys),
-                    _ => Vec::new(),
+                    Some(keys) => throttle.admission(keys, cost, annotate, settle),
+                    None => Admission::default(),
                 }),
                 Err(rejection) if throttle.config.shadow => {
-                    throttle.admit_in_shadow(&rejection);
-                    let remaining = Remaining::of_refusal(&rejection).filter(|_| annotate);
-                    Ok(remaining.into_iter().collect())
+                    Ok(throttle.admit_in_shadow(&rejection, annotate))
                 }
                 Err(mut rejection) => {
                     throttle.add_jitter(&mut rejection);

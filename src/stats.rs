@@ -38,6 +38,12 @@ pub struct ThrottleStats {
     /// Requests that would have been refused and were served because the layer is in
     /// [shadow mode](crate::Builder::shadow). They are counted among the refusals too.
     pub shadow_admitted: u64,
+    /// Tokens refunded to leases by [`settle`](crate::Builder::settle) (responses that cost
+    /// less than charged), summed over the buckets.
+    pub tokens_refunded: u64,
+    /// Tokens a [`settle`](crate::Builder::settle) charged beyond a lease that the global store
+    /// failed to take (it was down or too slow): use the fleet did not record.
+    pub tokens_uncharged: u64,
     /// Requests that queued to wait for their tokens ([`Shaping::Wait`](crate::Shaping)). Each
     /// check while they wait is counted above as a decision of its own.
     pub shaped_waits: u64,
@@ -75,6 +81,8 @@ counters!(
     tokens_returned,
     tokens_lost,
     shadow_admitted,
+    tokens_refunded,
+    tokens_uncharged,
     shaped_waits,
     shaped_refusals,
 );

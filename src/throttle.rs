@@ -54,8 +54,8 @@ pub(crate) enum QuotaSource<K> {
 #[derive(Clone, Copy)]
 pub(crate) struct Resolved {
     pub(crate) limit: Limit,
-    name: Name,
-    level: Option<Name>,
+    pub(crate) name: Name,
+    pub(crate) level: Option<Name>,
     /// How many limits the key's quota has.
     slots: u8,
 }
@@ -107,7 +107,7 @@ pub(crate) struct Throttle<K, G, L, C> {
     pub(crate) batch: Box<dyn BatchPolicy>,
     pub(crate) config: Config,
     pub(crate) stats: Stats,
-    health: StoreHealth,
+    pub(crate) health: StoreHealth,
     sweeper_running: AtomicBool,
     jitter: Jitter,
     pub(crate) shaper: crate::shaping::Shaper<K>,
@@ -170,7 +170,7 @@ where
         BucketKey::from_parts(id.key.clone(), r.level, r.name)
     }
 
-    fn now(&self) -> u64 {
+    pub(crate) fn now(&self) -> u64 {
         micros(self.clock.now())
     }
 
@@ -588,7 +588,7 @@ where
     }
 
     /// A call sent at `sent_at` failed at `failed_at`: the store's back-off steps.
-    fn store_failed(&self, sent_at: u64, failed_at: u64, error: &dyn std::fmt::Display) {
+    pub(crate) fn store_failed(&self, sent_at: u64, failed_at: u64, error: &dyn std::fmt::Display) {
         self.health
             .failed(sent_at, failed_at, self.config.max_backoff, error);
     }
@@ -651,9 +651,20 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
         }
     }
 
-    pub(crate) fn admit_in_shadow(&self, rejection: &Rejection<K>) {
+    /// Serves a request shadow mode would have refused: counted, logged, and given its
+    /// refusal's `RateLimit` fields when `annotate`; never settled (it took no tokens).
+    pub(crate) fn admit_in_shadow(
+        &self,
+        rejection: &Rejection<K>,
+        annotate: bool,
+    ) -> crate::future::Admission {
         self.stats.shadow_admitted.incr();
         tracing::debug!(reason = %rejection.reason, "shadow mode: served a request it would refuse");
+        let remaining = crate::remaining::Remaining::of_refusal(rejection).filter(|_| annotate);
+        crate::future::Admission {
+            remaining: remaining.into_iter().collect(),
+            settle: None,
+        }
     }
 }
 
@@ -799,7 +810,7 @@ where
 static KEY_HASH: foldhash::fast::FixedState = foldhash::fast::FixedState::with_seed(0x7468_726f);
 
 /// A call that did not answer within the store time-out.
-struct TimedOut(Duration);
+pub(crate) struct TimedOut(pub(crate) Duration);
 
 impl std::fmt::Display for TimedOut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -843,7 +854,7 @@ impl Resolved {
 /// is the probe. Calls that were already under way when the circuit opened belong to the same
 /// window, so a burst of concurrent failures is one step, not one per call.
 #[derive(Debug, Default)]
-struct StoreHealth {
+pub(crate) struct StoreHealth {
     down_until: AtomicU64,
     failures: Mutex<u32>,
 }
@@ -851,7 +862,7 @@ struct StoreHealth {
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 
 impl StoreHealth {
-    fn is_up(&self, now: u64) -> bool {
+    pub(crate) fn is_up(&self, now: u64) -> bool {
         now >= self.down_until.load(Ordering::Relaxed)
     }
 
@@ -859,7 +870,7 @@ impl StoreHealth {
         self.down_until.load(Ordering::Relaxed)
     }
 
-    fn succeeded(&self) {
+    pub(crate) fn succeeded(&self) {
         if self.down_until.load(Ordering::Relaxed) != 0 {
             let mut failures = lock(&self.failures);
             if *failures > 0 {

@@ -270,6 +270,25 @@ impl LocalBucket {
         true
     }
 
+    /// Takes up to `tokens` from the lease (a cost found higher after the response), counting
+    /// them as demand; returns how many it took.
+    pub(crate) fn take_up_to(&mut self, tokens: u64) -> u64 {
+        let taken = tokens.min(self.tokens);
+        self.tokens -= taken;
+        let recorded = u32::try_from(taken).unwrap_or(u32::MAX);
+        self.unrecorded = self.unrecorded.saturating_add(recorded);
+        taken
+    }
+
+    /// Takes in the answer to a charge beyond the lease (asked at `sent_at`, answered at
+    /// `now`): its tokens were used already, but the global bucket's level and when its next
+    /// token is due are news.
+    pub(crate) fn note_charge(&mut self, grant: &Grant, sent_at: u64, now: u64) {
+        self.cold.next_token_at = sent_at.saturating_add(micros(grant.refill_in));
+        self.cold.global_left = Some(grant.remaining);
+        self.cold.global_seen_at = now;
+    }
+
     /// Puts back `tokens` taken for a request that went away before it was served.
     pub(crate) fn give_back(&mut self, tokens: u64) {
         self.tokens = self.tokens.saturating_add(tokens);
