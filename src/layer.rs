@@ -211,13 +211,13 @@ where
 
     /// Corrects a use of `key` that [`acquire`](Self::acquire) charged `charged` tokens to
     /// what it really cost, `actual`, as [`Builder::settle`] does for responses: a refund goes
-    /// into this host's leases (unless the store is down: the use may then have been admitted
-    /// by the failure policy, without tokens), a further charge is taken from them and from the
+    /// into this host's leases (unless the store is down and the failure policy admits without
+    /// it: the use may then have had no tokens), a further charge is taken from them and from the
     /// global buckets, into debt if need be. Returns once the global store has taken what the
     /// leases lacked (at most the store time-out).
     pub async fn settle(&self, key: K, charged: u64, actual: u64) {
         let mut keys = [LeaseKey::new(key, 0, 0)];
-        if actual < charged && !self.throttle.health.is_up(self.throttle.now()) {
+        if actual < charged && !self.throttle.admits_from_leases() {
             return;
         }
         if let Some(charge) = self.throttle.settle_cost(&mut keys, charged, actual) {

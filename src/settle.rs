@@ -59,6 +59,59 @@ where
     }
 }
 
+/// Tokens a charge has not taken yet: counted as uncharged when the charge ends without them
+/// (failed, timed out, or dropped with its response).
+struct Uncharged<'a, K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
+    C: Clock,
+{
+    throttle: &'a Throttle<K, G, L, C>,
+    tokens: u64,
+}
+
+impl<K, G, L, C> Drop for Uncharged<'_, K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
+    C: Clock,
+{
+    fn drop(&mut self) {
+        if self.tokens > 0 {
+            self.throttle.stats.tokens_uncharged.add(self.tokens);
+        }
+    }
+}
+
+/// The buckets whose debt is still to charge, last first: counted as uncharged if the charge
+/// is dropped before it reaches them.
+struct Unpaid<'a, K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
+    C: Clock,
+{
+    throttle: &'a Throttle<K, G, L, C>,
+    owed: Vec<(LeaseKey<K>, u64)>,
+}
+
+impl<K, G, L, C> Drop for Unpaid<'_, K, G, L, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
+    C: Clock,
+{
+    fn drop(&mut self) {
+        let unpaid: u64 = self.owed.iter().map(|(_, tokens)| tokens).sum();
+        self.throttle.stats.tokens_uncharged.add(unpaid);
+    }
+}
+
 /// What settling leaves to do: nothing, or charging debt to the global store.
 pub(crate) type Charge = Option<BoxFuture<'static, ()>>;
 
@@ -87,7 +140,7 @@ where
                 settle: None,
             };
         }
-        let from_lease = self.health.is_up(self.now());
+        let from_lease = self.admits_from_leases();
         let throttle = self.clone();
         let finish = move |actual: u64| {
             let charge = match from_lease || actual > cost {
@@ -109,6 +162,13 @@ where
                 finish: Box::new(finish),
             }),
         }
+    }
+
+    /// Whether a request admitted now took its tokens from a lease: yes while the store is up,
+    /// or when the failure policy never admits without one.
+    pub(crate) fn admits_from_leases(&self) -> bool {
+        self.health.is_up(self.now())
+            || matches!(self.config.failure_policy, crate::FailurePolicy::Reject)
     }
 
     /// The state of the limits of `keys` when `annotate`.
@@ -163,7 +223,11 @@ where
         }
         let throttle = self.clone();
         Some(Box::pin(async move {
-            for (id, tokens) in owed {
+            let mut unpaid = Unpaid {
+                throttle: &throttle,
+                owed,
+            };
+            while let Some((id, tokens)) = unpaid.owed.pop() {
                 throttle.charge_debt(&id, tokens).await;
             }
         }))
@@ -179,6 +243,11 @@ where
         let key = BucketKey::from_parts(id.key.clone(), bucket.level, bucket.name);
         while tokens > 0 {
             let chunk = tokens.min(bucket.limit.capacity());
+            // Counted as uncharged unless the answer comes: the charge may be dropped midway.
+            let mut pending = Uncharged {
+                throttle: self,
+                tokens,
+            };
             // At least one token, so that the answer tells when the next is due (as a fetch's
             // does); the rest reserved ahead of the refill.
             let request = TokenRequest {
@@ -210,10 +279,11 @@ where
                 }
             };
             if charged < chunk {
-                tracing::debug!(tokens, "settle could not charge the global store");
-                self.stats.tokens_uncharged.add(tokens);
+                tracing::debug!(tokens, charged, "settle could not charge the global store");
+                pending.tokens = tokens - charged;
                 return;
             }
+            pending.tokens = 0;
             tokens -= chunk;
         }
     }

@@ -36,6 +36,8 @@ pub use rng::Rng;
 pub struct Job {
     pub key: String,
     pub cost: u64,
+    /// What it turns out to cost, when the fleet settles costs from responses.
+    pub actual: u64,
     /// When it was sent (tokio time since the run began).
     pub sent: Duration,
 }
@@ -44,6 +46,8 @@ pub struct Job {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Served,
+    /// Served, and reports the tokens it used (settled by the layer).
+    Used(u64),
     Refused(RejectionReason),
 }
 
@@ -91,6 +95,8 @@ pub struct Scenario {
     /// Whether throttled requests wait for their tokens (drawn last, so that earlier seeds
     /// keep the rest of their scenario).
     pub shaping: Shaping,
+    /// Whether responses settle each request's cost to what it used (0 to twice its cost).
+    pub settle: bool,
 }
 
 const LIMITS: &[(u64, u64, u64)] = &[
@@ -156,6 +162,7 @@ impl Scenario {
             } else {
                 Shaping::Refuse
             },
+            settle: rng.chance(0.3),
         }
     }
 }
@@ -163,8 +170,8 @@ impl Scenario {
 /// What the hosts answered and when, for the oracle.
 #[derive(Debug, Default)]
 pub struct Log {
-    /// (key, time, cost) of every admitted request, in order.
-    pub admitted: Vec<(String, Duration, u64)>,
+    /// (key, time, tokens used, tokens charged) of every admitted request, in order.
+    pub admitted: Vec<(String, Duration, u64, u64)>,
     /// Refusals that break exactness (see the module's docs), described.
     pub inexact: Vec<String>,
     pub refused: u64,
@@ -183,6 +190,8 @@ pub struct Recorder {
     slack: Duration,
     /// How long a request may wait for batches before a refusal loses exactness.
     patience: Duration,
+    /// Responses settle costs (`Outcome::Used`).
+    settle: bool,
 }
 
 impl OnRejection<Job, String, Outcome, Infallible> for Recorder {
@@ -210,6 +219,17 @@ impl OnRejection<Job, String, Outcome, Infallible> for Recorder {
             _ => {}
         }
         Ok(Outcome::Refused(rejection.reason))
+    }
+
+    fn settles(&self) -> bool {
+        self.settle
+    }
+
+    fn settle(&self, response: &Outcome, charged: u64) -> u64 {
+        match response {
+            Outcome::Used(tokens) => *tokens,
+            _ => charged,
+        }
     }
 }
 
@@ -246,6 +266,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         limits: limits.clone(),
         slack: s.lease_ttl + s.store_timeout * 2 + s.max_reservation + Duration::from_secs(121),
         patience: s.store_timeout,
+        settle: s.settle,
     };
     let layers: Vec<Host> = (0..s.hosts)
         .map(|_| {
@@ -275,12 +296,20 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         .iter()
         .map(|layer| {
             let log = log.clone();
+            let settle = s.settle;
             layer.layer(service_fn(move |job: Job| {
                 let log = log.clone();
                 async move {
                     let now = clock.now();
-                    log.lock().unwrap().admitted.push((job.key, now, job.cost));
-                    Ok::<_, Infallible>(Outcome::Served)
+                    let used = if settle { job.actual } else { job.cost };
+                    log.lock()
+                        .unwrap()
+                        .admitted
+                        .push((job.key, now, used, job.cost));
+                    Ok::<_, Infallible>(match settle {
+                        true => Outcome::Used(used),
+                        false => Outcome::Served,
+                    })
                 }
             }))
         })
@@ -292,7 +321,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     let mut tasks = tokio::task::JoinSet::new();
     let start = tokio::time::Instant::now();
     let mut restarts = s.faults.restarts.iter().copied().peekable();
-    for arrival in arrivals {
+    for (n, arrival) in (0u64..).zip(arrivals) {
         tokio::time::sleep_until(start + arrival.at).await;
         while restarts.next_if(|&r| r <= arrival.at).is_some() {
             global.restart(limits.iter());
@@ -300,6 +329,8 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         let service = hosts[arrival.host].clone();
         let job = Job {
             key: arrival.key,
+            // Spread over 0 to twice the cost without drawing from the traffic's generator.
+            actual: (n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % (2 * arrival.cost + 1),
             cost: arrival.cost,
             sent: clock.now(),
         };
@@ -419,23 +450,31 @@ fn traffic(s: &Scenario, rng: &mut Rng) -> Vec<Arrival> {
 
 /// Property 1: for every key and every `t`, admitted in `[0, t]` <= capacity + rate x t, with a
 /// new allowance from every store restart on.
+///
+/// When responses settle costs, a request that used more than it was charged takes the rest
+/// into debt, which later requests pay: the tokens used by `t` stay within the allowance plus
+/// what was used beyond the charges by `t` (the most the debt can hold).
 fn check_allowance(
     s: &Scenario,
     limits: &HashMap<String, Limit>,
-    admitted: &[(String, Duration, u64)],
+    admitted: &[(String, Duration, u64, u64)],
     global: &FaultyGlobal,
 ) -> Result<(), String> {
     let restarts = global.restarts_at();
-    let mut per_key: HashMap<&str, Vec<(Duration, u64)>> = HashMap::new();
-    for (key, at, cost) in admitted {
-        per_key.entry(key).or_default().push((*at, *cost));
+    let mut per_key: HashMap<&str, Vec<(Duration, u64, u64)>> = HashMap::new();
+    for (key, at, used, charged) in admitted {
+        per_key.entry(key).or_default().push((*at, *used, *charged));
     }
     for (key, events) in per_key {
         let limit = limits[key];
         let mut total = 0u64;
-        for (at, cost) in events {
-            total += cost;
-            let allowed = allowance(&limit, at, &restarts) + u128::from(global.forgiven(key));
+        let mut beyond_charges = 0u64;
+        for (at, used, charged) in events {
+            total += used;
+            beyond_charges += used.saturating_sub(charged);
+            let allowed = allowance(&limit, at, &restarts)
+                + u128::from(global.forgiven(key))
+                + u128::from(beyond_charges);
             if u128::from(total) > allowed {
                 return Err(format!(
                     "over-admission: {key} admitted {total} by {at:?}, allowed {allowed} \
@@ -456,13 +495,15 @@ fn allowance(limit: &Limit, t: Duration, restarts: &[Duration]) -> u128 {
     buckets * u128::from(limit.capacity()) + refilled
 }
 
-/// Property 3: dispensed = admitted + handed back + held + lost.
+/// Property 3: dispensed + uncharged = used + handed back + held + lost.
 fn check_conservation(
     layers: &[Host],
-    admitted: &[(String, Duration, u64)],
+    admitted: &[(String, Duration, u64, u64)],
     global: &FaultyGlobal,
 ) -> Result<(), String> {
     let admitted: u64 = admitted.iter().map(|a| a.2).sum();
+    // Tokens used beyond a lease that the store did not take are used but never dispensed.
+    let uncharged: u64 = layers.iter().map(|l| l.stats().tokens_uncharged).sum();
     let mut held = 0u64;
     for layer in layers {
         layer
@@ -471,10 +512,10 @@ fn check_conservation(
     }
     let ledger = global.ledger();
     let accounted = admitted + ledger.returned + held + ledger.lost;
-    if ledger.dispensed != accounted {
+    if ledger.dispensed + uncharged != accounted {
         return Err(format!(
-            "tokens not conserved: dispensed {} != admitted {admitted} + returned {} + held \
-             {held} + lost {}",
+            "tokens not conserved: dispensed {} + uncharged {uncharged} != used {admitted} + \
+             returned {} + held {held} + lost {}",
             ledger.dispensed, ledger.returned, ledger.lost
         ));
     }
@@ -511,10 +552,11 @@ async fn check_liveness(
             let job = Job {
                 key: key.clone(),
                 cost: 1,
+                actual: 1,
                 sent: clock.now(),
             };
             let answer = tokio::time::timeout(s.store_timeout * 4, host.clone().oneshot(job)).await;
-            if !matches!(answer, Ok(Ok(Outcome::Served))) {
+            if !matches!(answer, Ok(Ok(Outcome::Served | Outcome::Used(_)))) {
                 return Err(format!(
                     "{key} on host {h} does not serve after the faults: {answer:?}"
                 ));
