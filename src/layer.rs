@@ -23,6 +23,8 @@ use crate::service::HierarchicalThrottle;
 use crate::stats::ThrottleStats;
 use crate::throttle::{Check, Config, Level, QuotaSource, Throttle};
 
+type Decision<K> = futures_util::future::BoxFuture<'static, Result<(), crate::Rejection<K>>>;
+
 /// Applies hierarchical token-bucket throttling to requests, per key, across a fleet.
 ///
 /// Built with [`HierarchicalThrottleLayer::builder`]. Cloning the layer does **not** create new
@@ -181,25 +183,43 @@ where
         }
         match self.throttle.check_key(key, cost) {
             Check::Admit => Acquire::admitted(),
-            Check::Reject(rejection) => Acquire::rejected(rejection),
-            Check::Wait(decision) => Acquire::waiting(decision),
+            Check::Reject(rejection) => self.refused(rejection),
+            Check::Wait(decision) => self.decided_later(decision),
         }
+    }
+
+    #[inline(never)]
+    fn refused(&self, mut rejection: crate::Rejection<K>) -> Acquire<K> {
+        self.throttle.finish_refusal(&mut rejection);
+        Acquire::rejected(rejection)
+    }
+
+    /// A decision that comes later; a refusal is finished as requests' are.
+    #[inline(never)]
+    fn decided_later(&self, decision: Decision<K>) -> Acquire<K> {
+        let throttle = self.throttle.clone();
+        Acquire::waiting(Box::pin(async move {
+            decision.await.map_err(|mut rejection| {
+                throttle.finish_refusal(&mut rejection);
+                rejection
+            })
+        }))
     }
 
     /// [`acquire`](Self::acquire) when throttled requests wait for their tokens.
     #[inline(never)]
     fn acquire_shaped(&self, key: K, cost: u64) -> Acquire<K> {
         let id = LeaseKey::new(key, 0, 0);
-        let decision = match self.throttle.check_first_bucket(&id, cost) {
+        let decision: Decision<K> = match self.throttle.check_first_bucket(&id, cost) {
             Check::Admit => return Acquire::admitted(),
             Check::Reject(refusal) if !self.throttle.may_wait(&refusal) => {
-                return Acquire::rejected(refusal);
+                return self.refused(refusal);
             }
             Check::Reject(refusal) => Box::pin(std::future::ready(Err(refusal))),
             Check::Wait(decision) => decision,
         };
         let throttle = self.throttle.clone();
-        Acquire::waiting(Box::pin(async move {
+        self.decided_later(Box::pin(async move {
             match decision.await {
                 Err(refusal) if throttle.may_wait(&refusal) => {
                     throttle.wait_for_tokens(&[id], cost, refusal).await

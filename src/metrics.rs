@@ -7,20 +7,38 @@
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `throttle_decisions_total` | counter | `layer`, `outcome` (`admitted`, `refused`, `policy`, `shadow_admitted`), `reason` |
+//! | `throttle_decisions_total` | counter | `layer`, `outcome` (`admitted`, `refused`, `policy`, `shadow_admitted`, `waited`), `reason` |
+//! | `throttle_refusals_total` | counter | `layer`, `limit` (`per-second`, `tenant/per-day`; `none` when no limit refused), `reason` (`throttled`, `cost_above_capacity`, `missing_key`, `store_unavailable`) |
 //! | `throttle_global_calls_total` | counter | `layer`, `result` (`sent`, `error`, `timeout`) |
-//! | `throttle_tokens_total` | counter | `layer`, `kind` (`returned`, `lost`) |
+//! | `throttle_tokens_total` | counter | `layer`, `kind` (`leased`, `returned`, `lost`, `refunded`, `uncharged`) |
 //! | `throttle_global_call_seconds` | histogram | `layer` |
 //! | `throttle_store_up` | gauge (1 up, 0 backing off) | `layer` |
 //! | `throttle_local_keys` | gauge | `layer` |
+//! | `throttle_waiting` | gauge | `layer`: requests waiting for a batch or (shaping) for their tokens |
+//!
+//! `throttle_decisions_total` counts each bucket's decisions (a request drawing on three
+//! limits counts three times); `throttle_refusals_total` counts each refused request once, by
+//! the limit its answer names.
 
 use std::time::Duration;
 
 use crate::ThrottleStats;
+use crate::stats::RefusalKind;
+
+/// What a sweep publishes.
+pub(crate) struct Snapshot<'a> {
+    pub(crate) layer: &'a str,
+    pub(crate) stats: &'a ThrottleStats,
+    pub(crate) refusals: &'a [(RefusalKind, u64)],
+    pub(crate) local_keys: usize,
+    pub(crate) waiting: u64,
+    pub(crate) store_up: bool,
+}
 
 /// Publishes a layer's counters (as absolute values) and gauges.
-pub(crate) fn publish(layer: &str, stats: &ThrottleStats, local_keys: usize, store_up: bool) {
-    let layer = layer.to_owned();
+pub(crate) fn publish(snapshot: &Snapshot<'_>) {
+    let layer = snapshot.layer.to_owned();
+    let stats = snapshot.stats;
     let decisions = [
         ("admitted", "local", stats.admitted_local),
         ("admitted", "after_fetch", stats.admitted_after_fetch),
@@ -28,8 +46,10 @@ pub(crate) fn publish(layer: &str, stats: &ThrottleStats, local_keys: usize, sto
         ("refused", "throttled", stats.rejected_global),
         ("refused", "cost_above_capacity", stats.refused_cost),
         ("refused", "missing_key", stats.missing_key),
+        ("refused", "wait_too_long", stats.shaped_refusals),
         ("policy", "store_unavailable", stats.fallback_decisions),
         ("shadow_admitted", "would_refuse", stats.shadow_admitted),
+        ("waited", "shaping", stats.shaped_waits),
     ];
     for (outcome, reason, value) in decisions {
         ::metrics::counter!(
@@ -40,6 +60,20 @@ pub(crate) fn publish(layer: &str, stats: &ThrottleStats, local_keys: usize, sto
         )
         .absolute(value);
     }
+    for ((level, limit, reason), value) in snapshot.refusals {
+        let limit = match (level, limit) {
+            (_, None) => "none".to_owned(),
+            (None, Some(limit)) => (*limit).to_owned(),
+            (Some(level), Some(limit)) => format!("{level}/{limit}"),
+        };
+        ::metrics::counter!(
+            "throttle_refusals_total",
+            "layer" => layer.clone(),
+            "limit" => limit,
+            "reason" => *reason
+        )
+        .absolute(*value);
+    }
     for (result, value) in [
         ("sent", stats.global_calls),
         ("error", stats.global_errors),
@@ -49,15 +83,20 @@ pub(crate) fn publish(layer: &str, stats: &ThrottleStats, local_keys: usize, sto
             .absolute(value);
     }
     for (kind, value) in [
+        ("leased", stats.tokens_leased),
         ("returned", stats.tokens_returned),
         ("lost", stats.tokens_lost),
+        ("refunded", stats.tokens_refunded),
+        ("uncharged", stats.tokens_uncharged),
     ] {
         ::metrics::counter!("throttle_tokens_total", "layer" => layer.clone(), "kind" => kind)
             .absolute(value);
     }
     ::metrics::gauge!("throttle_store_up", "layer" => layer.clone())
-        .set(f64::from(u8::from(store_up)));
-    ::metrics::gauge!("throttle_local_keys", "layer" => layer).set(local_keys as f64);
+        .set(f64::from(u8::from(snapshot.store_up)));
+    ::metrics::gauge!("throttle_local_keys", "layer" => layer.clone())
+        .set(snapshot.local_keys as f64);
+    ::metrics::gauge!("throttle_waiting", "layer" => layer).set(snapshot.waiting as f64);
 }
 
 /// Records one global call's latency.

@@ -203,7 +203,7 @@ where
 
     #[inline(never)]
     fn reject(&self, request: &Req, mut rejection: Rejection<K>) -> ResponseFuture<S, Req, K, R> {
-        self.throttle.add_jitter(&mut rejection);
+        self.throttle.finish_refusal(&mut rejection);
         ResponseFuture::rejected(self.policy.on_rejection.on_rejection(request, rejection))
     }
 
@@ -237,7 +237,7 @@ where
                     Ok(throttle.admit_in_shadow(&rejection, annotate))
                 }
                 Err(mut rejection) => {
-                    throttle.add_jitter(&mut rejection);
+                    throttle.finish_refusal(&mut rejection);
                     Err(rejection)
                 }
             }

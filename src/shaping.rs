@@ -51,6 +51,13 @@ pub(crate) struct Shaper<K> {
     queues: Mutex<HashMap<K, Queue>>,
 }
 
+impl<K> Shaper<K> {
+    /// Requests waiting for their tokens now.
+    pub(crate) fn waiting(&self) -> usize {
+        lock(&self.queues).values().map(|q| q.waiting).sum()
+    }
+}
+
 impl<K> Default for Shaper<K> {
     fn default() -> Self {
         Self {

@@ -1,5 +1,6 @@
 //! Counters of what the throttle decided, for metrics and tests.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A snapshot of a throttle's counters since it was built. All clones of a layer, and every
@@ -44,6 +45,8 @@ pub struct ThrottleStats {
     /// Tokens a [`settle`](crate::Builder::settle) charged beyond a lease that the global store
     /// failed to take (it was down or too slow): use the fleet did not record.
     pub tokens_uncharged: u64,
+    /// Tokens the global store dispensed to this host (granted now or reserved ahead).
+    pub tokens_leased: u64,
     /// Requests that queued to wait for their tokens ([`Shaping::Wait`](crate::Shaping)). Each
     /// check while they wait is counted above as a decision of its own.
     pub shaped_waits: u64,
@@ -83,21 +86,54 @@ counters!(
     shadow_admitted,
     tokens_refunded,
     tokens_uncharged,
+    tokens_leased,
     shaped_waits,
     shaped_refusals,
 );
+
+/// Requests refused, by the refusing limit (`per-second`, `tenant/per-day`) and reason: once per
+/// request, whatever the number of buckets it drew on. Names are few (configured), so the
+/// table stays small; it is split like [`Counter`] so that threads refusing at once rarely
+/// meet on a lock.
+#[derive(Debug, Default)]
+pub(crate) struct RefusalsByLimit {
+    stripes: [Padded<std::sync::Mutex<HashMap<RefusalKind, u64>>>; STRIPES],
+}
+
+/// A refusing limit (its level and name; none for refusals no limit made) and the reason.
+pub(crate) type RefusalKind = (Option<&'static str>, Option<&'static str>, &'static str);
+
+impl RefusalsByLimit {
+    pub(crate) fn count(&self, kind: RefusalKind) {
+        let stripe = STRIPE.with(|s| *s);
+        *crate::sync::lock(&self.stripes[stripe].0)
+            .entry(kind)
+            .or_default() += 1;
+    }
+
+    /// Every kind counted so far, with its count.
+    pub(crate) fn snapshot(&self) -> Vec<(RefusalKind, u64)> {
+        let mut all: HashMap<RefusalKind, u64> = HashMap::new();
+        for stripe in &self.stripes {
+            for (kind, n) in crate::sync::lock(&stripe.0).iter() {
+                *all.entry(*kind).or_default() += n;
+            }
+        }
+        all.into_iter().collect()
+    }
+}
 
 const STRIPES: usize = 8;
 
 /// A counter split over cache lines, so threads counting hot-path decisions do not contend.
 #[derive(Debug, Default)]
 pub(crate) struct Counter {
-    stripes: [Padded; STRIPES],
+    stripes: [Padded<AtomicU64>; STRIPES],
 }
 
 #[derive(Debug, Default)]
 #[repr(align(128))]
-struct Padded(AtomicU64);
+struct Padded<T>(T);
 
 thread_local! {
     static STRIPE: usize = {

@@ -110,6 +110,9 @@ pub(crate) struct Throttle<K, G, L, C> {
     pub(crate) health: StoreHealth,
     sweeper_running: AtomicBool,
     jitter: Jitter,
+    pub(crate) refusals: crate::stats::RefusalsByLimit,
+    /// Requests waiting for a batch at the last sweep.
+    pub(crate) waiting_for_batches: AtomicU64,
     pub(crate) shaper: crate::shaping::Shaper<K>,
     /// Tokens to hand back: evicted leases, and hand-backs the store did not take.
     returns: Mutex<Vec<(LeaseKey<K>, u64)>>,
@@ -141,6 +144,8 @@ where
             health: StoreHealth::default(),
             sweeper_running: AtomicBool::new(false),
             jitter: Jitter::default(),
+            refusals: crate::stats::RefusalsByLimit::default(),
+            waiting_for_batches: AtomicU64::new(0),
             shaper: crate::shaping::Shaper::default(),
             returns: Mutex::default(),
         }
@@ -458,6 +463,11 @@ where
     /// key's quota lost it) the waiters go to the failure policy.
     fn settle(self: &Arc<Self>, id: &LeaseKey<K>, outcome: &FetchOutcome, limit: Option<&Limit>) {
         let now = self.now();
+        if let FetchOutcome::Granted { grant, .. } = outcome {
+            self.stats
+                .tokens_leased
+                .add(grant.granted.saturating_add(grant.reserved));
+        }
         let Settled {
             verdicts,
             excess,
@@ -536,13 +546,16 @@ where
         let ttl = micros(self.config.lease_ttl);
         self.collect_evicted();
         let mut returns = std::mem::take(&mut *lock(&self.returns));
+        let mut waiting = 0;
         self.local.for_each_bucket(|id, b| {
             self.stats.admitted_local.add(b.take_uncounted());
+            waiting += b.waiting() as u64;
             let tokens = b.take_expired(now, ttl);
             if tokens > 0 {
                 returns.push((id.clone(), tokens));
             }
         });
+        self.waiting_for_batches.store(waiting, Ordering::Relaxed);
         stream::iter(returns)
             .for_each_concurrent(CONCURRENT_RETURNS, |(id, tokens)| async move {
                 self.hand_back(id, tokens).await;
@@ -643,8 +656,17 @@ where
 
 impl<K, G, L, C> Throttle<K, G, L, C> {
     /// Counts and logs a refusal that shadow mode turns into an admission.
-    /// Adds the configured random delay to a refusal's wait.
-    pub(crate) fn add_jitter(&self, rejection: &mut Rejection<K>) {
+    /// A refusal on its way to the client: counted once, by its limit and reason, and its wait
+    /// given the configured random delay.
+    pub(crate) fn finish_refusal(&self, rejection: &mut Rejection<K>) {
+        let reason = match rejection.reason {
+            RejectionReason::Throttled => "throttled",
+            RejectionReason::CostExceedsCapacity { .. } => "cost_above_capacity",
+            RejectionReason::MissingKey => "missing_key",
+            RejectionReason::StoreUnavailable => "store_unavailable",
+        };
+        self.refusals
+            .count((rejection.level, rejection.limit_name, reason));
         let max = micros(self.config.retry_jitter);
         if let (Some(wait), true) = (&mut rejection.retry_after, max > 0) {
             *wait += Duration::from_micros(self.jitter.draw(max));
@@ -781,12 +803,15 @@ where
             throttle.return_unused_leases().await;
             // The sweep has just counted every bucket's requests: no second pass over them.
             #[cfg(feature = "metrics")]
-            crate::metrics::publish(
-                &throttle.config.name,
-                &throttle.stats.snapshot(),
-                throttle.local.len(),
-                throttle.health.is_up(throttle.now()),
-            );
+            crate::metrics::publish(&crate::metrics::Snapshot {
+                layer: &throttle.config.name,
+                stats: &throttle.stats.snapshot(),
+                refusals: &throttle.refusals.snapshot(),
+                local_keys: throttle.local.len(),
+                waiting: throttle.waiting_for_batches.load(Ordering::Relaxed)
+                    + throttle.shaper.waiting() as u64,
+                store_up: throttle.health.is_up(throttle.now()),
+            });
         }
     }
 }

@@ -83,6 +83,29 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
         sample(&scrape, "throttle_local_keys", &["layer=\"api\""]),
         Some(1.0)
     );
+    // Each refused request once, by the limit its answer named.
+    assert_eq!(
+        sample(
+            &scrape,
+            "throttle_refusals_total",
+            &["limit=\"default\"", "reason=\"throttled\""]
+        ),
+        Some(3.0),
+        "{scrape}"
+    );
+    // Two one-token batches leased, nothing handed back yet.
+    assert_eq!(
+        sample(&scrape, "throttle_tokens_total", &["kind=\"leased\""]),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&scrape, "throttle_tokens_total", &["kind=\"returned\""]),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&scrape, "throttle_waiting", &["layer=\"api\""]),
+        Some(0.0)
+    );
     assert!(scrape.contains("throttle_global_call_seconds"), "{scrape}");
     assert!(!scrape.contains("k1"), "keys never appear in metrics");
 }

@@ -222,6 +222,11 @@ impl LocalBucket {
         self.tokens.saturating_add(self.cold.pending)
     }
 
+    /// Requests waiting for the batch being fetched.
+    pub fn waiting(&self) -> usize {
+        self.cold.waiters.len()
+    }
+
     /// Whether a batch for this bucket is being fetched: such a bucket must not be evicted.
     pub fn is_fetching(&self) -> bool {
         self.fetching
