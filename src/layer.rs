@@ -206,6 +206,88 @@ where
         }))
     }
 
+    /// A use of `key` costing `cost` tokens that may wait up to `max` for them, for callers
+    /// outside tower (queues, WebSocket messages): resolves as soon as it is known when the
+    /// tokens are due (at once, or after one batch from the global store), without waiting
+    /// for them. The [`Reservation`](crate::Reservation) tells its
+    /// [`delay`](crate::Reservation::delay); awaiting it waits in the key's queue on this host
+    /// and admits the use once its tokens are there; dropping it gives its place up. `Err` if
+    /// the tokens are due later than `max` (at most an hour) or the key's queue is full (the
+    /// [`shaping`](Builder::shaping) queue bound, 128 by default), with the `Rejection` a
+    /// request would get.
+    ///
+    /// The tokens are taken when due, not set aside now: another host may take them first,
+    /// and then the reservation waits for the next, within `max`. So reservations never let a
+    /// fleet admit more than its limit. A reservation with no delay has taken its tokens
+    /// already (it was admitted at once).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
+    /// use hierarchical_throttle::clock::TokioClock;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = HierarchicalThrottleLayer::builder()
+    ///     .key(|message: &(u64, String)| Some(message.0))
+    ///     .limit(Limit::per_second(10).burst(1)?)
+    ///     .clock(TokioClock::new())
+    ///     .global_store(MemoryGlobalStore::with_clock(TokioClock::new()))
+    ///     .build()?;
+    /// let now = layer.reserve(7, 1, Duration::from_secs(1)).await?;
+    /// assert_eq!(now.delay(), Duration::ZERO);
+    /// now.await?;
+    /// let next = layer.reserve(7, 1, Duration::from_secs(1)).await?;
+    /// assert_eq!(next.delay(), Duration::from_millis(100));
+    /// next.await?; // admitted 100 ms later
+    /// # Ok(()) }
+    /// ```
+    pub async fn reserve(
+        &self,
+        key: K,
+        cost: u64,
+        max: Duration,
+    ) -> Result<crate::Reservation<K>, crate::Rejection<K>> {
+        let id = LeaseKey::new(key, 0, 0);
+        let admitted = || crate::Reservation::new(Duration::ZERO, Box::pin(async { Ok(()) }));
+        let refusal = match self.throttle.check_first_bucket(&id, cost) {
+            Check::Admit => return Ok(admitted()),
+            Check::Wait(decision) => match decision.await {
+                Ok(()) => return Ok(admitted()),
+                Err(refusal) => refusal,
+            },
+            Check::Reject(refusal) => refusal,
+        };
+        let queued = match refusal.reason {
+            crate::RejectionReason::Throttled => self.throttle.queue_up(
+                &id.key,
+                cost,
+                max.min(MAX_SETTING),
+                self.throttle.config.shaping.queue(),
+                refusal,
+            ),
+            _ => Err(refusal),
+        };
+        let place = queued.map_err(|mut refusal| {
+            self.throttle.finish_refusal(&mut refusal);
+            refusal
+        })?;
+        let delay = place.due_in;
+        let throttle = self.throttle.clone();
+        Ok(crate::Reservation::new(
+            delay,
+            Box::pin(async move {
+                throttle
+                    .take_turn(place, &[id], cost)
+                    .await
+                    .map_err(|mut refusal| {
+                        throttle.finish_refusal(&mut refusal);
+                        refusal
+                    })
+            }),
+        ))
+    }
+
     /// [`acquire`](Self::acquire) when throttled requests wait for their tokens.
     #[inline(never)]
     fn acquire_shaped(&self, key: K, cost: u64) -> Acquire<K> {

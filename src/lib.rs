@@ -119,7 +119,7 @@ pub use response::{
 };
 pub use service::HierarchicalThrottle;
 pub use settle::Settle;
-pub use shaping::Shaping;
+pub use shaping::{Reservation, Shaping};
 pub use stats::ThrottleStats;
 
 /// The README's examples, run as doc tests.

@@ -8,9 +8,14 @@
 //! back and leaves its place to the next.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::hash::Hash;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use futures_util::future::BoxFuture;
 
 use crate::clock::Clock;
 use crate::global::GlobalStore;
@@ -42,7 +47,65 @@ pub enum Shaping {
 impl Shaping {
     /// Waiting up to `max`, with at most 128 requests of a key waiting on each host.
     pub fn wait(max: Duration) -> Self {
-        Self::Wait { max, queue: 128 }
+        Self::Wait {
+            max,
+            queue: DEFAULT_QUEUE,
+        }
+    }
+
+    /// The most uses of one key waiting on one host.
+    pub(crate) fn queue(&self) -> usize {
+        match self {
+            Self::Refuse => DEFAULT_QUEUE,
+            Self::Wait { queue, .. } => *queue,
+        }
+    }
+}
+
+/// The default bound of a key's queue on a host.
+const DEFAULT_QUEUE: usize = 128;
+
+/// A use of a key waiting for its tokens, from
+/// [`HierarchicalThrottleLayer::reserve`](crate::HierarchicalThrottleLayer::reserve): it holds
+/// a place in the key's queue on this host and knows when its tokens are expected
+/// ([`delay`](Self::delay)); awaited, it is admitted once they are there (or refused if they
+/// are not by the deadline). Dropping it gives up its place, like Go's `Reservation.Cancel`;
+/// it holds no tokens until admitted, so there is nothing to give back.
+#[must_use = "a reservation waits for its tokens only when awaited"]
+pub struct Reservation<K> {
+    delay: Duration,
+    admitted: BoxFuture<'static, Result<(), Rejection<K>>>,
+}
+
+impl<K> Reservation<K> {
+    pub(crate) fn new(
+        delay: Duration,
+        admitted: BoxFuture<'static, Result<(), Rejection<K>>>,
+    ) -> Self {
+        Self { delay, admitted }
+    }
+
+    /// How long until its tokens are expected: zero when it was admitted at once; otherwise
+    /// counting those the uses ahead of it in the key's queue need. Another host may take
+    /// them first, in which case awaiting it takes longer (up to its deadline).
+    pub fn delay(&self) -> Duration {
+        self.delay
+    }
+}
+
+impl<K> Future for Reservation<K> {
+    type Output = Result<(), Rejection<K>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.admitted.as_mut().poll(cx)
+    }
+}
+
+impl<K> std::fmt::Debug for Reservation<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("delay", &self.delay)
+            .finish_non_exhaustive()
     }
 }
 
@@ -75,22 +138,26 @@ struct Queue {
 }
 
 /// A place in a key's queue, left when dropped (admitted, refused or gone away).
-struct Place<'a, K: Hash + Eq> {
-    shaper: &'a Shaper<K>,
-    key: &'a K,
+pub(crate) struct Place<K: Hash + Eq> {
+    shaper: Arc<Shaper<K>>,
+    key: K,
     cost: u64,
     /// The key's turn, to wait for.
     turn: Arc<tokio::sync::Mutex<()>>,
+    /// When the tokens are expected, counting those the requests ahead need.
+    pub(crate) due_in: Duration,
+    /// The latest it may be admitted.
+    deadline: tokio::time::Instant,
 }
 
-impl<K: Hash + Eq> Drop for Place<'_, K> {
+impl<K: Hash + Eq> Drop for Place<K> {
     fn drop(&mut self) {
         let mut queues = lock(&self.shaper.queues);
-        if let Some(queue) = queues.get_mut(self.key) {
+        if let Some(queue) = queues.get_mut(&self.key) {
             queue.waiting -= 1;
             queue.tokens = queue.tokens.saturating_sub(self.cost);
             if queue.waiting == 0 {
-                queues.remove(self.key);
+                queues.remove(&self.key);
             }
         }
     }
@@ -129,8 +196,18 @@ where
         let Some(first) = keys.first() else {
             return Err(refusal);
         };
-        let deadline = tokio::time::Instant::now() + max;
         let place = self.queue_up(&first.key, cost, max, queue, refusal)?;
+        self.take_turn(place, keys, cost).await
+    }
+
+    /// Waits for `place`'s turn, then until the request of `cost` on `keys` is admitted, or
+    /// its wait runs out.
+    pub(crate) async fn take_turn(
+        self: &Arc<Self>,
+        place: Place<K>,
+        keys: &[LeaseKey<K>],
+        cost: u64,
+    ) -> Result<(), Rejection<K>> {
         let _turn = place.turn.lock().await;
         loop {
             let refusal = match self.check_keys(keys, cost) {
@@ -143,7 +220,7 @@ where
             };
             let wait = refusal.retry_after.unwrap_or_default();
             if refusal.reason != RejectionReason::Throttled
-                || tokio::time::Instant::now() + wait > deadline
+                || tokio::time::Instant::now() + wait > place.deadline
             {
                 return Err(refusal);
             }
@@ -151,15 +228,16 @@ where
         }
     }
 
-    /// Takes a place in `key`'s queue, or refuses at once.
-    fn queue_up<'a>(
-        &'a self,
-        key: &'a K,
+    /// Takes a place in `key`'s queue for a request that may wait up to `max`, or refuses it
+    /// at once.
+    pub(crate) fn queue_up(
+        &self,
+        key: &K,
         cost: u64,
         max: Duration,
         bound: usize,
         refusal: Rejection<K>,
-    ) -> Result<Place<'a, K>, Rejection<K>> {
+    ) -> Result<Place<K>, Rejection<K>> {
         let mut queues = lock(&self.shaper.queues);
         let (waiting, ahead) = queues.get(key).map_or((0, 0), |q| (q.waiting, q.tokens));
         let own = refusal.retry_after.unwrap_or_default();
@@ -181,10 +259,12 @@ where
         queue.tokens += cost;
         self.stats.shaped_waits.incr();
         Ok(Place {
-            shaper: &self.shaper,
-            key,
+            shaper: self.shaper.clone(),
+            key: key.clone(),
             cost,
             turn: queue.turn.clone(),
+            due_in: due,
+            deadline: tokio::time::Instant::now() + max,
         })
     }
 }

@@ -113,7 +113,7 @@ pub(crate) struct Throttle<K, G, L, C> {
     pub(crate) refusals: crate::stats::RefusalsByLimit,
     /// Requests waiting for a batch at the last sweep.
     pub(crate) waiting_for_batches: AtomicU64,
-    pub(crate) shaper: crate::shaping::Shaper<K>,
+    pub(crate) shaper: Arc<crate::shaping::Shaper<K>>,
     /// Tokens to hand back: evicted leases, and hand-backs the store did not take.
     returns: Mutex<Vec<(LeaseKey<K>, u64)>>,
 }
@@ -146,7 +146,7 @@ where
             jitter: Jitter::default(),
             refusals: crate::stats::RefusalsByLimit::default(),
             waiting_for_batches: AtomicU64::new(0),
-            shaper: crate::shaping::Shaper::default(),
+            shaper: Arc::default(),
             returns: Mutex::default(),
         }
     }

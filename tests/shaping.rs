@@ -236,3 +236,37 @@ async fn acquire_waits_for_its_tokens_too() {
     assert_eq!(refused.retry_after, Some(Duration::from_millis(6)));
     assert_eq!(start.elapsed(), Duration::from_millis(6));
 }
+
+#[tokio::test(start_paused = true)]
+async fn reservations_tell_their_delay_at_once_and_give_up_their_place_when_dropped() {
+    let global = MemoryGlobalStore::with_clock(TokioClock::new());
+    let start = Instant::now();
+    let drip = Limit::per(1, Duration::from_millis(3)).burst(1).unwrap();
+    // A layer that refuses its requests: reservations wait all the same, up to their `max`.
+    let layer = layer(drip, Shaping::Refuse, &global);
+    let max = Duration::from_millis(10);
+    let reserve = || layer.reserve("job".to_owned(), 1, max);
+
+    let first = reserve().await.unwrap();
+    let second = reserve().await.unwrap();
+    let third = reserve().await.unwrap();
+    let fourth = reserve().await.unwrap();
+    let delays = [&first, &second, &third, &fourth].map(|r| r.delay());
+    let ms = Duration::from_millis;
+    assert_eq!(delays, [ms(0), ms(3), ms(6), ms(9)]);
+    assert_eq!(start.elapsed(), Duration::ZERO, "none of them waited");
+    // The fifth would be due at 12 ms: past its 10 ms, refused at once.
+    let refused = reserve().await.unwrap_err();
+    assert_eq!(refused.retry_after, Some(ms(12)));
+
+    first.await.unwrap();
+    drop(second);
+    third.await.unwrap();
+    assert_eq!(
+        start.elapsed(),
+        ms(3),
+        "the third took the dropped second's turn"
+    );
+    fourth.await.unwrap();
+    assert_eq!(start.elapsed(), ms(6));
+}
