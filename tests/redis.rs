@@ -587,3 +587,65 @@ async fn a_fleet_with_several_limits_and_levels_never_over_admits_any_bucket_on_
         assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
     }
 }
+
+/// Three shaping hosts on one real Redis, on real time: bursts wait for their tokens instead
+/// of being refused, and the fleet never serves more than `capacity + rate × elapsed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shaping_hosts_on_redis_wait_for_tokens_and_never_over_admit() {
+    use hierarchical_throttle::Shaping;
+
+    let server = RedisServer::start();
+    let redis = store(&server).await;
+    let limit = Limit::per_second(100).burst(5).unwrap();
+    let start = Instant::now();
+    let served = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let hosts: Vec<_> = (0..3)
+        .map(|_| {
+            let layer = HierarchicalThrottleLayer::builder()
+                .key(|job: &Job| job.key.clone())
+                .cost(|job: &Job| job.cost)
+                .limit(limit)
+                .shaping(Shaping::wait(Duration::from_secs(2)))
+                .global_store(redis.clone())
+                .on_rejection(|_: &Job, r: hierarchical_throttle::Rejection<String>| {
+                    Ok::<_, std::convert::Infallible>(Outcome::Refused(r.reason, r.retry_after))
+                })
+                .build()
+                .unwrap();
+            let served = served.clone();
+            layer.layer(service_fn(move |_: Job| {
+                served.lock().unwrap().push(start.elapsed());
+                async { Ok::<_, std::convert::Infallible>(Outcome::Served) }
+            }))
+        })
+        .collect();
+
+    let mut calls = tokio::task::JoinSet::new();
+    for host in &hosts {
+        for _ in 0..20 {
+            let host = host.clone();
+            calls.spawn(async move { send(&mut host.clone(), "burst", 1).await });
+        }
+    }
+    while let Some(outcome) = calls.join_next().await {
+        assert_eq!(
+            outcome.unwrap(),
+            Outcome::Served,
+            "every request waits and is served"
+        );
+    }
+    let mut served = served.lock().unwrap().clone();
+    served.sort();
+    assert_eq!(served.len(), 60);
+    for (n, at) in (1u128..).zip(&served) {
+        // One token of slack for the two clocks (Redis's and this process's) reading the same
+        // instant a few microseconds apart.
+        let allowed = 5 + 1 + at.as_micros() * 100 / 1_000_000;
+        assert!(n <= allowed, "{n} served by {at:?}, allowed {allowed}");
+    }
+    assert!(
+        served[59] >= Duration::from_millis(540),
+        "55 tokens at 100/s cannot come before 550 ms: the last came at {:?}",
+        served[59]
+    );
+}
