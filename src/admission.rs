@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
+use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
 
 use crate::clock::Clock;
 use crate::global::GlobalStore;
@@ -35,7 +37,7 @@ where
     #[inline(always)]
     pub(crate) fn check_first_bucket(self: &Arc<Self>, id: &LeaseKey<K>, cost: u64) -> Check<K> {
         let (hit, slots) = self.take_leased(id, cost);
-        if hit == Hit::Admitted && slots <= 1 {
+        if hit == Hit::Admitted && slots == 1 {
             return Check::Admit;
         }
         self.check_key_further(id.clone(), hit, slots, cost)
@@ -211,6 +213,8 @@ where
         Check::Wait(Box::pin(self.wait()))
     }
 
+    /// Waits for every bucket's batch at once, so that a refusal is known as soon as any
+    /// bucket's is (a verdict read late would be stale: its tokens may be there by then).
     async fn wait(self) -> Result<(), Rejection<K>> {
         let mut held = Held {
             throttle: self.throttle,
@@ -219,8 +223,13 @@ where
             after_wait: Vec::new(),
             kept: false,
         };
-        for (id, decision) in self.waits {
-            decision.await?;
+        let mut waits: FuturesUnordered<_> = self
+            .waits
+            .into_iter()
+            .map(|(id, decision)| async move { (id, decision.await) })
+            .collect();
+        while let Some((id, decided)) = waits.next().await {
+            decided?;
             held.after_wait.push(id);
         }
         held.kept = true;

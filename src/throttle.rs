@@ -209,13 +209,34 @@ where
         cost: u64,
     ) -> (Check<K>, u8) {
         match hit {
-            Hit::Admitted => (Check::Admit, slots),
+            Hit::Admitted => (Check::Admit, self.known_slots(id, slots)),
             Hit::AdmittedStartFetch => {
                 self.start_fetch(id.clone());
-                (Check::Admit, slots)
+                (Check::Admit, self.known_slots(id, slots))
             }
             Hit::Short => self.check_short(id, cost),
         }
+    }
+
+    /// `slots`, or when the bucket does not know its key's number of limits (0), the quota's,
+    /// which a first bucket then keeps: a bucket holding tokens without having been through
+    /// the slow path (a give-back or refund after its eviction) must not admit alone.
+    #[inline(always)]
+    fn known_slots(&self, id: &LeaseKey<K>, slots: u8) -> u8 {
+        if slots != 0 {
+            return slots;
+        }
+        self.learn_slots(id)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn learn_slots(&self, id: &LeaseKey<K>) -> u8 {
+        let slots = self.resolve(id).map_or(1, |bucket| bucket.slots);
+        if id.slot == 0 {
+            self.local.with_bucket(id, |b| b.set_slots(slots));
+        }
+        slots
     }
 
     /// The slow path: the lease held fewer than `cost` tokens.
@@ -277,7 +298,13 @@ where
                 let Some(verdict) = verdict else {
                     return (Check::Reject(bucket.throttled(id, 1)), bucket.slots);
                 };
-                let wait = self.clone().wait(id.clone(), cost, bucket, verdict);
+                let pending = PendingVerdict {
+                    throttle: self.clone(),
+                    id: id.clone(),
+                    cost,
+                    verdict,
+                };
+                let wait = Self::wait(pending, bucket);
                 Check::Wait(Box::pin(wait))
             }
         };
@@ -318,33 +345,24 @@ where
 
     /// Waits for the verdict of the fetch the request was queued for.
     async fn wait(
-        self: Arc<Self>,
-        id: LeaseKey<K>,
-        cost: u64,
+        mut pending: PendingVerdict<K, G, L, C>,
         bucket: Resolved,
-        verdict: oneshot::Receiver<Verdict>,
     ) -> Result<(), Rejection<K>> {
-        let mut pending = PendingVerdict {
-            throttle: &self,
-            id: &id,
-            cost,
-            verdict,
-        };
         // A fetch always settles its waiters, even when its task dies; a closed channel is
         // taken as a failed fetch all the same.
         let verdict = (&mut pending.verdict).await.unwrap_or(Verdict::Failed);
-        drop(pending);
+        let (this, id, cost) = (&pending.throttle, &pending.id, pending.cost);
         match verdict {
             Verdict::Admitted => {
-                self.stats.admitted_after_fetch.incr();
+                this.stats.admitted_after_fetch.incr();
                 Ok(())
             }
             Verdict::Throttled { until } => {
-                self.stats.rejected_global.incr();
+                this.stats.rejected_global.incr();
                 tracing::debug!(cost, "throttled by the global store");
-                Err(bucket.throttled(&id, until.saturating_sub(self.now())))
+                Err(bucket.throttled(id, until.saturating_sub(this.now())))
             }
-            Verdict::Failed => self.decide_on_failure(&id, cost, &bucket),
+            Verdict::Failed => this.decide_on_failure(id, cost, &bucket),
         }
     }
 
@@ -692,20 +710,24 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
 
 /// A request's pending verdict: if the request goes away after its tokens were taken for it,
 /// they go back to the lease.
-struct PendingVerdict<'a, K, G, L, C>
+///
+/// It is made with the request's waiter, before the future that awaits it is first polled: a
+/// future dropped unpolled (one of several buckets' waits, after another refused) still gives
+/// back what a delivered verdict took.
+struct PendingVerdict<K, G, L, C>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     G: GlobalStore<BucketKey<K>>,
     L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
-    throttle: &'a Throttle<K, G, L, C>,
-    id: &'a LeaseKey<K>,
+    throttle: Arc<Throttle<K, G, L, C>>,
+    id: LeaseKey<K>,
     cost: u64,
     verdict: oneshot::Receiver<Verdict>,
 }
 
-impl<K, G, L, C> Drop for PendingVerdict<'_, K, G, L, C>
+impl<K, G, L, C> Drop for PendingVerdict<K, G, L, C>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     G: GlobalStore<BucketKey<K>>,
@@ -717,7 +739,7 @@ where
         if let Ok(Verdict::Admitted) = self.verdict.try_recv() {
             self.throttle
                 .local
-                .with_bucket(self.id, |b| b.give_back(self.cost));
+                .with_bucket(&self.id, |b| b.give_back(self.cost));
         }
     }
 }

@@ -9,7 +9,8 @@ mod common;
 use axum::Router;
 use common::levels::{self, call, route, router, tenant, user};
 use hierarchical_throttle::clock::ManualClock;
-use hierarchical_throttle::quota::BucketKey;
+use hierarchical_throttle::local::{LocalBucket, LocalStore};
+use hierarchical_throttle::quota::{BucketKey, LeaseKey};
 use hierarchical_throttle::{
     HierarchicalThrottleLayer, Limit, MemoryGlobalStore, Quota, RejectionReason,
 };
@@ -261,4 +262,71 @@ async fn tiers_choose_a_quota_per_key_and_changes_apply_within_a_lease() {
 async fn a_fleet_on_one_memory_store_never_over_admits_any_bucket() {
     let clock = ManualClock::new();
     levels::fleet_holds_every_bucket(&clock, MemoryGlobalStore::with_clock(clock.clone())).await;
+}
+
+/// A local store that can drop every bucket at once, as evictions under a key flood do.
+#[derive(Default)]
+struct Forgetful {
+    buckets: std::sync::Mutex<HashMap<LeaseKey<u64>, LocalBucket>>,
+    evicted: std::sync::Mutex<Vec<(LeaseKey<u64>, LocalBucket)>>,
+}
+
+impl Forgetful {
+    fn evict_all(&self) {
+        let all: Vec<_> = self.buckets.lock().unwrap().drain().collect();
+        self.evicted.lock().unwrap().extend(all);
+    }
+}
+
+impl LocalStore<LeaseKey<u64>> for Forgetful {
+    fn with_bucket<R>(&self, key: &LeaseKey<u64>, f: impl FnOnce(&mut LocalBucket) -> R) -> R {
+        f(self.buckets.lock().unwrap().entry(key.clone()).or_default())
+    }
+
+    fn for_each_bucket(&self, mut f: impl FnMut(&LeaseKey<u64>, &mut LocalBucket)) {
+        for (key, bucket) in self.buckets.lock().unwrap().iter_mut() {
+            f(key, bucket);
+        }
+    }
+
+    fn take_evicted(&self) -> Vec<(LeaseKey<u64>, LocalBucket)> {
+        std::mem::take(&mut *self.evicted.lock().unwrap())
+    }
+
+    fn len(&self) -> usize {
+        self.buckets.lock().unwrap().len()
+    }
+}
+
+/// A key's first bucket made again after an eviction by a refund (so holding tokens without
+/// having looked up the key's quota) must not admit on its own: the key's other limits still
+/// apply.
+#[tokio::test]
+async fn a_first_bucket_remade_with_tokens_still_draws_on_every_limit() {
+    let clock = ManualClock::new();
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|n: &u64| Some(*n))
+        .clock(clock.clone())
+        .quota("fast: 1000/s; slow: 5/min".parse::<Quota>().unwrap())
+        .local_store(Forgetful::default())
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+
+    // The slow limit's 5 are all taken; then both buckets are evicted.
+    assert_eq!(layer.acquire(7, 5).await, Ok(()));
+    layer.local_store().evict_all();
+    // The use cost 4: one token back into each limit's (new) bucket.
+    layer.settle(7, 5, 4).await;
+    assert_eq!(
+        layer.acquire(7, 1).await,
+        Ok(()),
+        "the slow limit's refunded token"
+    );
+    let refused = layer.acquire(7, 1).await.unwrap_err();
+    assert_eq!(
+        refused.limit_name,
+        Some("slow"),
+        "5 a minute, whatever the fast bucket holds"
+    );
 }

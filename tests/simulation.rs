@@ -8,7 +8,15 @@
 mod sim;
 
 /// Seeds that once failed, kept as regression tests.
-const REGRESSIONS: &[u64] = &[];
+///
+/// - 2: two limits per key; a request's wait for one bucket's batch, dropped unpolled after
+///   another bucket refused, lost the tokens its delivered verdict had taken.
+/// - 4001: two limits and costs settled from responses, under evictions; a key's first
+///   bucket remade by a refund held tokens without knowing its key had two limits, and
+///   admitted on its own.
+/// - 139, 1939: two limits under store latency; a request read one bucket's refusal only after
+///   waiting for another's batch, when the refused tokens were there again.
+const REGRESSIONS: &[u64] = &[2, 139, 1939, 4001];
 
 fn seeds() -> Vec<u64> {
     if let Some(seed) = std::env::var("SIM_SEED").ok().and_then(|s| s.parse().ok()) {

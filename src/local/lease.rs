@@ -34,7 +34,7 @@ pub struct LocalBucket {
     /// Set by the store on every access; cleared by its eviction pass (second chance).
     used: bool,
     /// How many limits the key's quota had when last looked up (kept by a key's first bucket,
-    /// so that the hot path finds the others without asking for the quota).
+    /// so that the hot path finds the others without asking for the quota); 0 while unknown.
     slots: u8,
     cold: Box<Cold>,
 }
@@ -316,10 +316,12 @@ impl LocalBucket {
         }
     }
 
-    /// How many limits the key's quota has (1 until told otherwise).
+    /// How many limits the key's quota has; 0 while unknown (a bucket made by a give-back,
+    /// a refund or a settle rather than by a request): the throttle then looks it up before
+    /// admitting on this bucket alone.
     #[inline]
     pub(crate) fn slots(&self) -> u8 {
-        self.slots.max(1)
+        self.slots
     }
 
     pub(crate) fn set_slots(&mut self, slots: u8) {

@@ -121,10 +121,10 @@ pub struct FaultyGlobal {
     rng: Arc<Mutex<Rng>>,
     healed: Arc<AtomicBool>,
     ledger: Arc<Mutex<Ledger>>,
-    /// When tokens last came back to each key's bucket.
-    returned_at: Arc<Mutex<HashMap<String, Duration>>>,
+    /// When tokens last came back to each bucket.
+    returned_at: Arc<Mutex<HashMap<BucketKey<String>, Duration>>>,
     restarts: Arc<Mutex<Vec<Duration>>>,
-    forgiven: Arc<Mutex<HashMap<String, u64>>>,
+    forgiven: Arc<Mutex<HashMap<BucketKey<String>, u64>>>,
 }
 
 impl FaultyGlobal {
@@ -149,19 +149,27 @@ impl FaultyGlobal {
 
     /// Restarts the store: every bucket is lost, and with them the tokens `limits` owed for
     /// reservations, which the fleet may now use on top of a fresh allowance.
-    pub fn restart<'a>(&self, limits: impl IntoIterator<Item = (&'a String, &'a Limit)>) {
+    pub fn restart<'a>(
+        &self,
+        buckets: impl IntoIterator<Item = (&'a BucketKey<String>, &'a Limit)>,
+    ) {
         let old = self.store();
         let mut forgiven = self.forgiven.lock().unwrap();
-        for (key, limit) in limits {
-            *forgiven.entry(key.clone()).or_default() += old.peek(&bucket(key), limit).owed();
+        for (bucket, limit) in buckets {
+            *forgiven.entry(bucket.clone()).or_default() += old.peek(bucket, limit).owed();
         }
         *self.inner.lock().unwrap() = MemoryGlobalStore::with_clock(self.clock);
         self.restarts.lock().unwrap().push(self.clock.now());
     }
 
-    /// Tokens owed by `key` when the store restarted: reservations it forgot.
-    pub fn forgiven(&self, key: &str) -> u64 {
-        self.forgiven.lock().unwrap().get(key).copied().unwrap_or(0)
+    /// Tokens owed by `bucket` when the store restarted: reservations it forgot.
+    pub fn forgiven(&self, bucket: &BucketKey<String>) -> u64 {
+        self.forgiven
+            .lock()
+            .unwrap()
+            .get(bucket)
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn restarts_at(&self) -> Vec<Duration> {
@@ -172,20 +180,25 @@ impl FaultyGlobal {
         *self.ledger.lock().unwrap()
     }
 
-    /// The key's bucket as of now, without taking anything.
-    pub fn peek(&self, key: &str, limit: &Limit) -> TokenBucket {
-        self.store().peek(&bucket(key), limit)
+    /// A bucket as of now, without taking anything.
+    pub fn peek(&self, bucket: &BucketKey<String>, limit: &Limit) -> TokenBucket {
+        self.store().peek(bucket, limit)
     }
 
-    /// Whether tokens came back to `key`'s bucket (a hand-back, a restart) within `slack` of
-    /// `now`: a host cannot know of those until it next asks.
-    pub fn tokens_reappeared_since(&self, key: &str, now: Duration, slack: Duration) -> bool {
+    /// Whether tokens came back to `bucket` (a hand-back, a restart) within `slack` of `now`:
+    /// a host cannot know of those until it next asks.
+    pub fn tokens_reappeared_since(
+        &self,
+        bucket: &BucketKey<String>,
+        now: Duration,
+        slack: Duration,
+    ) -> bool {
         let since = now.saturating_sub(slack);
         let returned = self
             .returned_at
             .lock()
             .unwrap()
-            .get(key)
+            .get(bucket)
             .is_some_and(|&t| t >= since);
         returned || self.restarts.lock().unwrap().iter().any(|&r| r >= since)
     }
@@ -223,11 +236,6 @@ impl FaultyGlobal {
     fn cut_want(&self, want: u64) -> u64 {
         self.rng.lock().unwrap().range(1, want.max(1))
     }
-}
-
-/// `key`'s bucket: the simulation's layers have one limit, called `default`.
-fn bucket(key: &str) -> BucketKey<String> {
-    BucketKey::new(key.to_owned(), "default").expect("a valid name")
 }
 
 /// The way back of a call the store has done: the answer fails, hangs, comes too late, or comes
@@ -328,7 +336,7 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
             this.returned_at
                 .lock()
                 .unwrap()
-                .insert(key.key().clone(), this.clock.now());
+                .insert(key.clone(), this.clock.now());
             answer(fault, latency - latency / 2).await
         }
     }

@@ -22,9 +22,10 @@ use std::time::Duration;
 
 use hierarchical_throttle::clock::{Clock, TokioClock};
 use hierarchical_throttle::local::LocalStore;
+use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
-    FailurePolicy, HierarchicalThrottleLayer, Limit, MemoryLocalStore, OnRejection, Rejection,
-    RejectionReason, Shaping,
+    FailurePolicy, HierarchicalThrottleLayer, Limit, MemoryLocalStore, OnRejection, Quota,
+    Rejection, RejectionReason, Shaping,
 };
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -97,6 +98,9 @@ pub struct Scenario {
     pub shaping: Shaping,
     /// Whether responses settle each request's cost to what it used (0 to twice its cost).
     pub settle: bool,
+    /// Whether each hot key also has a second, slower limit with a larger burst (all or
+    /// nothing across the two).
+    pub two_limits: bool,
 }
 
 const LIMITS: &[(u64, u64, u64)] = &[
@@ -163,6 +167,7 @@ impl Scenario {
                 Shaping::Refuse
             },
             settle: rng.chance(0.3),
+            two_limits: rng.chance(0.3),
         }
     }
 }
@@ -185,7 +190,6 @@ pub struct Recorder {
     log: Arc<Mutex<Log>>,
     global: FaultyGlobal,
     clock: TokioClock,
-    limits: Arc<HashMap<String, Limit>>,
     /// How long a refusal's basis may be older than a reappearance of tokens.
     slack: Duration,
     /// How long a request may wait for batches before a refusal loses exactness.
@@ -203,16 +207,23 @@ impl OnRejection<Job, String, Outcome, Infallible> for Recorder {
             RejectionReason::StoreUnavailable => log.store_unavailable += 1,
             // A request that waited out its time while the store answered is refused without
             // that exactness (see `store_timeout`).
+            // The refusal names its limit: that bucket must have been short.
             RejectionReason::Throttled if now < job.sent + self.patience => {
-                let limit = self.limits[&job.key];
-                let there = self.global.peek(&job.key, &limit).tokens();
+                let (Some(limit), Some(name)) = (rejection.limit, rejection.limit_name) else {
+                    log.inexact
+                        .push(format!("{} refused naming no limit", job.key));
+                    return Ok(Outcome::Refused(rejection.reason));
+                };
+                let bucket = BucketKey::new(job.key.clone(), name).expect("a valid name");
+                let there = self.global.peek(&bucket, &limit).tokens();
                 let reappeared = self
                     .global
-                    .tokens_reappeared_since(&job.key, now, self.slack);
+                    .tokens_reappeared_since(&bucket, now, self.slack);
                 if there >= job.cost && !reappeared {
                     log.inexact.push(format!(
-                        "{} refused at {now:?} (cost {}) while the global bucket held {there}",
-                        job.key, job.cost
+                        "{bucket} refused at {now:?} (cost {}) while the global bucket held \
+                         {there}",
+                        job.cost
                     ));
                 }
             }
@@ -235,7 +246,11 @@ impl OnRejection<Job, String, Outcome, Infallible> for Recorder {
 
 /// The result of one seed: `Err` says which property broke.
 pub fn run(seed: u64) -> Result<String, String> {
-    let scenario = Scenario::draw(seed);
+    run_scenario(Scenario::draw(seed))
+}
+
+/// Runs `scenario` (a drawn one, maybe changed to narrow a failure down).
+pub fn run_scenario(scenario: Scenario) -> Result<String, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -247,34 +262,35 @@ pub fn run(seed: u64) -> Result<String, String> {
 async fn simulate(s: Scenario) -> Result<String, String> {
     let clock = TokioClock::new();
     let global = FaultyGlobal::new(clock, s.faults.clone(), s.seed);
-    let mut limits: HashMap<String, Limit> = s
+    let mut quotas: HashMap<String, Quota> = s
         .keys
         .iter()
         .enumerate()
-        .map(|(i, k)| (format!("hot-{i}"), k.limit))
+        .map(|(i, k)| (format!("hot-{i}"), quota_of(k.limit, s.two_limits)))
         .collect();
     let spray_limit = Limit::per_second(5).burst(5).expect("valid limit");
     for i in 0..s.spray {
-        limits.insert(format!("spray-{i}"), spray_limit);
+        quotas.insert(format!("spray-{i}"), Quota::from(spray_limit));
     }
-    let limits = Arc::new(limits);
+    let quotas = Arc::new(quotas);
+    let buckets: Vec<(BucketKey<String>, Limit)> =
+        quotas.iter().flat_map(|(k, q)| buckets(k, q)).collect();
     let log = Arc::new(Mutex::new(Log::default()));
     let recorder = Recorder {
         log: log.clone(),
         global: global.clone(),
         clock,
-        limits: limits.clone(),
         slack: s.lease_ttl + s.store_timeout * 2 + s.max_reservation + Duration::from_secs(121),
         patience: s.store_timeout,
         settle: s.settle,
     };
     let layers: Vec<Host> = (0..s.hosts)
         .map(|_| {
-            let limits = limits.clone();
+            let quotas = quotas.clone();
             HierarchicalThrottleLayer::builder()
                 .key(|job: &Job| Some(job.key.clone()))
                 .cost(|job: &Job| job.cost)
-                .limit_per_key(move |key: &String| limits[key])
+                .limit_per_key(move |key: &String| quotas[key].clone())
                 .clock(clock)
                 .store_timeout(s.store_timeout)
                 .lease_ttl(s.lease_ttl)
@@ -324,7 +340,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     for (n, arrival) in (0u64..).zip(arrivals) {
         tokio::time::sleep_until(start + arrival.at).await;
         while restarts.next_if(|&r| r <= arrival.at).is_some() {
-            global.restart(limits.iter());
+            global.restart(buckets.iter().map(|(b, l)| (b, l)));
         }
         let service = hosts[arrival.host].clone();
         let job = Job {
@@ -362,7 +378,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     }
 
     let log_now = std::mem::take(&mut *log.lock().unwrap());
-    check_allowance(&s, &limits, &log_now.admitted, &global)?;
+    check_allowance(&s, &quotas, &log_now.admitted, &global)?;
     if let Some(first) = log_now.inexact.first() {
         return Err(format!(
             "inexact refusal ({} in all): {first}",
@@ -378,8 +394,8 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             ));
         }
     }
-    check_conservation(&layers, &log_now.admitted, &global)?;
-    check_liveness(&s, &layers, &hosts, &limits, &global, clock).await?;
+    check_conservation(&layers, &quotas, &log_now.admitted, &global)?;
+    check_liveness(&s, &layers, &hosts, &quotas, &global, clock).await?;
     Ok(format!(
         "{} admitted, {} refused, {} global calls",
         log_now.admitted.len(),
@@ -456,7 +472,7 @@ fn traffic(s: &Scenario, rng: &mut Rng) -> Vec<Arrival> {
 /// what was used beyond the charges by `t` (the most the debt can hold).
 fn check_allowance(
     s: &Scenario,
-    limits: &HashMap<String, Limit>,
+    quotas: &HashMap<String, Quota>,
     admitted: &[(String, Duration, u64, u64)],
     global: &FaultyGlobal,
 ) -> Result<(), String> {
@@ -466,25 +482,51 @@ fn check_allowance(
         per_key.entry(key).or_default().push((*at, *used, *charged));
     }
     for (key, events) in per_key {
-        let limit = limits[key];
-        let mut total = 0u64;
-        let mut beyond_charges = 0u64;
-        for (at, used, charged) in events {
-            total += used;
-            beyond_charges += used.saturating_sub(charged);
-            let allowed = allowance(&limit, at, &restarts)
-                + u128::from(global.forgiven(key))
-                + u128::from(beyond_charges);
-            if u128::from(total) > allowed {
-                return Err(format!(
-                    "over-admission: {key} admitted {total} by {at:?}, allowed {allowed} \
-                     (limit {limit:?}, hosts {}, restarts {restarts:?})",
-                    s.hosts
-                ));
+        // Every bucket the key draws on holds on its own.
+        for (bucket, limit) in buckets(key, &quotas[key]) {
+            let mut total = 0u64;
+            let mut beyond_charges = 0u64;
+            for &(at, used, charged) in &events {
+                total += used;
+                beyond_charges += used.saturating_sub(charged);
+                let allowed = allowance(&limit, at, &restarts)
+                    + u128::from(global.forgiven(&bucket))
+                    + u128::from(beyond_charges);
+                if u128::from(total) > allowed {
+                    return Err(format!(
+                        "over-admission: {bucket} admitted {total} by {at:?}, allowed {allowed} \
+                         (limit {limit:?}, hosts {}, restarts {restarts:?})",
+                        s.hosts
+                    ));
+                }
             }
         }
     }
     Ok(())
+}
+
+/// A hot key's quota: its limit, and with `two_limits` a second one, four times slower with
+/// twice the burst.
+fn quota_of(limit: Limit, two_limits: bool) -> Quota {
+    let first = Quota::new("default", limit).expect("a valid quota");
+    if !two_limits {
+        return first;
+    }
+    let slow = Limit::per(limit.refill_amount(), limit.refill_period() * 4)
+        .burst(limit.capacity() * 2)
+        .expect("a valid limit");
+    first.and("slow", slow).expect("a valid quota")
+}
+
+/// The global buckets of `key` under `quota`.
+fn buckets(key: &str, quota: &Quota) -> Vec<(BucketKey<String>, Limit)> {
+    quota
+        .iter()
+        .map(|(name, limit)| {
+            let bucket = BucketKey::new(key.to_owned(), name).expect("a valid name");
+            (bucket, *limit)
+        })
+        .collect()
 }
 
 /// capacity + rate x t, plus a fresh bucket from each restart before `t`.
@@ -498,10 +540,15 @@ fn allowance(limit: &Limit, t: Duration, restarts: &[Duration]) -> u128 {
 /// Property 3: dispensed + uncharged = used + handed back + held + lost.
 fn check_conservation(
     layers: &[Host],
+    quotas: &HashMap<String, Quota>,
     admitted: &[(String, Duration, u64, u64)],
     global: &FaultyGlobal,
 ) -> Result<(), String> {
-    let admitted: u64 = admitted.iter().map(|a| a.2).sum();
+    // A request uses its tokens in each of its key's buckets.
+    let admitted: u64 = admitted
+        .iter()
+        .map(|a| a.2 * quotas[&a.0].len() as u64)
+        .sum();
     // Tokens used beyond a lease that the store did not take are used but never dispensed.
     let uncharged: u64 = layers.iter().map(|l| l.stats().tokens_uncharged).sum();
     let mut held = 0u64;
@@ -531,23 +578,32 @@ async fn check_liveness(
       + Clone
       + Send
       + 'static],
-    limits: &HashMap<String, Limit>,
+    quotas: &HashMap<String, Quota>,
     global: &FaultyGlobal,
     clock: TokioClock,
 ) -> Result<(), String> {
     for (i, _) in s.keys.iter().enumerate() {
         let key = format!("hot-{i}");
-        let limit = limits[&key];
+        let buckets = buckets(&key, &quotas[&key]);
         // Whatever a host's cache says was due before a full refill (a restarted store cannot
         // tell the hosts it has forgotten what they owe).
-        tokio::time::sleep(limit.time_to_accrue(limit.capacity()) + s.max_reservation).await;
+        let full = buckets
+            .iter()
+            .map(|(_, limit)| limit.time_to_accrue(limit.capacity()))
+            .max()
+            .unwrap_or_default();
+        tokio::time::sleep(full + s.max_reservation).await;
         for (h, host) in hosts.iter().enumerate() {
             // The other hosts' leases expire and go back; then the bucket refills a token.
             tokio::time::sleep(s.max_reservation + s.lease_ttl).await;
             for layer in layers {
                 layer.return_unused_leases().await;
             }
-            let refill = global.peek(&key, &limit).micros_until(&limit, 1);
+            let refill = buckets
+                .iter()
+                .map(|(bucket, limit)| global.peek(bucket, limit).micros_until(limit, 1))
+                .max()
+                .unwrap_or(0);
             tokio::time::sleep(Duration::from_micros(refill)).await;
             let job = Job {
                 key: key.clone(),
