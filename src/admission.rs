@@ -3,6 +3,7 @@
 //! the others stay in their leases, so nothing is lost, and the refusal names the limit with
 //! the longest wait.
 
+use std::any::Any;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
@@ -11,6 +12,7 @@ use futures_util::stream::FuturesUnordered;
 
 use crate::clock::Clock;
 use crate::global::GlobalStore;
+use crate::local::memory::{GroupHit, MemoryLocalStore};
 use crate::local::{Hit, LocalStore};
 use crate::quota::{BucketKey, LeaseKey};
 use crate::response::{Rejection, RejectionReason};
@@ -36,11 +38,32 @@ where
     /// [`check_key`](Self::check_key) for a key's first bucket `id`, which the caller keeps.
     #[inline(always)]
     pub(crate) fn check_first_bucket(self: &Arc<Self>, id: &LeaseKey<K>, cost: u64) -> Check<K> {
-        let (hit, slots) = self.take_leased(id, cost);
+        // The default store takes from all of a key's limits under one lock; the branch is
+        // decided when the throttle's types are known.
+        let (hit, slots) = match (&self.local as &dyn Any).downcast_ref::<MemoryLocalStore<K>>() {
+            Some(memory) => match memory.take_group(id, cost) {
+                GroupHit::All { fetch: 0 } => return Check::Admit,
+                GroupHit::All { fetch } => {
+                    self.start_fetches(id, fetch);
+                    return Check::Admit;
+                }
+                GroupHit::First(hit, slots) => (hit, slots),
+            },
+            None => self.take_leased(id, cost),
+        };
         if hit == Hit::Admitted && slots == 1 {
             return Check::Admit;
         }
         self.check_key_further(id.clone(), hit, slots, cost)
+    }
+
+    /// Starts a fetch ahead for each slot of `id`'s key set in `slots` (a bit per slot).
+    #[cold]
+    #[inline(never)]
+    fn start_fetches(self: &Arc<Self>, id: &LeaseKey<K>, slots: u16) {
+        for slot in (0..16u8).filter(|s| slots & (1 << s) != 0) {
+            self.start_fetch(LeaseKey::new(id.key.clone(), id.level, slot));
+        }
     }
 
     /// Decides a request of `cost` on every limit of each of `keys` (first buckets of their

@@ -371,7 +371,7 @@ where
     /// policy. Out of line and cold: the hit path that calls it once per batch stays small.
     #[cold]
     #[inline(never)]
-    fn start_fetch(self: &Arc<Self>, id: LeaseKey<K>) {
+    pub(crate) fn start_fetch(self: &Arc<Self>, id: LeaseKey<K>) {
         let fetch = FetchTask {
             throttle: self.clone(),
             id,

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use hashbrown::HashTable;
 
 use crate::error::ConfigError;
-use crate::local::{LocalBucket, LocalStore};
+use crate::local::{Hit, LocalBucket, LocalStore};
 use crate::quota::LeaseKey;
 use crate::sync::{ShardLock, lock};
 
@@ -129,7 +129,7 @@ impl<K: Clone> MemoryLocalStore<K> {
         f: impl FnOnce(&mut LocalBucket) -> R,
     ) -> R
     where
-        K: Hash,
+        K: Hash + Eq,
     {
         if table.len() >= self.per_shard {
             self.make_room(table);
@@ -138,7 +138,7 @@ impl<K: Clone> MemoryLocalStore<K> {
             key: key.clone(),
             bucket: LocalBucket::default(),
         };
-        let entry = table.insert_unique(hash, entry, |e| self.hasher.hash_one(&e.key));
+        let entry = table.insert_unique(hash, entry, |e| self.hashes(&e.key).1);
         let bucket = &mut entry.into_mut().bucket;
         bucket.mark_used();
         f(bucket)
@@ -174,14 +174,111 @@ impl<K: Clone> MemoryLocalStore<K> {
     }
 }
 
+impl<K: Hash + Eq> MemoryLocalStore<K> {
+    /// The hash of `id`'s group (its key at its level), which picks the shard, so that every
+    /// bucket of a key at a level sits in one shard; and `id`'s own, within the shard's table.
+    /// A first bucket at the first level hashes as its key alone.
+    #[inline(always)]
+    fn hashes(&self, id: &LeaseKey<K>) -> (u64, u64) {
+        let mut group = self.hasher.hash_one(&id.key);
+        if id.level != 0 {
+            group = mix(group, u64::from(id.level));
+        }
+        let own = if id.slot == 0 {
+            group
+        } else {
+            mix(group, 0x100 | u64::from(id.slot))
+        };
+        (group, own)
+    }
+
+    /// The hot path for a request on every limit of `first`'s key at its level, under one
+    /// lock: takes `cost` from the first bucket, and when it knows its key has more limits,
+    /// from each of theirs too. All of them admit, or only the first bucket's outcome is
+    /// known and the others are left as they were.
+    #[inline]
+    pub(crate) fn take_group(&self, first: &LeaseKey<K>, cost: u64) -> GroupHit {
+        let (group, hash) = self.hashes(first);
+        let mut table = self.shard(group).lock();
+        let Some(entry) = table.find_mut(hash, |e| e.key == *first) else {
+            return GroupHit::First(Hit::Short, 0);
+        };
+        entry.bucket.mark_used();
+        let hit = entry.bucket.take_leased(cost);
+        let slots = entry.bucket.slots();
+        if slots <= 1 || hit == Hit::Short {
+            return GroupHit::First(hit, slots);
+        }
+        self.take_rest(&mut table, group, first, hit, slots, cost)
+    }
+
+    /// The limits after the first, for [`take_group`](Self::take_group).
+    #[inline(never)]
+    fn take_rest(
+        &self,
+        table: &mut Shard<K>,
+        group: u64,
+        first: &LeaseKey<K>,
+        hit: Hit,
+        slots: u8,
+        cost: u64,
+    ) -> GroupHit {
+        let mut fetch = u16::from(hit == Hit::AdmittedStartFetch);
+        for slot in 1..slots {
+            let found = table.find_mut(mix(group, 0x100 | u64::from(slot)), |e| {
+                e.key.slot == slot && e.key.level == first.level && e.key.key == first.key
+            });
+            let taken = found.map(|e| {
+                e.bucket.mark_used();
+                e.bucket.take_leased(cost)
+            });
+            match taken {
+                Some(Hit::Admitted) => {}
+                Some(Hit::AdmittedStartFetch) => fetch |= 1 << slot,
+                Some(Hit::Short) | None => {
+                    // Put back what the limits between took: the slow path decides them.
+                    for undone in 1..slot {
+                        let hash = mix(group, 0x100 | u64::from(undone));
+                        if let Some(e) = table.find_mut(hash, |e| {
+                            e.key.slot == undone
+                                && e.key.level == first.level
+                                && e.key.key == first.key
+                        }) {
+                            e.bucket.undo_take(cost);
+                        }
+                    }
+                    return GroupHit::First(hit, slots);
+                }
+            }
+        }
+        GroupHit::All { fetch }
+    }
+}
+
+/// A cheap, well-spread mix of a hash and a small number.
+#[inline(always)]
+fn mix(hash: u64, n: u64) -> u64 {
+    (hash ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xD6E8_FEB8_6659_FD93)
+}
+
+/// [`MemoryLocalStore::take_group`]'s answer.
+pub(crate) enum GroupHit {
+    /// Every limit's bucket had the cost and gave it; `fetch` has a bit set for each slot
+    /// whose lease ran low (a fetch ahead to start).
+    All { fetch: u16 },
+    /// Only the first bucket was decided (`Hit`), with its key's number of limits (0 when
+    /// unknown); the others are untouched.
+    First(Hit, u8),
+}
+
 impl<K> LocalStore<LeaseKey<K>> for MemoryLocalStore<K>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
 {
     #[inline]
     fn with_bucket<R>(&self, key: &LeaseKey<K>, f: impl FnOnce(&mut LocalBucket) -> R) -> R {
-        let hash = self.hasher.hash_one(key);
-        let mut table = self.shard(hash).lock();
+        let (group, hash) = self.hashes(key);
+        let mut table = self.shard(group).lock();
         match table.find_entry(hash, |e| e.key == *key) {
             Ok(entry) => {
                 let bucket = &mut entry.into_mut().bucket;
@@ -193,8 +290,8 @@ where
     }
 
     fn peek_bucket<R>(&self, key: &LeaseKey<K>, f: impl FnOnce(&LocalBucket) -> R) -> Option<R> {
-        let hash = self.hasher.hash_one(key);
-        let table = self.shard(hash).lock();
+        let (group, hash) = self.hashes(key);
+        let table = self.shard(group).lock();
         table.find(hash, |e| e.key == *key).map(|e| f(&e.bucket))
     }
 
@@ -244,6 +341,37 @@ mod tests {
             "table capacity {}",
             table_capacity()
         );
+    }
+
+    #[test]
+    fn a_key_s_limits_are_taken_all_together_or_only_the_first_is_decided() {
+        let store = MemoryLocalStore::<u64>::new();
+        let id = |slot| LeaseKey::new(1, 0, slot);
+        store.with_bucket(&id(0), |b| {
+            b.give_back(5);
+            b.set_slots(3);
+        });
+        store.with_bucket(&id(1), |b| b.give_back(5));
+        store.with_bucket(&id(2), |_| ());
+        let tokens = || [0, 1, 2].map(|slot| store.with_bucket(&id(slot), |b| b.leased_tokens()));
+
+        // The third limit is short: the second is put back, the first is left to the caller.
+        assert!(matches!(
+            store.take_group(&id(0), 2),
+            GroupHit::First(Hit::Admitted, 3)
+        ));
+        assert_eq!(tokens(), [3, 5, 0]);
+        store.with_bucket(&id(2), |b| b.give_back(5));
+        assert!(matches!(
+            store.take_group(&id(0), 2),
+            GroupHit::All { fetch: 0 }
+        ));
+        assert_eq!(tokens(), [1, 3, 3]);
+        // A key it does not hold is for the slow path.
+        assert!(matches!(
+            store.take_group(&LeaseKey::new(2, 0, 0), 1),
+            GroupHit::First(Hit::Short, 0)
+        ));
     }
 
     #[test]
