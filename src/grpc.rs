@@ -41,7 +41,10 @@ pub fn status_code(reason: &RejectionReason) -> u32 {
 /// The trailers-only gRPC response for `rejection`.
 pub fn grpc_response<K, B: Default>(rejection: &Rejection<K>) -> Response<B> {
     let code = status_code(&rejection.reason);
-    let message = rejection.reason.to_string();
+    let message = match rejection.message {
+        Some(message) => message.to_owned(),
+        None => rejection.reason.to_string(),
+    };
     let mut response = Response::new(B::default());
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
@@ -208,6 +211,15 @@ mod tests {
         put_varint(&mut out, 300);
         assert_eq!(out, [0xAC, 0x02]);
         assert_eq!(percent_encode("50% ünï"), "50%25 %C3%BCn%C3%AF");
+    }
+
+    #[test]
+    fn a_missing_key_s_own_words_are_the_grpc_message() {
+        let rejection = Rejection::<u64>::new(None, RejectionReason::MissingKey)
+            .answered(http::StatusCode::UNAUTHORIZED, "send your API key");
+        let response: Response<()> = grpc_response(&rejection);
+        assert_eq!(response.headers()["grpc-status"], "3");
+        assert_eq!(response.headers()["grpc-message"], "send your API key");
     }
 
     #[test]

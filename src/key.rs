@@ -18,6 +18,15 @@ pub enum MissingKey<K> {
     Admit,
     /// Count the request against this one shared key.
     UseKey(K),
+    /// Refuse the request with this status and message (the body of an HTTP answer, the
+    /// `grpc-message` of a gRPC one), for example `401 Unauthorized` and "send your API key in
+    /// the x-api-key header".
+    RejectWith {
+        /// The HTTP status to answer with.
+        status: http::StatusCode,
+        /// Why, in words for the client.
+        message: &'static str,
+    },
 }
 
 /// The value of header `name`, if present and valid UTF-8.

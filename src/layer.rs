@@ -63,7 +63,7 @@ impl<Req, K, R> RequestPolicy<Req, K, R> {
 
     pub(crate) fn missing_key_name(&self) -> &'static str {
         match self.missing_key {
-            MissingKey::Reject => "reject",
+            MissingKey::Reject | MissingKey::RejectWith { .. } => "reject",
             MissingKey::Admit => "admit",
             MissingKey::UseKey(_) => "use a shared key",
         }

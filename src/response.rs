@@ -59,6 +59,11 @@ pub struct Rejection<K> {
     pub limit_name: Option<&'static str>,
     /// The level the refusing limit belongs to; `None` at the layer's first level.
     pub level: Option<&'static str>,
+    /// The status to answer with instead of the reason's own, when the layer was told one
+    /// ([`MissingKey::RejectWith`](crate::MissingKey::RejectWith)).
+    pub status: Option<StatusCode>,
+    /// What to tell the client instead of the reason, when the layer was told.
+    pub message: Option<&'static str>,
 }
 
 impl<K> Rejection<K> {
@@ -70,7 +75,15 @@ impl<K> Rejection<K> {
             limit: None,
             limit_name: None,
             level: None,
+            status: None,
+            message: None,
         }
+    }
+
+    pub(crate) fn answered(mut self, status: StatusCode, message: &'static str) -> Self {
+        self.status = Some(status);
+        self.message = Some(message);
+        self
     }
 
     pub(crate) fn of_limit(
@@ -188,10 +201,13 @@ where
 /// request drew on ([`append_ratelimit_fields`]), unless the layer is built with
 /// [`ratelimit_fields(false)`](crate::Builder::ratelimit_fields).
 ///
+/// Bodies say why, in words, when the body type holds text ([`http_response`]); a
+/// [`MissingKey::RejectWith`](crate::MissingKey::RejectWith) sets its own status and words.
+///
 /// `Retry-After` is in whole seconds rounded up. `RateLimit-Policy` and `RateLimit` follow the
 /// IETF draft, naming the refusing limit (`"per-day";q=<capacity>;w=<seconds an empty bucket
 /// takes to fill>` and `"per-day";r=0;t=<seconds>`; `tenant/per-day` at a further level), with
-/// every integer clamped to the 15 digits Structured Fields allow. Bodies are empty.
+/// every integer clamped to the 15 digits Structured Fields allow.
 ///
 /// gRPC ([`grpc_response`](crate::grpc::grpc_response)): HTTP 200 with `grpc-status`
 /// `RESOURCE_EXHAUSTED` (throttled), `UNAVAILABLE` (store unavailable) or `INVALID_ARGUMENT`
@@ -233,7 +249,7 @@ impl DefaultRejection {
 
 impl<ReqB, K, ResB, E> OnRejection<http::Request<ReqB>, K, Response<ResB>, E> for DefaultRejection
 where
-    ResB: Default,
+    ResB: Default + 'static,
     K: 'static,
 {
     fn on_rejection(
@@ -294,22 +310,56 @@ pub fn append_ratelimit_fields(headers: &mut http::HeaderMap, remaining: &[Remai
     headers.append(RATELIMIT, header_value(states));
 }
 
-/// The HTTP response [`DefaultRejection`] gives for `rejection`.
-pub fn http_response<K, B: Default>(rejection: &Rejection<K>) -> Response<B> {
-    let status = match rejection.reason {
+/// The HTTP response [`DefaultRejection`] gives for `rejection`: its status and headers, and
+/// for bodies that can hold text (axum's and hyper's `Body`, `String`, `Vec<u8>`, `Bytes`) why,
+/// in words (`rate limit exceeded (limit per-day, retry in 3 s)`); other bodies are empty.
+pub fn http_response<K, B: Default + 'static>(rejection: &Rejection<K>) -> Response<B> {
+    let status = rejection.status.unwrap_or(match rejection.reason {
         RejectionReason::Throttled => StatusCode::TOO_MANY_REQUESTS,
         RejectionReason::CostExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         RejectionReason::MissingKey => StatusCode::BAD_REQUEST,
         RejectionReason::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+    });
+    let text = match rejection.message {
+        Some(message) => message.to_owned(),
+        None => rejection.to_string(),
     };
-    let mut response = Response::new(B::default());
+    let (body, written) = text_body(text);
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     let headers = response.headers_mut();
+    if written {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+    }
     if let Some(secs) = rejection.retry_after_secs() {
         headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     insert_ratelimit_fields(headers, rejection);
     response
+}
+
+/// A body of type `B` holding `text` if `B` is one of the body types that hold bytes, else
+/// `B`'s default; and whether the text went in.
+fn text_body<B: Default + 'static>(text: String) -> (B, bool) {
+    use std::any::Any;
+    let mut slot: Option<B> = None;
+    let any: &mut dyn Any = &mut slot;
+    if let Some(slot) = any.downcast_mut::<Option<axum_core::body::Body>>() {
+        *slot = Some(axum_core::body::Body::from(text));
+    } else if let Some(slot) = any.downcast_mut::<Option<String>>() {
+        *slot = Some(text);
+    } else if let Some(slot) = any.downcast_mut::<Option<Vec<u8>>>() {
+        *slot = Some(text.into_bytes());
+    } else if let Some(slot) = any.downcast_mut::<Option<bytes::Bytes>>() {
+        *slot = Some(bytes::Bytes::from(text));
+    }
+    match slot {
+        Some(body) => (body, true),
+        None => (B::default(), false),
+    }
 }
 
 /// `RateLimit-Policy` for the refusing limit, and for a throttled request `RateLimit` with no

@@ -273,6 +273,9 @@ where
         tracing::debug!(policy = ?self.policy.missing_key_name(), "request without a throttle key");
         match &self.policy.missing_key {
             MissingKey::Reject => Err(Rejection::new(None, RejectionReason::MissingKey)),
+            MissingKey::RejectWith { status, message } => {
+                Err(Rejection::new(None, RejectionReason::MissingKey).answered(*status, message))
+            }
             MissingKey::Admit => Ok(None),
             MissingKey::UseKey(key) => Ok(Some(key.clone())),
         }

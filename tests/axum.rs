@@ -92,13 +92,66 @@ async fn a_long_wait_rounds_retry_after_up_to_whole_seconds() {
     );
 }
 
+async fn text(response: http::Response<Body>) -> String {
+    use http_body_util::BodyExt;
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
 #[tokio::test]
-async fn requests_without_a_key_are_rejected_by_default() {
+async fn requests_without_a_key_are_rejected_by_default_and_told_why() {
     let clock = ManualClock::new();
     let app = app(&clock, MissingKey::Reject);
+    let refused = get_status(&app, "/", None).await;
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
     assert_eq!(
-        get_status(&app, "/", None).await.status(),
-        StatusCode::BAD_REQUEST
+        refused.headers()["content-type"],
+        "text/plain; charset=utf-8"
+    );
+    assert_eq!(text(refused).await, "request has no throttle key");
+}
+
+#[tokio::test]
+async fn a_missing_key_can_get_its_own_status_and_words() {
+    let clock = ManualClock::new();
+    let missing = MissingKey::RejectWith {
+        status: StatusCode::UNAUTHORIZED,
+        message: "send your API key in the x-api-key header",
+    };
+    let app = app(&clock, missing);
+    let refused = get_status(&app, "/", None).await;
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        text(refused).await,
+        "send your API key in the x-api-key header"
+    );
+    assert_eq!(
+        get_status(&app, "/", Some("k1")).await.status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn a_throttled_request_is_told_which_limit_and_how_long() {
+    let clock = ManualClock::new();
+    let app = app(&clock, MissingKey::Reject);
+    for _ in 0..3 {
+        assert_eq!(
+            get_status(&app, "/", Some("k1")).await.status(),
+            StatusCode::OK
+        );
+    }
+    let refused = get_status(&app, "/", Some("k1")).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        text(refused).await,
+        "rate limit exceeded (limit default, retry in 1 s)"
+    );
+    let too_big = get_status(&app, "/bulk", Some("k2")).await;
+    assert_eq!(too_big.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        text(too_big).await,
+        "request costs 5 tokens but the limit holds at most 3 (limit default)"
     );
 }
 
