@@ -649,3 +649,102 @@ async fn shaping_hosts_on_redis_wait_for_tokens_and_never_over_admit() {
         served[59]
     );
 }
+
+/// Polls `check` every 20 ms for up to `secs` seconds (a real server's state, which no event
+/// announces to the test); panics with `what` if it never holds.
+async fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !check() {
+        assert!(Instant::now() < deadline, "{what} within {secs} s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A primary, its replica and a sentinel; the layer finds the primary through the sentinel.
+/// After `SENTINEL FAILOVER`, the calls that reach the old primary (now a read-only replica)
+/// fail and the failure policy answers; then the layer asks the sentinel again and decides on
+/// the new primary, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_moves_decisions_to_the_new_primary() {
+    use common::redis_server::Sentinel;
+
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_replica_of(primary.port);
+    eventually(20, "the replica is in sync", || {
+        replica
+            .cli(&["info", "replication"])
+            .contains("master_link_status:up")
+    })
+    .await;
+    let sentinel = Sentinel::start("throttle", primary.port);
+    let replica_port = replica.port.to_string();
+    eventually(20, "the sentinel knows the replica", || {
+        sentinel
+            .cli(&["sentinel", "replicas", "throttle"])
+            .contains(&replica_port)
+    })
+    .await;
+
+    let store: RedisGlobalStore<String> =
+        RedisGlobalStore::connect_sentinel([sentinel.url()], "throttle").unwrap();
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|job: &Job| job.key.clone())
+        .limit(Limit::per_day(1_000).build().unwrap()) // no refill worth a token in the test
+        // One token per call, so that every use asks Redis.
+        .batch_policy(|_: &hierarchical_throttle::batch::BatchContext<'_>| 0)
+        .failure_policy(FailurePolicy::Reject)
+        .store_timeout(Duration::from_millis(500))
+        .max_store_backoff(Duration::from_millis(100))
+        .global_store(store)
+        .build()
+        .unwrap();
+    let bucket_key = "throttle:{tenant}:default";
+
+    assert_eq!(layer.acquire("tenant".to_owned(), 1).await, Ok(()));
+    assert_eq!(primary.cli(&["hget", bucket_key, "t"]).trim(), "999");
+
+    // The sentinel accepts a failover once it has heard from the replica itself.
+    eventually(20, "the sentinel starts a failover", || {
+        sentinel
+            .cli(&["sentinel", "failover", "throttle"])
+            .contains("OK")
+    })
+    .await;
+    eventually(20, "the sentinel names the replica as primary", || {
+        sentinel
+            .cli(&["sentinel", "get-master-addr-by-name", "throttle"])
+            .contains(&replica_port)
+    })
+    .await;
+    // Until the old primary is turned into a replica it still takes writes (which the new
+    // primary never sees: Redis replicates asynchronously); wait for that, as the docs warn.
+    eventually(20, "the old primary is a replica", || {
+        primary.cli(&["role"]).contains("slave")
+    })
+    .await;
+
+    let mut unavailable = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match layer.acquire("tenant".to_owned(), 1).await {
+            Ok(()) => break,
+            Err(refusal) => {
+                assert_eq!(
+                    refusal.reason,
+                    RejectionReason::StoreUnavailable,
+                    "{refusal:?}"
+                );
+                unavailable += 1;
+            }
+        }
+        assert!(Instant::now() < deadline, "no decision on the new primary");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The new primary holds the bucket (replicated, then one more token taken there).
+    assert_eq!(replica.cli(&["hget", bucket_key, "t"]).trim(), "998");
+    assert!(
+        (1..=20).contains(&unavailable),
+        "{unavailable} refusals before the new primary answered: the old primary, now a \
+         replica, refuses the first write"
+    );
+}

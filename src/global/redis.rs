@@ -54,6 +54,43 @@ enum Connection {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
     Lazy(Arc<LazyConnection>),
+    Sentinel(Arc<SentinelConnection>),
+}
+
+/// The primary of a Redis set watched by Sentinel: found through the sentinels on first use,
+/// and found again after any error that says it may have moved (a lost or refused connection,
+/// a `READONLY` answer from a primary that has become a replica).
+struct SentinelConnection {
+    sentinels: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
+    primary: std::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+}
+
+impl SentinelConnection {
+    async fn primary(&self) -> Result<redis::aio::MultiplexedConnection, RedisError> {
+        if let Some(primary) = crate::sync::lock(&self.primary).clone() {
+            return Ok(primary);
+        }
+        let mut sentinels = self.sentinels.lock().await;
+        // Another call may have found it while this one waited.
+        if let Some(primary) = crate::sync::lock(&self.primary).clone() {
+            return Ok(primary);
+        }
+        let primary = sentinels.get_async_connection().await?;
+        *crate::sync::lock(&self.primary) = Some(primary.clone());
+        Ok(primary)
+    }
+
+    /// Forgets the primary after `error` if it says the primary may have moved.
+    fn after(&self, error: &RedisError) {
+        let moved = error.is_io_error()
+            || error.is_connection_dropped()
+            || error.is_connection_refusal()
+            || error.is_timeout()
+            || error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
+        if moved {
+            *crate::sync::lock(&self.primary) = None;
+        }
+    }
 }
 
 /// A connection made on first use, and tried again on every use until it is made.
@@ -133,6 +170,7 @@ impl<K> fmt::Debug for RedisGlobalStore<K> {
             Connection::Single(_) => "single",
             Connection::Cluster(_) => "cluster",
             Connection::Lazy(_) => "single, connected on first use",
+            Connection::Sentinel(_) => "primary found through Sentinel",
         };
         f.debug_struct("RedisGlobalStore")
             .field("connection", &mode)
@@ -174,6 +212,47 @@ impl<K> RedisGlobalStore<K> {
             client,
             manager: tokio::sync::OnceCell::new(),
         }))))
+    }
+
+    /// A store on the primary of the Redis set `service` (Sentinel's `master` name) that the
+    /// given sentinels watch (`redis://host:26379` each). Credentials or TLS towards the
+    /// primary are set on a [`redis::sentinel::SentinelClient`] given to
+    /// [`from_sentinel_client`](Self::from_sentinel_client).
+    ///
+    /// The primary is asked of the sentinels on first use, not now, so a service starts while
+    /// they are unreachable. After a failover, the first call to the old primary fails (the
+    /// connection is lost, or it answers `READONLY` as a replica): the layer's failure policy
+    /// decides that call's requests, and the next call asks the sentinels for the new primary.
+    ///
+    /// ```no_run
+    /// use hierarchical_throttle::global::redis::RedisGlobalStore;
+    /// let store: RedisGlobalStore<String> = RedisGlobalStore::connect_sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "throttle",
+    /// )?;
+    /// # Ok::<(), redis::RedisError>(())
+    /// ```
+    pub fn connect_sentinel<I, T>(sentinels: I, service: &str) -> Result<Self, RedisError>
+    where
+        I: IntoIterator<Item = T>,
+        T: redis::IntoConnectionInfo,
+    {
+        let client = redis::sentinel::SentinelClient::build(
+            sentinels.into_iter().collect(),
+            service.to_owned(),
+            None,
+            redis::sentinel::SentinelServerType::Master,
+        )?;
+        Ok(Self::from_sentinel_client(client))
+    }
+
+    /// A store on the primary that an existing Sentinel client finds (for credentials or TLS
+    /// towards the primary, set on the client); see [`connect_sentinel`](Self::connect_sentinel).
+    pub fn from_sentinel_client(client: redis::sentinel::SentinelClient) -> Self {
+        Self::new(Connection::Sentinel(Arc::new(SentinelConnection {
+            sentinels: tokio::sync::Mutex::new(client),
+            primary: std::sync::Mutex::new(None),
+        })))
     }
 
     /// Connects to a Redis Cluster through any of its nodes.
@@ -296,6 +375,13 @@ impl<K: RedisKey> RedisGlobalStore<K> {
             Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
             Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
             Connection::Lazy(lazy) => cmd.query_async(&mut lazy.manager().await?).await,
+            Connection::Sentinel(sentinel) => {
+                let answer = cmd.query_async(&mut sentinel.primary().await?).await;
+                if let Err(error) = &answer {
+                    sentinel.after(error);
+                }
+                answer
+            }
         }
     }
 }

@@ -12,6 +12,8 @@ pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
     cluster: bool,
+    /// The primary this server replicates, if it is a replica.
+    replica_of: Option<u16>,
 }
 
 fn require(binary: &str) {
@@ -65,6 +67,24 @@ impl RedisServer {
             port,
             dir,
             cluster,
+            replica_of: None,
+        };
+        server.spawn();
+        server
+    }
+
+    /// A replica of the server on `primary`, on a free port.
+    pub fn start_replica_of(primary: u16) -> Self {
+        require("redis-server");
+        let port = free_port(false);
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{port}"));
+        std::fs::create_dir_all(&dir).expect("create the server's directory");
+        let mut server = Self {
+            child: None,
+            port,
+            dir,
+            cluster: false,
+            replica_of: Some(primary),
         };
         server.spawn();
         server
@@ -85,6 +105,9 @@ impl RedisServer {
         .args(["--logfile", "", "--enable-debug-command", "yes"])
         .arg("--dir")
         .arg(&self.dir);
+        if let Some(primary) = self.replica_of {
+            cmd.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
+        }
         if self.cluster {
             cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]);
             cmd.args(["--cluster-config-file", "nodes.conf"]);
@@ -214,5 +237,77 @@ impl RedisCluster {
 
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+}
+
+/// A Redis Sentinel this test started, watching one primary as `name` (quorum 1, a primary
+/// down after 500 ms); killed when dropped.
+pub struct Sentinel {
+    child: Child,
+    pub port: u16,
+}
+
+impl Sentinel {
+    pub fn start(name: &str, primary: u16) -> Self {
+        require("redis-server");
+        let port = free_port(false);
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("sentinel-{port}"));
+        std::fs::create_dir_all(&dir).expect("create the sentinel's directory");
+        let config = dir.join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {name} 127.0.0.1 {primary} 1\n\
+                 sentinel down-after-milliseconds {name} 500\n\
+                 sentinel failover-timeout {name} 2000\n",
+                dir.display()
+            ),
+        )
+        .expect("write sentinel.conf");
+        let mut child = Command::new("redis-server")
+            .arg(&config)
+            .args(["--sentinel", "--logfile", ""])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server --sentinel");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut log = String::new();
+        let mut lines = BufReader::new(stdout).lines();
+        let ready = lines.by_ref().map_while(Result::ok).any(|line| {
+            log.push_str(&line);
+            log.push('\n');
+            line.contains("+monitor master")
+        });
+        if !ready {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("redis-server --sentinel on port {port} exited before it was ready:\n{log}");
+        }
+        // A sentinel logs every event: read its log on, so that it never blocks on the pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Self { child, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Runs a redis-cli command against this sentinel and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
