@@ -5,22 +5,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-install_redis() {
-    if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
-        return
-    fi
-    echo "==> installing redis-server (Debian package)"
+# What the tests need beyond Rust: redis-server and redis-cli (real servers, a cluster, a
+# sentinel), OpenSSL's headers for the `tls` feature, and the openssl tool that makes the TLS
+# test's certificates.
+install_missing() {
+    local missing=()
+    command -v redis-server >/dev/null || missing+=(redis-server)
+    command -v redis-cli >/dev/null || missing+=(redis-tools)
+    command -v openssl >/dev/null || missing+=(openssl)
+    command -v pkg-config >/dev/null || missing+=(pkg-config)
+    pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
+    [ ${#missing[@]} -eq 0 ] && return
+    echo "==> installing ${missing[*]} (Debian packages)"
     if ! command -v apt-get >/dev/null; then
-        echo "redis-server is missing and apt-get is not available: install Redis 6.2+ and retry" >&2
+        echo "missing ${missing[*]} and apt-get is not available: install them (Redis 6.2+) and retry" >&2
         exit 1
     fi
     local sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-install_redis
+install_missing
 # The tests start their own servers on free loopback ports; none is needed running.
 redis-server --version
 

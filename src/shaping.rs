@@ -116,6 +116,7 @@ pub(crate) struct Shaper<K> {
 
 impl<K> Shaper<K> {
     /// Requests waiting for their tokens now.
+    #[cfg(feature = "metrics")]
     pub(crate) fn waiting(&self) -> usize {
         lock(&self.queues).values().map(|q| q.waiting).sum()
     }

@@ -112,6 +112,7 @@ impl RefusalsByLimit {
     }
 
     /// Every kind counted so far, with its count.
+    #[cfg(feature = "metrics")]
     pub(crate) fn snapshot(&self) -> Vec<(RefusalKind, u64)> {
         let mut all: HashMap<RefusalKind, u64> = HashMap::new();
         for stripe in &self.stripes {

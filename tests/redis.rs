@@ -748,3 +748,39 @@ async fn a_sentinel_failover_moves_decisions_to_the_new_primary() {
          replica, refuses the first write"
     );
 }
+
+/// `rediss://` to a server that speaks TLS only, verified against the certificate authority
+/// that signed its certificate; a client without that authority is refused.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn tls_to_redis_verifies_the_server_and_decides_there() {
+    let (server, ca) = RedisServer::start_tls();
+    let url = format!("rediss://127.0.0.1:{}", server.port);
+    let roots = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(ca),
+    };
+    let client = redis::Client::build_with_tls(url.as_str(), roots).unwrap();
+    let store: RedisGlobalStore<String> = RedisGlobalStore::connect_client(client).await.unwrap();
+    let limit = Limit::per_hour(10).burst(10).unwrap();
+    let grant = store
+        .acquire(&bucket("tenant"), &limit, TokenRequest::now(1, 4))
+        .await
+        .expect("an acquire over TLS");
+    assert_eq!(grant.granted, 4);
+    assert_eq!(
+        store.level(&bucket("tenant"), &limit).await.unwrap().tokens,
+        6
+    );
+
+    // The system's roots do not know the test's authority: the handshake fails.
+    let untrusted = RedisGlobalStore::<String>::connect(&url).await;
+    assert!(
+        untrusted.is_err(),
+        "a server signed by an unknown authority is refused"
+    );
+    // Nor does the port speak plain Redis.
+    let plain =
+        RedisGlobalStore::<String>::connect(&format!("redis://127.0.0.1:{}", server.port)).await;
+    assert!(plain.is_err(), "plain Redis on a TLS-only port");
+}

@@ -185,8 +185,17 @@ impl<K> RedisGlobalStore<K> {
     ///
     /// Fails when Redis cannot be reached now; see [`open`](Self::open) for a store that a
     /// service can start with while Redis is down.
+    ///
+    /// `rediss://` connects with TLS (feature `tls`), verifying the server against the
+    /// system's roots; [`connect_client`](Self::connect_client) takes a client built with your
+    /// own roots or client certificate. `redis://user:password@host` authenticates.
     pub async fn connect(url: &str) -> Result<Self, RedisError> {
-        let client = redis::Client::open(url)?;
+        Self::connect_client(redis::Client::open(url)?).await
+    }
+
+    /// [`connect`](Self::connect) with a client you built, for example with
+    /// `redis::Client::build_with_tls` and your own certificate authority.
+    pub async fn connect_client(client: redis::Client) -> Result<Self, RedisError> {
         let manager = client
             .get_connection_manager_with_config(manager_config())
             .await?;

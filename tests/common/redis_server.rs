@@ -14,17 +14,24 @@ pub struct RedisServer {
     cluster: bool,
     /// The primary this server replicates, if it is a replica.
     replica_of: Option<u16>,
+    /// Serves TLS only, with the certificates in its directory.
+    tls: bool,
 }
 
 fn require(binary: &str) {
+    let version = if binary == "openssl" {
+        "version"
+    } else {
+        "--version"
+    };
     let found = Command::new(binary)
-        .arg("--version")
+        .arg(version)
         .output()
         .is_ok_and(|o| o.status.success());
     assert!(
         found,
-        "`{binary}` is not installed: run ./scripts/test.sh, which installs redis-server \
-         (apt-get install redis-server), or install it yourself"
+        "`{binary}` is not installed: run ./scripts/test.sh, which installs redis-server, \
+         redis-tools and openssl (apt-get), or install it yourself"
     );
 }
 
@@ -68,9 +75,31 @@ impl RedisServer {
             dir,
             cluster,
             replica_of: None,
+            tls: false,
         };
         server.spawn();
         server
+    }
+
+    /// A server that speaks TLS only, with a certificate for 127.0.0.1 signed by a certificate
+    /// authority made for it; returns it and the authority's certificate (PEM).
+    pub fn start_tls() -> (Self, Vec<u8>) {
+        require("redis-server");
+        let port = free_port(false);
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-tls-{port}"));
+        std::fs::create_dir_all(&dir).expect("create the server's directory");
+        make_certificates(&dir);
+        let mut server = Self {
+            child: None,
+            port,
+            dir: dir.clone(),
+            cluster: false,
+            replica_of: None,
+            tls: true,
+        };
+        server.spawn();
+        let ca = std::fs::read(dir.join("ca.crt")).expect("read the authority's certificate");
+        (server, ca)
     }
 
     /// A replica of the server on `primary`, on a free port.
@@ -85,6 +114,7 @@ impl RedisServer {
             dir,
             cluster: false,
             replica_of: Some(primary),
+            tls: false,
         };
         server.spawn();
         server
@@ -92,9 +122,21 @@ impl RedisServer {
 
     fn spawn(&mut self) {
         let mut cmd = Command::new("redis-server");
+        let (port, tls_port) = match self.tls {
+            true => ("0".to_owned(), self.port.to_string()),
+            false => (self.port.to_string(), "0".to_owned()),
+        };
+        if self.tls {
+            let file = |name: &str| self.dir.join(name).display().to_string();
+            cmd.args(["--tls-port", &tls_port])
+                .args(["--tls-cert-file", &file("server.crt")])
+                .args(["--tls-key-file", &file("server.key")])
+                .args(["--tls-ca-cert-file", &file("ca.crt")])
+                .args(["--tls-auth-clients", "no"]);
+        }
         cmd.args([
             "--port",
-            &self.port.to_string(),
+            &port,
             "--bind",
             "127.0.0.1",
             "--save",
@@ -309,5 +351,70 @@ impl Drop for Sentinel {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A certificate authority and a server certificate for IP 127.0.0.1 it signed, in `dir`
+/// (`ca.crt`, `server.crt`, `server.key`), made with the `openssl` tool.
+fn make_certificates(dir: &std::path::Path) {
+    require("openssl");
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").expect("write ext.cnf");
+    let steps: [&[&str]; 3] = [
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=test authority",
+        ],
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "1",
+            "-extfile",
+            "ext.cnf",
+        ],
+    ];
+    for args in steps {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
