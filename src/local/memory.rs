@@ -52,7 +52,7 @@ struct CacheLine<T>(T);
 const MAX_KEYS_PER_SHARD: usize = 512;
 
 impl<K> MemoryLocalStore<K> {
-    /// The default bound: 100,000 keys.
+    /// The default bound: 100,000 keys (about 33 MB with `u64` keys; see `BENCHMARKS.md`).
     pub const DEFAULT_MAX_KEYS: usize = 100_000;
 
     /// A store holding at most [`DEFAULT_MAX_KEYS`](Self::DEFAULT_MAX_KEYS) keys.
