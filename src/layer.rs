@@ -219,7 +219,8 @@ where
     /// The tokens are taken when due, not set aside now: another host may take them first,
     /// and then the reservation waits for the next, within `max`. So reservations never let a
     /// fleet admit more than its limit. A reservation with no delay has taken its tokens
-    /// already (it was admitted at once).
+    /// already (it was admitted at once): dropped without being awaited, it gives them back,
+    /// as Go's `Reservation.Cancel` does.
     ///
     /// ```
     /// use std::time::Duration;
@@ -249,11 +250,10 @@ where
         max: Duration,
     ) -> Result<crate::Reservation<K>, crate::Rejection<K>> {
         let id = LeaseKey::new(key, 0, 0);
-        let admitted = || crate::Reservation::new(Duration::ZERO, Box::pin(async { Ok(()) }));
         let refusal = match self.throttle.check_first_bucket(&id, cost) {
-            Check::Admit => return Ok(admitted()),
+            Check::Admit => return Ok(self.throttle.admitted_reservation(id, cost, true)),
             Check::Wait(decision) => match decision.await {
-                Ok(()) => return Ok(admitted()),
+                Ok(()) => return Ok(self.throttle.admitted_reservation(id, cost, false)),
                 Err(refusal) => refusal,
             },
             Check::Reject(refusal) => refusal,

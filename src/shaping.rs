@@ -109,6 +109,57 @@ impl<K> std::fmt::Debug for Reservation<K> {
     }
 }
 
+/// Tokens a reservation admitted at once took from each of its key's limits: given back if it
+/// is dropped before it is awaited.
+struct Taken<K, G, L, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
+    C: Clock,
+{
+    throttle: Arc<Throttle<K, G, L, C>>,
+    id: LeaseKey<K>,
+    cost: u64,
+    at_once: bool,
+    used: bool,
+}
+
+impl<K, G, L, C> Taken<K, G, L, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
+    C: Clock,
+{
+    /// The reservation was awaited: its tokens are its use's.
+    fn keep(mut self) {
+        self.used = true;
+    }
+}
+
+impl<K, G, L, C> Drop for Taken<K, G, L, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
+    C: Clock,
+{
+    fn drop(&mut self) {
+        if self.used {
+            return;
+        }
+        let slots = self.throttle.resolve(&self.id).map_or(1, |b| b.slots);
+        for slot in 0..slots {
+            self.id.slot = slot;
+            match self.at_once {
+                true => self.throttle.undo(&self.id, self.cost),
+                false => self.throttle.give_back(&self.id, self.cost),
+            }
+        }
+    }
+}
+
 /// The waiting requests of every key with some, on this host.
 pub(crate) struct Shaper<K> {
     queues: Mutex<HashMap<K, Queue>>,
@@ -227,6 +278,30 @@ where
             }
             tokio::time::sleep(wait).await;
         }
+    }
+
+    /// A reservation admitted at once on bucket `id`'s key (its tokens taken `at_once` from
+    /// the leases, or after a batch): they go back if it is dropped without being awaited.
+    pub(crate) fn admitted_reservation(
+        self: &Arc<Self>,
+        id: LeaseKey<K>,
+        cost: u64,
+        at_once: bool,
+    ) -> Reservation<K> {
+        let taken = Taken {
+            throttle: self.clone(),
+            id,
+            cost,
+            at_once,
+            used: false,
+        };
+        Reservation::new(
+            Duration::ZERO,
+            Box::pin(async move {
+                taken.keep();
+                Ok(())
+            }),
+        )
     }
 
     /// Takes a place in `key`'s queue for a request that may wait up to `max`, or refuses it

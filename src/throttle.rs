@@ -57,7 +57,7 @@ pub(crate) struct Resolved {
     pub(crate) name: Name,
     pub(crate) level: Option<Name>,
     /// How many limits the key's quota has.
-    slots: u8,
+    pub(crate) slots: u8,
 }
 
 #[derive(Debug, Clone)]

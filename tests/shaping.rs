@@ -270,3 +270,34 @@ async fn reservations_tell_their_delay_at_once_and_give_up_their_place_when_drop
     fourth.await.unwrap();
     assert_eq!(start.elapsed(), ms(6));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_admitted_at_once_gives_its_tokens_back_when_dropped_unused() {
+    let global = MemoryGlobalStore::with_clock(TokioClock::new());
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|job: &u64| Some(*job))
+        .clock(TokioClock::new())
+        .quota(
+            "fast: 10/s burst 2; slow: 2/min"
+                .parse::<hierarchical_throttle::Quota>()
+                .unwrap(),
+        )
+        .global_store(global)
+        .build()
+        .unwrap();
+    let max = Duration::from_secs(1);
+
+    // Two uses fit both limits; the first reservation is dropped without being awaited, so
+    // its tokens go back to both, and two more fit.
+    let dropped = layer.reserve(7, 1, max).await.unwrap();
+    assert_eq!(dropped.delay(), Duration::ZERO);
+    drop(dropped);
+    for _ in 0..2 {
+        let kept = layer.reserve(7, 1, max).await.unwrap();
+        assert_eq!(kept.delay(), Duration::ZERO);
+        kept.await.unwrap();
+    }
+    // The slow limit (2 a minute) is spent now: the next is half a minute away, past `max`.
+    let refused = layer.reserve(7, 1, max).await.unwrap_err();
+    assert_eq!(refused.limit_name, Some("slow"));
+}
