@@ -47,15 +47,23 @@
 //! fleet admits close to its limit and never more: every admitted token was dispensed once by
 //! the global bucket.
 //!
+//! Beyond one limit per key: a [`Quota`] of several named limits and further
+//! [levels](Builder::level) of keys, all or nothing; [`Shaping`] to wait for tokens instead of
+//! being refused; [`Builder::settle`] to correct a cost from the response; `RateLimit-Policy`
+//! and `RateLimit` fields on every response; and read-only views
+//! ([`HierarchicalThrottleLayer::remaining`]).
+//!
 //! # Modules
 //!
 //! - [`bucket`]: the lazy token bucket's exact arithmetic, shared by every store;
 //! - [`global`]: the [`GlobalStore`](global::GlobalStore) trait, [`MemoryGlobalStore`] and, with
-//!   the `redis` feature, `global::redis::RedisGlobalStore` (Redis and Redis Cluster);
+//!   the `redis` feature, `global::redis::RedisGlobalStore` (Redis, Redis Cluster, Sentinel;
+//!   TLS with the `tls` feature);
 //! - [`local`]: the [`LocalStore`](local::LocalStore) trait and [`MemoryLocalStore`];
 //! - [`batch`]: how many tokens a host asks for ([`batch::WeightedDemand`] by default);
 //! - [`clock`]: [`clock::MonotonicClock`], and [`clock::ManualClock`] for exact tests;
 //! - [`key`]: key helpers and the [`MissingKey`] policy;
+//! - [`quota`]: [`Quota`], and the identities of global and local buckets;
 //! - [`grpc`]: gRPC rejections (`RESOURCE_EXHAUSTED` with retry information), chosen by
 //!   [`DefaultRejection`] from the request's content type.
 //!
