@@ -37,7 +37,14 @@ pub enum MissingKey<K> {
 /// assert_eq!(header_value(&req, "x-api-key").as_deref(), Some("k1"));
 /// assert_eq!(header_value(&req, "x-tenant"), None);
 /// ```
-pub fn header_value<B>(request: &http::Request<B>, name: &str) -> Option<String> {
+///
+/// `name` is a `&str`, or a [`HeaderName`](http::HeaderName) made once
+/// (`const API_KEY: HeaderName = HeaderName::from_static("x-api-key")`), which spares parsing
+/// and hashing the name's text on every request.
+pub fn header_value<B>(
+    request: &http::Request<B>,
+    name: impl http::header::AsHeaderName,
+) -> Option<String> {
     let value = request.headers().get(name)?.to_str().ok()?;
     Some(value.to_owned())
 }

@@ -24,6 +24,9 @@ use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::KeyExtractor;
 
+/// The key's header, parsed once.
+const API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+
 /// The inner service: answers at once.
 #[derive(Clone, Copy)]
 struct Echo;
@@ -145,6 +148,21 @@ fn bench(c: &mut Criterion) {
                 &requests,
             );
         }
+        let by_name = HierarchicalThrottleLayer::builder()
+            .key(|req: &Request<()>| key::header_value(req, &API_KEY))
+            .limit(limit())
+            .batch_policy(FractionOfCapacity::new(1.0).expect("a fraction"))
+            .lease_ttl(Duration::from_secs(3600))
+            .ratelimit_fields(false)
+            .global_store(MemoryGlobalStore::new())
+            .build()
+            .expect("a valid layer");
+        measure(
+            c,
+            format!("layer_overhead/throttled_header_name/{keys}"),
+            by_name.layer(Echo),
+            &requests,
+        );
     }
 }
 
