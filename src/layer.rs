@@ -316,7 +316,8 @@ where
     /// into this host's leases (unless the store is down and the failure policy admits without
     /// it: the use may then have had no tokens), a further charge is taken from them and from the
     /// global buckets, into debt if need be. Returns once the global store has taken what the
-    /// leases lacked (at most the store time-out).
+    /// leases lacked (at most the store time-out). Settle only uses that `acquire` admitted:
+    /// a refund for tokens never taken would add them to this host's lease.
     pub async fn settle(&self, key: K, charged: u64, actual: u64) {
         let mut keys = [LeaseKey::new(key, 0, 0)];
         if actual < charged && !self.throttle.admits_from_leases() {
