@@ -8,8 +8,8 @@ use crate::clock::{Clock, micros};
 use crate::global::GlobalStore;
 use crate::limit::Limit;
 use crate::local::{LocalStore, View};
-use crate::quota::{BucketKey, LeaseKey, Name, Quota, scope};
-use crate::throttle::{QuotaSource, Throttle};
+use crate::quota::{BucketKey, LeaseKey, Name, scope};
+use crate::throttle::Throttle;
 
 /// What one limit of a key holds, without taking anything.
 ///
@@ -84,16 +84,8 @@ where
     /// `out`; `id`'s slot is left at the key's first bucket. A bucket this host does not hold
     /// is full as far as it knows (global buckets start full).
     pub(crate) fn remaining_local(&self, id: &mut LeaseKey<K>, now: u64, out: &mut Vec<Remaining>) {
-        let Some(level) = self.levels.get(usize::from(id.level)) else {
+        let Some((level_name, quota)) = self.level_quota(id.level, &id.key) else {
             return;
-        };
-        let per_key;
-        let quota = match &level.quota {
-            QuotaSource::Fixed(quota) => quota,
-            QuotaSource::PerKey(f) => {
-                per_key = f(&id.key);
-                &per_key
-            }
         };
         for (slot, (name, limit)) in (0..).zip(quota.slots_iter()) {
             id.slot = slot;
@@ -101,7 +93,7 @@ where
                 .local
                 .peek_bucket(id, |bucket| bucket.view(now, &limit))
                 .unwrap_or_else(|| View::full(&limit));
-            out.push(Remaining::new(name, level.name, limit, view));
+            out.push(Remaining::new(name, level_name, limit, view));
         }
         id.slot = 0;
     }
@@ -137,10 +129,5 @@ where
             out.push(Remaining::new(name, level_name, limit, view));
         }
         Ok(out)
-    }
-
-    fn level_quota(&self, level: u8, key: &K) -> Option<(Option<Name>, Quota)> {
-        let name = self.levels.get(usize::from(level))?.name;
-        Some((name, self.quota(level, key)?))
     }
 }

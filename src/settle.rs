@@ -16,7 +16,8 @@ use crate::local::LocalStore;
 use crate::quota::{BucketKey, LeaseKey};
 use crate::remaining::Remaining;
 use crate::response::{OnRejection, Rejection};
-use crate::throttle::{QuotaSource, Throttle, TimedOut};
+use crate::stats::Counter;
+use crate::throttle::{Throttle, TimedOut};
 
 /// A rejection handler with a settle hook: made by
 /// [`Builder::settle`](crate::Builder::settle). It answers rejections and admitted responses
@@ -59,56 +60,19 @@ where
     }
 }
 
-/// Tokens a charge has not taken yet: counted as uncharged when the charge ends without them
-/// (failed, timed out, or dropped with its response).
-struct Uncharged<'a, K, G, L, C>
-where
-    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
-    throttle: &'a Throttle<K, G, L, C>,
+/// Tokens used beyond the leases that the global store has not taken yet: counted as
+/// uncharged when the charge ends without them (failed, timed out, or dropped with its
+/// response).
+struct Uncharged<'a> {
+    counter: &'a Counter,
     tokens: u64,
 }
 
-impl<K, G, L, C> Drop for Uncharged<'_, K, G, L, C>
-where
-    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
+impl Drop for Uncharged<'_> {
     fn drop(&mut self) {
         if self.tokens > 0 {
-            self.throttle.stats.tokens_uncharged.add(self.tokens);
+            self.counter.add(self.tokens);
         }
-    }
-}
-
-/// The buckets whose debt is still to charge, last first: counted as uncharged if the charge
-/// is dropped before it reaches them.
-struct Unpaid<'a, K, G, L, C>
-where
-    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
-    throttle: &'a Throttle<K, G, L, C>,
-    owed: Vec<(LeaseKey<K>, u64)>,
-}
-
-impl<K, G, L, C> Drop for Unpaid<'_, K, G, L, C>
-where
-    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
-    fn drop(&mut self) {
-        let unpaid: u64 = self.owed.iter().map(|(_, tokens)| tokens).sum();
-        self.throttle.stats.tokens_uncharged.add(unpaid);
     }
 }
 
@@ -193,12 +157,8 @@ where
         }
         let mut owed = Vec::new();
         for id in keys.iter_mut() {
-            let Some(level) = self.levels.get(usize::from(id.level)) else {
+            let Some(slots) = self.level_quota(id.level, &id.key).map(|(_, q)| q.slots()) else {
                 continue;
-            };
-            let slots = match &level.quota {
-                QuotaSource::Fixed(quota) => quota.slots(),
-                QuotaSource::PerKey(f) => f(&id.key).slots(),
             };
             for slot in 0..slots {
                 id.slot = slot;
@@ -223,31 +183,28 @@ where
         }
         let throttle = self.clone();
         Some(Box::pin(async move {
-            let mut unpaid = Unpaid {
-                throttle: &throttle,
-                owed,
+            let mut uncharged = Uncharged {
+                counter: &throttle.stats.tokens_uncharged,
+                tokens: owed.iter().map(|(_, tokens)| tokens).sum(),
             };
-            while let Some((id, tokens)) = unpaid.owed.pop() {
-                throttle.charge_debt(&id, tokens).await;
+            for (id, tokens) in owed {
+                uncharged.tokens -= throttle.charge_debt(&id, tokens).await;
             }
         }))
     }
 
     /// Takes `tokens` a host used beyond its lease from bucket `id`'s global bucket, into debt
-    /// if need be (reserving them ahead of the refill), in calls of at most a capacity each.
-    /// Tokens a failing store did not take are counted as uncharged.
-    async fn charge_debt(&self, id: &LeaseKey<K>, mut tokens: u64) {
+    /// if need be (reserving them ahead of the refill), in calls of at most a capacity each;
+    /// returns how many the store took (all, unless it failed).
+    async fn charge_debt(&self, id: &LeaseKey<K>, tokens: u64) -> u64 {
         let Some(bucket) = self.resolve(id) else {
-            return;
+            // The key's quota no longer has this limit: nothing to charge.
+            return tokens;
         };
+        let mut taken = 0;
         let key = BucketKey::from_parts(id.key.clone(), bucket.level, bucket.name);
-        while tokens > 0 {
-            let chunk = tokens.min(bucket.limit.capacity());
-            // Counted as uncharged unless the answer comes: the charge may be dropped midway.
-            let mut pending = Uncharged {
-                throttle: self,
-                tokens,
-            };
+        while taken < tokens {
+            let chunk = (tokens - taken).min(bucket.limit.capacity());
             // At least one token, so that the answer tells when the next is due (as a fetch's
             // does); the rest reserved ahead of the refill.
             let request = TokenRequest {
@@ -278,13 +235,12 @@ where
                     0
                 }
             };
+            taken += charged;
             if charged < chunk {
-                tracing::debug!(tokens, charged, "settle could not charge the global store");
-                pending.tokens = tokens - charged;
-                return;
+                tracing::debug!(tokens, taken, "settle could not charge the global store");
+                break;
             }
-            pending.tokens = 0;
-            tokens -= chunk;
         }
+        taken
     }
 }

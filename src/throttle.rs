@@ -153,10 +153,22 @@ where
 
     /// The quota of `key` at `level`.
     pub(crate) fn quota(&self, level: u8, key: &K) -> Option<Quota> {
-        Some(match &self.levels.get(usize::from(level))?.quota {
-            QuotaSource::Fixed(quota) => quota.clone(),
-            QuotaSource::PerKey(f) => f(key),
-        })
+        Some(self.level_quota(level, key)?.1.into_owned())
+    }
+
+    /// The name of `level` and the quota of `key` there: borrowed when it is the same for
+    /// every key, so reading it costs no reference count.
+    pub(crate) fn level_quota(
+        &self,
+        level: u8,
+        key: &K,
+    ) -> Option<(Option<Name>, std::borrow::Cow<'_, Quota>)> {
+        let level = self.levels.get(usize::from(level))?;
+        let quota = match &level.quota {
+            QuotaSource::Fixed(quota) => std::borrow::Cow::Borrowed(quota),
+            QuotaSource::PerKey(f) => std::borrow::Cow::Owned(f(key)),
+        };
+        Some((level.name, quota))
     }
 
     /// The limit and names of bucket `id`; `None` if its key's quota no longer has that limit.

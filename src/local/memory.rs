@@ -187,7 +187,7 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
         let own = if id.slot == 0 {
             group
         } else {
-            mix(group, 0x100 | u64::from(id.slot))
+            slot_hash(group, id.slot)
         };
         (group, own)
     }
@@ -225,12 +225,9 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
     ) -> GroupHit {
         let mut fetch = u16::from(hit == Hit::AdmittedStartFetch);
         for slot in 1..slots {
-            let found = table.find_mut(mix(group, 0x100 | u64::from(slot)), |e| {
-                e.key.slot == slot && e.key.level == first.level && e.key.key == first.key
-            });
-            let taken = found.map(|e| {
-                e.bucket.mark_used();
-                e.bucket.take_leased(cost)
+            let taken = slot_bucket(table, group, first, slot).map(|b| {
+                b.mark_used();
+                b.take_leased(cost)
             });
             match taken {
                 Some(Hit::Admitted) => {}
@@ -238,13 +235,8 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
                 Some(Hit::Short) | None => {
                     // Put back what the limits between took: the slow path decides them.
                     for undone in 1..slot {
-                        let hash = mix(group, 0x100 | u64::from(undone));
-                        if let Some(e) = table.find_mut(hash, |e| {
-                            e.key.slot == undone
-                                && e.key.level == first.level
-                                && e.key.key == first.key
-                        }) {
-                            e.bucket.undo_take(cost);
+                        if let Some(b) = slot_bucket(table, group, first, undone) {
+                            b.undo_take(cost);
                         }
                     }
                     return GroupHit::First(hit, slots);
@@ -253,6 +245,26 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
         }
         GroupHit::All { fetch }
     }
+}
+
+/// The bucket of `first`'s key and level at `slot`, in the shard of their group.
+fn slot_bucket<'t, K: Eq>(
+    table: &'t mut Shard<K>,
+    group: u64,
+    first: &LeaseKey<K>,
+    slot: u8,
+) -> Option<&'t mut LocalBucket> {
+    table
+        .find_mut(slot_hash(group, slot), |e| {
+            e.key.slot == slot && e.key.level == first.level && e.key.key == first.key
+        })
+        .map(|e| &mut e.bucket)
+}
+
+/// The hash of a further limit's bucket (`slot` > 0) in the group hashing as `group`.
+#[inline(always)]
+fn slot_hash(group: u64, slot: u8) -> u64 {
+    mix(group, 0x100 | u64::from(slot))
 }
 
 /// A cheap, well-spread mix of a hash and a small number.

@@ -161,24 +161,8 @@ impl RedisServer {
             .spawn()
             .expect("start redis-server");
         // The server says when it listens: read its log until then.
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut log = String::new();
-        let ready = BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .any(|line| {
-                log.push_str(&line);
-                log.push('\n');
-                line.contains("Ready to accept connections")
-            });
-        if !ready {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "redis-server on port {} exited before it was ready:\n{log}",
-                self.port
-            );
-        }
+        let what = format!("redis-server on port {}", self.port);
+        wait_until_logged(&mut child, "Ready to accept connections", &what);
         self.child = Some(child);
     }
 
@@ -314,21 +298,8 @@ impl Sentinel {
             .stderr(Stdio::null())
             .spawn()
             .expect("start redis-server --sentinel");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut log = String::new();
-        let mut lines = BufReader::new(stdout).lines();
-        let ready = lines.by_ref().map_while(Result::ok).any(|line| {
-            log.push_str(&line);
-            log.push('\n');
-            line.contains("+monitor master")
-        });
-        if !ready {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("redis-server --sentinel on port {port} exited before it was ready:\n{log}");
-        }
-        // A sentinel logs every event: read its log on, so that it never blocks on the pipe.
-        std::thread::spawn(move || lines.for_each(drop));
+        let what = format!("redis-server --sentinel on port {port}");
+        wait_until_logged(&mut child, "+monitor master", &what);
         Self { child, port }
     }
 
@@ -352,6 +323,26 @@ impl Drop for Sentinel {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Reads `child`'s log until a line holds `marker` (it is ready), then goes on reading it in
+/// the background so that a talkative server never blocks on the pipe; kills it and panics
+/// with the log if it exits first.
+fn wait_until_logged(child: &mut Child, marker: &str, what: &str) {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut log = String::new();
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = lines.by_ref().map_while(Result::ok).any(|line| {
+        log.push_str(&line);
+        log.push('\n');
+        line.contains(marker)
+    });
+    if !ready {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{what} exited before it was ready:\n{log}");
+    }
+    std::thread::spawn(move || lines.for_each(drop));
 }
 
 /// A certificate authority and a server certificate for IP 127.0.0.1 it signed, in `dir`
