@@ -23,6 +23,22 @@ pub struct DemandHistory {
 }
 
 impl DemandHistory {
+    /// No demand yet.
+    pub const fn new() -> Self {
+        Self {
+            served: [0; MAX_DEMAND_INTERVALS],
+            current: 0,
+        }
+    }
+
+    /// Whether no demand is left in the window once it has moved to interval `interval`.
+    pub fn is_idle(&self, interval: u64) -> bool {
+        let shift = interval.saturating_sub(self.current);
+        let kept =
+            MAX_DEMAND_INTERVALS.saturating_sub(usize::try_from(shift).unwrap_or(usize::MAX));
+        self.served[..kept].iter().all(|&t| t == 0)
+    }
+
     /// Adds `tokens` to interval number `interval`, moving the window forward if it is new.
     pub fn record(&mut self, interval: u64, tokens: u64) {
         self.advance(interval);

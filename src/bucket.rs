@@ -18,7 +18,7 @@ pub const MAX_WAIT_MICROS: u64 = 1 << 53;
 /// are owed, and the bucket dispenses nothing until they are paid back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenBucket {
-    /// Whole tokens; negative while reserved tokens are owed (never below `-capacity`).
+    /// Whole tokens; negative while reserved tokens or a settled debt are owed.
     tokens: i64,
     /// Progress towards the next token, in `1 / limit.period_micros()` tokens.
     remainder: u64,
@@ -88,7 +88,8 @@ impl TokenBucket {
         if tokens >= i128::from(capacity) {
             (capacity, 0)
         } else {
-            // Both fit: -capacity <= tokens < capacity < 2^53 and the remainder < p.
+            // Both fit: the level only rose from an i64 and stays below capacity < 2^53, and
+            // the remainder < p.
             (tokens as i64, (sub % p) as u64)
         }
     }
@@ -188,6 +189,68 @@ impl TokenBucket {
     }
 }
 
+/// When a bucket will be full if nothing more is taken: `micros` and `frac / amount` of a
+/// microsecond, `amount` being the limit's refill amount (in lowest terms with its period).
+///
+/// Given its limit, this one instant is the whole state of a bucket, exactly: its level at
+/// any later time is the capacity less the refill still to come. So a store can keep 16 bytes
+/// per bucket and still tell, without the limit, whether a bucket is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FullAt {
+    micros: u64,
+    frac: u64,
+}
+
+impl FullAt {
+    /// Whether the bucket is full at `now_micros`.
+    pub fn is_full_at(&self, now_micros: u64) -> bool {
+        now_micros > self.micros || (now_micros == self.micros && self.frac == 0)
+    }
+}
+
+impl TokenBucket {
+    /// When the bucket is full if nothing more is taken; `None` when that is more than
+    /// `u64::MAX` microseconds from the clock's start (a limit that takes over 500,000 years
+    /// to refill).
+    pub fn full_at(&self, limit: &Limit) -> Option<FullAt> {
+        let (a, p) = (
+            i128::from(limit.refill_amount()),
+            i128::from(limit.period_micros()),
+        );
+        // In 1/p tokens: what the bucket lacks (at most 2 * capacity * p < 2^107).
+        let level = i128::from(self.tokens) * p + i128::from(self.remainder);
+        let lacking = (i128::from(capacity(limit)) * p - level).max(0);
+        let micros = i128::from(self.updated_micros) + lacking / a;
+        Some(FullAt {
+            micros: u64::try_from(micros).ok()?,
+            frac: u64::try_from(lacking % a).ok()?,
+        })
+    }
+
+    /// The bucket that is full at `full_at`, as it is at `now_micros`. The inverse of
+    /// [`full_at`](Self::full_at): the bucket it gave, refilled to `now_micros`.
+    pub fn from_full_at(full_at: FullAt, limit: &Limit, now_micros: u64) -> Self {
+        if full_at.is_full_at(now_micros) {
+            return Self::full(limit, now_micros);
+        }
+        let (a, p) = (
+            i128::from(limit.refill_amount()),
+            i128::from(limit.period_micros()),
+        );
+        let capacity = i128::from(capacity(limit));
+        let lacking =
+            (i128::from(full_at.micros) - i128::from(now_micros)) * a + i128::from(full_at.frac);
+        let level = capacity * p - lacking;
+        Self {
+            // Below capacity; above what a debt can reach (only a limit changed since could
+            // take it lower). The remainder is below p.
+            tokens: i64::try_from(level.div_euclid(p)).unwrap_or(i64::MIN / 2),
+            remainder: level.rem_euclid(p) as u64,
+            updated_micros: now_micros,
+        }
+    }
+}
+
 /// A limit's capacity as a level: capacities are below 2^53, so it always fits.
 fn capacity(limit: &Limit) -> i64 {
     i64::try_from(limit.capacity()).unwrap_or(i64::MAX)
@@ -282,6 +345,50 @@ mod tests {
         assert_eq!((t.granted + t.reserved, t.refill_in_micros), (0, 6_000));
         let t = b.take_or_reserve(&l, 0, 2, 4, 6_000);
         assert_eq!((t.reserved, t.ready_in_micros), (2, 6_000));
+    }
+
+    /// Every level a bucket can hold, for limits of whole, fractional and sub-microsecond
+    /// rates: kept as the time it is full, it reads back as the bucket refilled, and is full
+    /// exactly when the bucket is.
+    #[test]
+    fn the_time_a_bucket_is_full_is_its_whole_state() {
+        let limits = [
+            tb(),
+            Limit::per_second(10).burst(10).unwrap(),
+            Limit::per(7, Duration::from_micros(3)).burst(20).unwrap(),
+            Limit::per(3, Duration::from_millis(7)).burst(5).unwrap(),
+        ];
+        for l in limits {
+            let step = (l.period_micros() / l.refill_amount()).max(1);
+            for taken in 0..=2 * l.capacity() {
+                let mut b = TokenBucket::full(&l, 1_000);
+                let (now, want) = (1_000 + step / 3, taken.min(l.capacity()));
+                b.take_or_reserve(&l, now, 1, want, 0);
+                b.take_or_reserve(&l, now, 1, taken - want, u64::MAX / 4);
+                let full_at = b.full_at(&l).unwrap();
+                for later in (0..4 * l.capacity() * step).step_by((step / 2).max(1) as usize) {
+                    let at = now + later;
+                    let mut refilled = b;
+                    refilled.refill(&l, at);
+                    let read = TokenBucket::from_full_at(full_at, &l, at);
+                    assert_eq!(read, refilled, "{l:?}, {taken} taken, at {at}");
+                    assert_eq!(
+                        full_at.is_full_at(at),
+                        b.is_full_at(&l, at),
+                        "{l:?} at {at}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_bucket_full_beyond_the_clock_s_range_has_no_compact_form() {
+        let l = Limit::per_day(1).burst(Limit::MAX_CAPACITY).unwrap();
+        let mut b = TokenBucket::full(&l, 0);
+        assert!(b.full_at(&l).is_some());
+        b.take(&l, 0, Limit::MAX_CAPACITY, Limit::MAX_CAPACITY);
+        assert_eq!(b.full_at(&l), None);
     }
 
     #[test]

@@ -318,6 +318,11 @@ impl<K> BucketKey<K> {
         Self { key, level, limit }
     }
 
+    /// The level and limit names: which of a key's buckets this is.
+    pub(crate) fn names(&self) -> (Option<Name>, Name) {
+        (self.level, self.limit)
+    }
+
     /// The throttle key.
     pub fn key(&self) -> &K {
         &self.key

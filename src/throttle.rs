@@ -574,13 +574,14 @@ where
     pub(crate) async fn return_unused_leases(&self) {
         let now = self.now();
         let ttl = micros(self.config.lease_ttl);
+        let interval = self.interval(now);
         self.collect_evicted();
         let mut returns = std::mem::take(&mut *lock(&self.returns));
         let mut waiting = 0;
         self.local.for_each_bucket(|id, b| {
             self.stats.admitted_local.add(b.take_uncounted());
             waiting += b.waiting() as u64;
-            let tokens = b.take_expired(now, ttl);
+            let tokens = b.take_expired(now, ttl, interval);
             if tokens > 0 {
                 returns.push((id.clone(), tokens));
             }

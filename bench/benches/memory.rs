@@ -1,6 +1,8 @@
 //! Memory per tracked key, measured as the growth of the process's resident set while a store
 //! fills with distinct `u64` keys: this crate's local store (what each host keeps per key), its
-//! in-memory global store, and governor's keyed limiter (what tower_governor keeps per key).
+//! in-memory global store, a whole layer after one request per key (local and global state of
+//! keys that have fetched a batch), and governor's keyed limiter (what tower_governor keeps per
+//! key).
 //!
 //! Run with: cargo bench -p hierarchical-throttle-bench --bench memory
 //! (Under `cargo test` it runs on 10,000 keys, only to show that it works.)
@@ -12,7 +14,9 @@ use governor::{Quota, RateLimiter};
 use hierarchical_throttle::global::{GlobalStore, TokenRequest};
 use hierarchical_throttle::local::LocalStore;
 use hierarchical_throttle::quota::{BucketKey, LeaseKey};
-use hierarchical_throttle::{Limit, MemoryGlobalStore, MemoryLocalStore};
+use hierarchical_throttle::{
+    HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore,
+};
 
 /// Resident memory of this process, in bytes (Linux).
 fn resident_bytes() -> u64 {
@@ -60,6 +64,30 @@ fn measure(store: &str, keys: u64) {
             assert_eq!(store.len() as u64, keys);
             Box::new(store)
         }),
+        "layer" => per_key(keys, || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("a runtime");
+            let global = MemoryGlobalStore::<u64>::new();
+            // Slow enough that no global bucket is full again (and forgotten) during the run.
+            let daily = Limit::per_day(100).burst(100).expect("a valid limit");
+            let layer = HierarchicalThrottleLayer::builder()
+                .key(|k: &u64| Some(*k))
+                .limit(daily)
+                .local_store(MemoryLocalStore::with_max_keys(keys as usize * 2).expect("a bound"))
+                .global_store(global.clone())
+                .build()
+                .expect("a valid layer");
+            runtime.block_on(async {
+                for k in 0..keys {
+                    assert!(layer.acquire(k, 1).await.is_ok(), "a fresh key is admitted");
+                }
+            });
+            assert_eq!(layer.local_store().len() as u64, keys);
+            assert_eq!(global.len() as u64, keys);
+            Box::new((layer, global, runtime))
+        }),
         _ => per_key(keys, || {
             let limiter =
                 RateLimiter::keyed(Quota::per_second(NonZeroU32::new(100).expect("non-zero")));
@@ -106,6 +134,10 @@ fn main() {
     println!(
         "| hierarchical-throttle `MemoryGlobalStore` (one process's global level) | {} |",
         run("global")
+    );
+    println!(
+        "| hierarchical-throttle whole layer, after one request per key (local and global) | {} |",
+        run("layer")
     );
     println!(
         "| governor keyed (dashmap), as tower_governor keeps | {} |",

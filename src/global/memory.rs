@@ -5,12 +5,13 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::{Arc, Mutex};
 
 use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 
-use crate::bucket::TokenBucket;
+use crate::bucket::{FullAt, TokenBucket};
 use crate::clock::{Clock, MonotonicClock, micros};
 use crate::global::{BucketLevel, GlobalStore, Grant, TokenRequest};
 use crate::limit::Limit;
-use crate::quota::BucketKey;
+use crate::quota::{BucketKey, Name};
 use crate::sync::lock;
 
 const SHARDS: usize = 64;
@@ -25,6 +26,10 @@ const SHARDS: usize = 64;
 /// lease time whether or not requests come. So an idle key costs no memory a second or so after
 /// its bucket has refilled, and a flood of distinct keys holds at most the keys whose buckets
 /// are still refilling.
+///
+/// A bucket costs about 50 bytes (with `u64` keys; see `BENCHMARKS.md`): the store keeps only
+/// the key and the instant its bucket is full again ([`FullAt`]), in one table per level and
+/// limit name.
 ///
 /// ```
 /// use hierarchical_throttle::{Limit, quota::BucketKey};
@@ -51,7 +56,108 @@ struct Inner<K, C> {
 
 #[derive(Debug)]
 struct Shard<K> {
-    buckets: HashTable<(BucketKey<K>, TokenBucket, Limit)>,
+    /// One per level and limit name: a handful, looked up in order.
+    tables: Vec<Table<K>>,
+}
+
+/// The buckets of one limit at one level.
+#[derive(Debug)]
+struct Table<K> {
+    names: (Option<Name>, Name),
+    buckets: HashTable<(K, FullAt)>,
+    /// Buckets full again beyond the clock's range (limits that refill over hundreds of
+    /// thousands of years), kept whole with their limit. Almost always empty.
+    far: HashTable<(K, TokenBucket, Limit)>,
+}
+
+impl<K> Shard<K> {
+    fn table(&mut self, names: (Option<Name>, Name)) -> &mut Table<K> {
+        let index = match self.tables.iter().position(|t| t.names == names) {
+            Some(index) => index,
+            None => {
+                self.tables.push(Table {
+                    names,
+                    buckets: HashTable::new(),
+                    far: HashTable::new(),
+                });
+                self.tables.len() - 1
+            }
+        };
+        &mut self.tables[index]
+    }
+
+    fn find(&self, names: (Option<Name>, Name)) -> Option<&Table<K>> {
+        self.tables.iter().find(|t| t.names == names)
+    }
+
+    fn len(&self) -> usize {
+        self.tables
+            .iter()
+            .map(|t| t.buckets.len() + t.far.len())
+            .sum()
+    }
+}
+
+impl<K: Eq> Table<K> {
+    /// `key`'s bucket at `now`: full if the table holds none.
+    fn get(&self, hash: u64, key: &K, limit: &Limit, now: u64) -> TokenBucket {
+        if let Some((_, full_at)) = self.buckets.find(hash, |e| e.0 == *key) {
+            return TokenBucket::from_full_at(*full_at, limit, now);
+        }
+        let far = self.far.find(hash, |e| e.0 == *key);
+        let mut bucket = far.map_or_else(|| TokenBucket::full(limit, now), |e| e.1);
+        bucket.refill(limit, now);
+        bucket
+    }
+
+    /// Keeps `bucket` as `key`'s, or forgets it if it is full at `now`.
+    fn put(
+        &mut self,
+        hash: u64,
+        key: &K,
+        bucket: &TokenBucket,
+        limit: &Limit,
+        now: u64,
+        hasher: impl Fn(&K) -> u64,
+    ) where
+        K: Clone,
+    {
+        if bucket.is_full_at(limit, now) {
+            self.remove(hash, key);
+            return;
+        }
+        let Some(full_at) = bucket.full_at(limit) else {
+            self.remove(hash, key);
+            let entry = (key.clone(), *bucket, *limit);
+            self.far.insert_unique(hash, entry, |e| hasher(&e.0));
+            return;
+        };
+        if !self.far.is_empty() {
+            self.remove(hash, key);
+        }
+        match self.buckets.entry(hash, |e| e.0 == *key, |e| hasher(&e.0)) {
+            Entry::Occupied(mut entry) => entry.get_mut().1 = full_at,
+            Entry::Vacant(entry) => {
+                entry.insert((key.clone(), full_at));
+            }
+        }
+    }
+
+    fn remove(&mut self, hash: u64, key: &K) {
+        if let Ok(entry) = self.buckets.find_entry(hash, |e| e.0 == *key) {
+            entry.remove();
+        }
+        if let Ok(entry) = self.far.find_entry(hash, |e| e.0 == *key) {
+            entry.remove();
+        }
+    }
+
+    /// Forgets the buckets full at `now`.
+    fn forget_full(&mut self, now: u64) {
+        self.buckets.retain(|(_, full_at)| !full_at.is_full_at(now));
+        self.far
+            .retain(|(_, bucket, limit)| !bucket.is_full_at(limit, now));
+    }
 }
 
 impl<K> MemoryGlobalStore<K> {
@@ -86,11 +192,7 @@ impl<K, C> MemoryGlobalStore<K, C> {
     /// A store refilled by `clock` (a [`ManualClock`](crate::clock::ManualClock) in tests).
     pub fn with_clock(clock: C) -> Self {
         let shards = (0..SHARDS)
-            .map(|_| {
-                Mutex::new(Shard {
-                    buckets: HashTable::new(),
-                })
-            })
+            .map(|_| Mutex::new(Shard { tables: Vec::new() }))
             .collect();
         Self {
             inner: Arc::new(Inner {
@@ -103,11 +205,7 @@ impl<K, C> MemoryGlobalStore<K, C> {
 
     /// Buckets held now: keys whose bucket is not full (or has not been swept since it filled).
     pub fn len(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|s| lock(s).buckets.len())
-            .sum()
+        self.inner.shards.iter().map(|s| lock(s).len()).sum()
     }
 
     /// Whether no bucket is held.
@@ -130,19 +228,13 @@ where
         f: impl FnOnce(&mut TokenBucket, u64) -> R,
     ) -> R {
         let now = micros(self.inner.clock.now());
-        let hash = self.inner.hasher.hash_one(key);
+        let hash = self.inner.hasher.hash_one(key.key());
         let mut shard = lock(self.inner.shard(hash));
-        let hasher = |e: &(BucketKey<K>, TokenBucket, Limit)| self.inner.hasher.hash_one(&e.0);
-        let mut entry = shard
-            .buckets
-            .entry(hash, |e| e.0 == *key, hasher)
-            .or_insert_with(|| (key.clone(), TokenBucket::full(limit, now), *limit));
-        let (_, bucket, stored_limit) = entry.get_mut();
-        *stored_limit = *limit;
-        let out = f(bucket, now);
-        if bucket.is_full_at(limit, now) {
-            entry.remove();
-        }
+        let table = shard.table(key.names());
+        let mut bucket = table.get(hash, key.key(), limit, now);
+        let out = f(&mut bucket, now);
+        let hasher = |k: &K| self.inner.hasher.hash_one(k);
+        table.put(hash, key.key(), &bucket, limit, now, hasher);
         out
     }
 }
@@ -157,14 +249,12 @@ where
     /// and [`micros_until`](TokenBucket::micros_until) tells when more are due.
     pub fn peek(&self, key: &BucketKey<K>, limit: &Limit) -> TokenBucket {
         let now = micros(self.inner.clock.now());
-        let hash = self.inner.hasher.hash_one(key);
+        let hash = self.inner.hasher.hash_one(key.key());
         let shard = lock(self.inner.shard(hash));
-        let mut bucket = shard
-            .buckets
-            .find(hash, |e| e.0 == *key)
-            .map_or_else(|| TokenBucket::full(limit, now), |e| e.1);
-        bucket.refill(limit, now);
-        bucket
+        shard.find(key.names()).map_or_else(
+            || TokenBucket::full(limit, now),
+            |table| table.get(hash, key.key(), limit, now),
+        )
     }
 }
 
@@ -219,9 +309,60 @@ where
     fn maintain(&self) {
         let now = micros(self.inner.clock.now());
         for shard in self.inner.shards.iter() {
-            lock(shard)
-                .buckets
-                .retain(|(_, b, l)| !b.is_full_at(l, now));
+            for table in &mut lock(shard).tables {
+                table.forget_full(now);
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use std::time::Duration;
+
+    fn acquire(store: &MemoryGlobalStore<u64, ManualClock>, limit: &Limit, want: u64) -> Grant {
+        let key = BucketKey::new(7, "slow").unwrap();
+        let call = store.acquire(&key, limit, TokenRequest::now(1, want));
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(call)
+            .unwrap()
+    }
+
+    /// A bucket whose refill reaches beyond the clock's range has no compact form: it is kept
+    /// whole, as exactly as any other, and forgotten once full like any other.
+    #[test]
+    fn buckets_refilled_over_ages_are_kept_whole_and_exact() {
+        let clock = ManualClock::new();
+        let store = MemoryGlobalStore::with_clock(clock.clone());
+        let limit = Limit::per_day(1).burst(Limit::MAX_CAPACITY).unwrap();
+        let day = Duration::from_secs(86_400);
+        assert_eq!(
+            acquire(&store, &limit, u64::MAX).granted,
+            Limit::MAX_CAPACITY
+        );
+        store.maintain();
+        assert_eq!(store.len(), 1);
+        let grant = acquire(&store, &limit, 1);
+        assert_eq!((grant.granted, grant.refill_in), (0, day));
+        clock.advance(day * 3);
+        assert_eq!(acquire(&store, &limit, 5).granted, 3);
+
+        // The same key under a limit that refills in a day is compact again.
+        let daily = Limit::per_day(10).burst(10).unwrap();
+        assert_eq!(
+            acquire(&store, &daily, 10).granted,
+            0,
+            "the debt carries over"
+        );
+        clock.advance(day * 2);
+        assert_eq!(acquire(&store, &daily, 10).granted, 10);
+        assert_eq!(store.len(), 1);
+        clock.advance(day);
+        store.maintain();
+        assert!(store.is_empty(), "a bucket full again is forgotten");
     }
 }

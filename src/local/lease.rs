@@ -15,14 +15,17 @@ use crate::limit::Limit;
 /// One key's state on one host. Its fields are the throttle's; a
 /// [`LocalStore`](crate::local::LocalStore) only keeps it.
 ///
-/// What the hot path touches is inline; the rest is boxed, so a large store stays dense in
-/// cache.
+/// What the hot path touches is inline (32 bytes); the rest is boxed, and only held while the
+/// key has any: a key that has been quiet for a demand window, with no lease, no throttled
+/// period and no fleet estimate short of full, sheds it. So a large store stays small and dense
+/// in cache.
 #[derive(Default)]
 pub struct LocalBucket {
     /// Leased tokens usable now.
     tokens: u64,
-    /// Start a background fetch when `tokens` falls below this (half the last batch).
-    low_water: u64,
+    /// Start a background fetch when `tokens` falls below this (half the last batch, at most
+    /// `u32::MAX`: a larger batch only starts its prefetch a little early).
+    low_water: u32,
     /// Tokens served since the clock was last read for this key (saturating: it is emptied on
     /// every slow-path visit).
     unrecorded: u32,
@@ -36,11 +39,10 @@ pub struct LocalBucket {
     /// How many limits the key's quota had when last looked up (kept by a key's first bucket,
     /// so that the hot path finds the others without asking for the quota); 0 while unknown.
     slots: u8,
-    cold: Box<Cold>,
+    cold: Option<Box<Cold>>,
 }
 
-/// The state only the slow path reads.
-#[derive(Default)]
+/// The state only the slow path reads; `None` in a bucket while it equals [`Cold::IDLE`].
 struct Cold {
     /// Requests waiting for the batch being fetched, in arrival order.
     waiters: VecDeque<Waiter>,
@@ -61,7 +63,39 @@ struct Cold {
     /// micros): what the host estimates the fleet has left from. `None` before any answer.
     global_left: Option<u64>,
     global_seen_at: u64,
+    /// From then on (clock micros) the key is not throttled and the fleet estimate is full:
+    /// with no lease, no waiter and no demand left in the window, the state can be dropped.
+    quiet_at: u64,
 }
+
+impl Cold {
+    const IDLE: Self = Self {
+        waiters: VecDeque::new(),
+        leased_at: 0,
+        demand: DemandHistory::new(),
+        next_token_at: 0,
+        pending: 0,
+        pending_due: 0,
+        fallback: None,
+        shape: 0,
+        global_left: None,
+        global_seen_at: 0,
+        quiet_at: 0,
+    };
+
+    /// Whether dropping this state at `now` (in demand interval `interval`) loses nothing.
+    fn is_idle(&self, now: u64, interval: u64) -> bool {
+        self.waiters.is_empty()
+            && self.pending == 0
+            && self.fallback.is_none()
+            && now >= self.quiet_at
+            && now >= self.next_token_at
+            && self.demand.is_idle(interval)
+    }
+}
+
+/// What a bucket without cold state reads.
+static IDLE: Cold = Cold::IDLE;
 
 /// What a bucket holds as this host sees it: its lease plus its estimate of the global bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,10 +123,10 @@ impl std::fmt::Debug for LocalBucket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalBucket")
             .field("tokens", &self.tokens)
-            .field("pending", &self.cold.pending)
-            .field("next_token_at", &self.cold.next_token_at)
+            .field("pending", &self.cold().pending)
+            .field("next_token_at", &self.cold().next_token_at)
             .field("fetching", &self.fetching)
-            .field("waiters", &self.cold.waiters.len())
+            .field("waiters", &self.cold().waiters.len())
             .finish_non_exhaustive()
     }
 }
@@ -217,14 +251,22 @@ pub(crate) struct Settled {
 }
 
 impl LocalBucket {
+    fn cold(&self) -> &Cold {
+        self.cold.as_deref().unwrap_or(&IDLE)
+    }
+
+    fn cold_mut(&mut self) -> &mut Cold {
+        self.cold.get_or_insert_with(|| Box::new(Cold::IDLE))
+    }
+
     /// Tokens leased to this host and not used yet, including those reserved ahead.
     pub fn leased_tokens(&self) -> u64 {
-        self.tokens.saturating_add(self.cold.pending)
+        self.tokens.saturating_add(self.cold().pending)
     }
 
     /// Requests waiting for the batch being fetched.
     pub fn waiting(&self) -> usize {
-        self.cold.waiters.len()
+        self.cold().waiters.len()
     }
 
     /// Whether a batch for this bucket is being fetched: such a bucket must not be evicted.
@@ -257,7 +299,7 @@ impl LocalBucket {
             return Hit::Short;
         }
         self.uncounted = self.uncounted.saturating_add(1);
-        if self.tokens < self.low_water && !self.fetching {
+        if self.tokens < u64::from(self.low_water) && !self.fetching {
             self.fetching = true;
             return Hit::AdmittedStartFetch;
         }
@@ -288,10 +330,19 @@ impl LocalBucket {
     /// Takes in the answer to a charge beyond the lease (asked at `sent_at`, answered at
     /// `now`): its tokens were used already, but the global bucket's level and when its next
     /// token is due are news.
-    pub(crate) fn note_charge(&mut self, grant: &Grant, sent_at: u64, now: u64) {
-        self.cold.next_token_at = sent_at.saturating_add(micros(grant.refill_in));
-        self.cold.global_left = Some(grant.remaining);
-        self.cold.global_seen_at = now;
+    pub(crate) fn note_charge(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) {
+        self.note_global(grant, sent_at, now, limit);
+    }
+
+    /// Takes in what an answer, asked at `sent_at` and received at `now`, says of the global
+    /// bucket: when its next token is due, and its level.
+    fn note_global(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) {
+        let next_token_at = sent_at.saturating_add(micros(grant.refill_in));
+        let cold = self.cold_mut();
+        cold.next_token_at = next_token_at;
+        cold.global_left = Some(grant.remaining);
+        cold.global_seen_at = now;
+        cold.quiet_at = global_full_at(grant.remaining, next_token_at, now, limit);
     }
 
     /// Puts back `tokens` taken for a request that went away before it was served.
@@ -310,9 +361,10 @@ impl LocalBucket {
     /// (a key moved to another tier, a limit was raised or lowered), what the bucket knew of
     /// the old global bucket no longer holds: it forgets that the key was throttled.
     pub(crate) fn reshape(&mut self, shape: u64) {
-        if self.cold.shape != shape {
-            self.cold.shape = shape;
-            self.cold.next_token_at = 0;
+        if self.cold().shape != shape {
+            let cold = self.cold_mut();
+            cold.shape = shape;
+            cold.next_token_at = 0;
         }
     }
 
@@ -332,7 +384,7 @@ impl LocalBucket {
     /// at `now` and the global bucket is known to be short; `None` if it might be served.
     pub(crate) fn known_short(&mut self, cost: u64, now: u64, limit: &Limit) -> Option<u64> {
         self.release_pending(now);
-        (self.tokens < cost && now < self.cold.next_token_at).then(|| self.due(cost, now, limit))
+        (self.tokens < cost && now < self.cold().next_token_at).then(|| self.due(cost, now, limit))
     }
 
     /// What the bucket holds at `now`, without changing it: the usable lease plus the global
@@ -341,23 +393,22 @@ impl LocalBucket {
     /// a host has without asking.
     pub(crate) fn view(&self, now: u64, limit: &Limit) -> View {
         let capacity = limit.capacity();
-        let due = if now >= self.cold.pending_due {
-            self.cold.pending
+        let due = if now >= self.cold().pending_due {
+            self.cold().pending
         } else {
             0
         };
         let lease = self.tokens.saturating_add(due);
-        let short = now < self.cold.next_token_at;
-        let global = match self.cold.global_left {
+        let short = now < self.cold().next_token_at;
+        let global = match self.cold().global_left {
             None => capacity,
             Some(_) if short => 0,
             // It was short at its answer: its first token came at `next_token_at`.
-            Some(_) if self.cold.next_token_at > self.cold.global_seen_at => {
-                1 + limit.accrued_in(now - self.cold.next_token_at)
+            Some(_) if self.cold().next_token_at > self.cold().global_seen_at => {
+                1 + limit.accrued_in(now - self.cold().next_token_at)
             }
-            Some(left) => {
-                left.saturating_add(limit.accrued_in(now.saturating_sub(self.cold.global_seen_at)))
-            }
+            Some(left) => left
+                .saturating_add(limit.accrued_in(now.saturating_sub(self.cold().global_seen_at))),
         };
         let tokens = lease.saturating_add(global).min(capacity);
         if tokens >= capacity {
@@ -365,7 +416,7 @@ impl LocalBucket {
         }
         let lacking = capacity - tokens;
         let (next_in, full_in) = if short {
-            let next_in = self.cold.next_token_at - now;
+            let next_in = self.cold().next_token_at - now;
             let rest = micros(limit.time_to_accrue(lacking - 1));
             (next_in, next_in.saturating_add(rest))
         } else {
@@ -385,18 +436,18 @@ impl LocalBucket {
     }
 
     fn record_demand(&mut self, interval: u64) {
-        self.cold
-            .demand
-            .record(interval, u64::from(std::mem::take(&mut self.unrecorded)));
+        let tokens = u64::from(std::mem::take(&mut self.unrecorded));
+        self.cold_mut().demand.record(interval, tokens);
     }
 
     /// Moves tokens reserved ahead into the lease once they are due.
     fn release_pending(&mut self, now: u64) {
-        if self.cold.pending > 0 && now >= self.cold.pending_due {
-            let pending = std::mem::take(&mut self.cold.pending);
+        if self.cold().pending > 0 && now >= self.cold().pending_due {
+            let cold = self.cold_mut();
+            let pending = std::mem::take(&mut cold.pending);
+            cold.leased_at = cold.pending_due;
             self.tokens = self.tokens.saturating_add(pending);
-            self.cold.leased_at = self.cold.pending_due;
-            self.low_water = pending / 2;
+            self.low_water = half(pending);
         }
     }
 
@@ -405,14 +456,14 @@ impl LocalBucket {
     fn due(&self, cost: u64, now: u64, limit: &Limit) -> u64 {
         let held = self.leased_tokens();
         if cost <= held {
-            return self.cold.pending_due;
+            return self.cold().pending_due;
         }
         // The global bucket's first token is due at `next_token_at`, the rest at its rate.
         let more = cost - held;
         let rest = micros(limit.time_to_accrue(more - 1));
-        let refilled = self.cold.next_token_at.max(now).saturating_add(rest);
-        if self.cold.pending > 0 {
-            refilled.max(self.cold.pending_due)
+        let refilled = self.cold().next_token_at.max(now).saturating_add(rest);
+        if self.cold().pending > 0 {
+            refilled.max(self.cold().pending_due)
         } else {
             refilled
         }
@@ -437,22 +488,22 @@ impl LocalBucket {
         if admitted {
             return Miss::Admitted;
         }
-        if now < self.cold.next_token_at {
+        if now < self.cold().next_token_at {
             // Refused requests are demand too: batches sized by what was served alone would
             // shrink to single tokens exactly when the key is over its limit.
-            self.cold.demand.record(interval, cost);
+            self.cold_mut().demand.record(interval, cost);
             return Miss::Throttled {
                 until: self.due(cost, now, limit),
             };
         }
         if self.fetching {
-            self.cold.waiters.push_back(waiter());
+            self.cold_mut().waiters.push_back(waiter());
             return Miss::Joined;
         }
         if !store_up {
             return Miss::StoreDown;
         }
-        self.cold.waiters.push_back(waiter());
+        self.cold_mut().waiters.push_back(waiter());
         self.fetching = true;
         Miss::StartFetch
     }
@@ -462,13 +513,13 @@ impl LocalBucket {
     pub(crate) fn plan(&mut self, now: u64, interval: u64, limit: &Limit) -> Option<Plan> {
         self.release_pending(now);
         self.record_demand(interval);
-        self.cold.waiters.retain(|w| !w.is_gone());
+        self.cold_mut().waiters.retain(|w| !w.is_gone());
         let needed = self
-            .cold
+            .cold()
             .waiters
             .iter()
             .fold(0u64, |sum, w| sum.saturating_add(w.cost));
-        if now < self.cold.next_token_at {
+        if now < self.cold().next_token_at {
             // No prefetch either until a batch comes: each would be skipped again.
             self.low_water = 0;
             return None;
@@ -481,7 +532,7 @@ impl LocalBucket {
             return None;
         }
         let mut demand = [0; MAX_DEMAND_INTERVALS];
-        demand.copy_from_slice(self.cold.demand.recent());
+        demand.copy_from_slice(self.cold().demand.recent());
         Some(Plan {
             needed,
             room,
@@ -500,16 +551,16 @@ impl LocalBucket {
             FetchOutcome::Failed => return self.fail_fetch(),
             FetchOutcome::Skipped => false,
             FetchOutcome::Granted { grant, sent_at } => {
-                self.take_grant(&grant, sent_at, now);
+                self.take_grant(&grant, sent_at, now, limit);
                 settled.excess = self.shed_excess(limit);
                 true
             }
         };
         self.fetching = false;
         self.release_pending(now);
-        let throttled = now < self.cold.next_token_at;
+        let throttled = now < self.cold().next_token_at;
         let mut kept = VecDeque::new();
-        for waiter in std::mem::take(&mut self.cold.waiters) {
+        for waiter in std::mem::take(&mut self.cold_mut().waiters) {
             if waiter.is_gone() {
                 continue;
             }
@@ -526,7 +577,7 @@ impl LocalBucket {
             }
         }
         if !kept.is_empty() {
-            self.cold.waiters = kept;
+            self.cold_mut().waiters = kept;
             self.fetching = true;
             settled.refetch = true;
         }
@@ -538,34 +589,33 @@ impl LocalBucket {
     pub(crate) fn fail_fetch(&mut self) -> Settled {
         self.fetching = false;
         Settled {
-            verdicts: self
-                .cold
-                .waiters
-                .drain(..)
-                .map(|w| (w, Verdict::Failed))
-                .collect(),
+            verdicts: self.cold.as_mut().map_or_else(Vec::new, |cold| {
+                cold.waiters
+                    .drain(..)
+                    .map(|w| (w, Verdict::Failed))
+                    .collect()
+            }),
             ..Settled::default()
         }
     }
 
     /// Adds a grant asked for at `sent_at` and received at `now` to the lease.
-    fn take_grant(&mut self, grant: &Grant, sent_at: u64, now: u64) {
+    fn take_grant(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) {
         // From the time the call was sent, so that no request is refused while the global
         // bucket could already admit it.
-        self.cold.next_token_at = sent_at.saturating_add(micros(grant.refill_in));
-        self.cold.global_left = Some(grant.remaining);
-        self.cold.global_seen_at = now;
+        self.note_global(grant, sent_at, now, limit);
         if grant.granted > 0 {
             self.tokens = self.tokens.saturating_add(grant.granted);
-            self.cold.leased_at = now;
-            self.low_water = grant.granted / 2;
+            self.cold_mut().leased_at = now;
+            self.low_water = half(grant.granted);
         }
         if grant.reserved > 0 {
             // From the time the answer came, so that reserved tokens are never used before the
             // global bucket has refilled them.
             let due = now.saturating_add(micros(grant.ready_in));
-            self.cold.pending = self.cold.pending.saturating_add(grant.reserved);
-            self.cold.pending_due = self.cold.pending_due.max(due);
+            let cold = self.cold_mut();
+            cold.pending = cold.pending.saturating_add(grant.reserved);
+            cold.pending_due = cold.pending_due.max(due);
         }
     }
 
@@ -577,19 +627,44 @@ impl LocalBucket {
     }
 
     /// Takes the leased tokens out if the lease is older than `ttl` micros and no batch is in
-    /// flight or reserved, so they can be handed back.
-    pub(crate) fn take_expired(&mut self, now: u64, ttl: u64) -> u64 {
+    /// flight or reserved, so they can be handed back; and drops the slow path's state once it
+    /// holds nothing any more (at `now`, in demand interval `interval`).
+    pub(crate) fn take_expired(&mut self, now: u64, ttl: u64, interval: u64) -> u64 {
         self.release_pending(now);
-        if self.fetching || self.cold.pending > 0 || now.saturating_sub(self.cold.leased_at) < ttl {
+        let cold = self.cold();
+        if self.fetching || cold.pending > 0 || now.saturating_sub(cold.leased_at) < ttl {
             return 0;
         }
         self.low_water = 0;
-        std::mem::take(&mut self.tokens)
+        let expired = std::mem::take(&mut self.tokens);
+        self.shed_if_idle(now, interval);
+        expired
+    }
+
+    /// Drops the slow path's state when it holds nothing: the bucket then reads exactly as it
+    /// did (see [`Cold::is_idle`]).
+    fn shed_if_idle(&mut self, now: u64, interval: u64) {
+        if self.cold.is_none() {
+            return;
+        }
+        self.record_demand(interval);
+        if self.cold().is_idle(now, interval) {
+            self.cold = None;
+        }
+    }
+
+    /// Whether the bucket holds state beyond its hot fields (for tests of its shedding).
+    #[cfg(test)]
+    fn holds_cold_state(&self) -> bool {
+        self.cold.is_some()
     }
 
     /// Takes every leased token out, reserved ones included: the bucket is being dropped.
     pub(crate) fn take_all_leased(&mut self) -> u64 {
-        let pending = std::mem::take(&mut self.cold.pending);
+        let pending = self
+            .cold
+            .as_mut()
+            .map_or(0, |c| std::mem::take(&mut c.pending));
         std::mem::take(&mut self.tokens).saturating_add(pending)
     }
 
@@ -597,7 +672,7 @@ impl LocalBucket {
     /// until it could be served, or zero if it was.
     pub(crate) fn take_fallback(&mut self, share: &Limit, now: u64, cost: u64) -> u64 {
         let bucket = self
-            .cold
+            .cold_mut()
             .fallback
             .get_or_insert_with(|| Box::new(TokenBucket::full(share, now)));
         let taken = bucket.take(share, now, cost, cost);
@@ -607,6 +682,23 @@ impl LocalBucket {
             taken.refill_in_micros.max(1)
         }
     }
+}
+
+/// Half a batch, as a low-water mark.
+fn half(batch: u64) -> u32 {
+    u32::try_from(batch / 2).unwrap_or(u32::MAX)
+}
+
+/// When the global bucket, as an answer received at `seen_at` left it (`left` whole tokens,
+/// the next due at `next_token_at`), is full again if no host takes from it.
+fn global_full_at(left: u64, next_token_at: u64, seen_at: u64, limit: &Limit) -> u64 {
+    let capacity = limit.capacity();
+    let (from, lacking) = if next_token_at > seen_at {
+        (next_token_at, capacity - 1)
+    } else {
+        (seen_at, capacity.saturating_sub(left))
+    };
+    from.saturating_add(micros(limit.time_to_accrue(lacking)))
 }
 
 #[cfg(test)]
@@ -692,7 +784,7 @@ mod tests {
 
     #[test]
     fn the_hot_part_of_a_bucket_stays_small() {
-        assert!(std::mem::size_of::<LocalBucket>() <= 40);
+        assert!(std::mem::size_of::<LocalBucket>() <= 32);
     }
 
     #[test]
@@ -875,8 +967,59 @@ mod tests {
         let mut b = LocalBucket::default();
         let (_, _rx) = queue(&mut b, 1, 0);
         b.settle(&grant(6, 0, 0, 0), 0, &limit());
-        assert_eq!(b.take_expired(1_999_999, 2_000_000), 0);
-        assert_eq!(b.take_expired(2_000_000, 2_000_000), 5);
+        assert_eq!(b.take_expired(1_999_999, 2_000_000, 1), 0);
+        assert_eq!(b.take_expired(2_000_000, 2_000_000, 2), 5);
         assert_eq!(b.leased_tokens(), 0);
+    }
+
+    const SECOND: u64 = 1_000_000;
+
+    #[test]
+    fn a_quiet_bucket_sheds_its_slow_path_state_and_reads_the_same() {
+        let limit = limit();
+        let mut b = LocalBucket::default();
+        assert!(
+            !b.holds_cold_state(),
+            "a new bucket holds only its hot fields"
+        );
+        let (_, _rx) = queue(&mut b, 1, 0);
+        // Four granted, one to the waiter; the global bucket is left empty, full at 1 s.
+        b.settle(&grant(4, 0, 0, 0), 0, &limit);
+        assert!(b.holds_cold_state());
+        assert_eq!(b.take_expired(2 * SECOND, 2 * SECOND, 2), 3);
+        // The token served is recorded as interval 2's demand, which the window holds until
+        // interval 18.
+        assert_eq!(b.take_expired(17 * SECOND, 2 * SECOND, 17), 0);
+        assert!(b.holds_cold_state(), "demand is left in the window");
+        assert_eq!(b.take_expired(18 * SECOND, 2 * SECOND, 18), 0);
+        assert!(!b.holds_cold_state(), "nothing left to keep");
+        assert_eq!(b.view(18 * SECOND, &limit), View::full(&limit));
+        assert_eq!(b.known_short(1, 18 * SECOND, &limit), None);
+    }
+
+    #[test]
+    fn a_bucket_keeps_its_slow_path_state_while_anything_is_left() {
+        let limit = limit();
+        // Throttled: the global bucket's next token is due at 30 s.
+        let mut b = LocalBucket::default();
+        let (_, _rx) = queue(&mut b, 1, 0);
+        b.settle(&grant(0, 0, 0, 30_000), 0, &limit);
+        assert_eq!(b.take_expired(29 * SECOND, 2 * SECOND, 29), 0);
+        assert!(b.holds_cold_state(), "the key is throttled until 30 s");
+        assert_eq!(b.known_short(1, 29 * SECOND, &limit), Some(30 * SECOND));
+        // Its first token comes at 30 s, the bucket is full nine tenths of a second later.
+        b.take_expired(30 * SECOND + 899_999, 2 * SECOND, 30);
+        assert!(b.holds_cold_state(), "the fleet estimate is short of full");
+        assert!(b.view(30 * SECOND + 899_999, &limit).tokens < limit.capacity());
+        b.take_expired(30 * SECOND + 900_000, 2 * SECOND, 30);
+        assert!(!b.holds_cold_state());
+
+        // Tokens reserved ahead, or a lease not yet expired, are kept.
+        let mut b = LocalBucket::default();
+        let (_, _rx) = queue(&mut b, 1, 0);
+        b.settle(&grant(1, 2, 40_000, 0), 0, &limit);
+        assert_eq!(b.take_expired(20 * SECOND, 2 * SECOND, 20), 0);
+        assert!(b.holds_cold_state(), "reserved tokens are held");
+        assert_eq!(b.leased_tokens(), 2);
     }
 }
