@@ -283,31 +283,98 @@ where
 /// more>`. Appended, not replaced: fields from another layer stay, and the lines combine into
 /// one list.
 pub fn append_ratelimit_fields(headers: &mut http::HeaderMap, remaining: &[Remaining]) {
-    use std::fmt::Write;
     if remaining.is_empty() {
         return;
     }
-    let mut policies = String::with_capacity(40 * remaining.len());
-    let mut states = String::with_capacity(32 * remaining.len());
-    for (i, r) in remaining.iter().enumerate() {
-        let separator = if i == 0 { "" } else { ", " };
-        let name = r.policy_name();
-        // Writing to a String cannot fail.
-        let _ = write!(
-            policies,
-            "{separator}\"{name}\";q={};w={}",
-            sf_integer(r.limit.capacity()),
-            sf_integer(window_secs(&r.limit))
-        );
-        let _ = write!(
-            states,
-            "{separator}\"{name}\";r={};t={}",
-            sf_integer(r.tokens),
-            sf_integer(ceil_secs(r.next_in))
-        );
+    let policy = match remaining {
+        [only] => single_policy(only),
+        _ => header_value(list(remaining, POLICY_PARAMS, policy_values)),
+    };
+    let state = list(remaining, STATE_PARAMS, |r| {
+        (r.tokens, ceil_secs(r.next_in))
+    });
+    headers.append(RATELIMIT_POLICY, policy);
+    headers.append(RATELIMIT, header_value(state));
+}
+
+const POLICY_PARAMS: [&[u8]; 2] = [b";q=", b";w="];
+const STATE_PARAMS: [&[u8]; 2] = [b";r=", b";t="];
+
+fn policy_values(r: &Remaining) -> (u64, u64) {
+    (r.limit.capacity(), window_secs(&r.limit))
+}
+
+/// `RateLimit-Policy` for one limit. It changes only with the limit, so each thread keeps the
+/// last one it wrote and hands out clones of it (a reference count) while the limit is the
+/// same.
+fn single_policy(r: &Remaining) -> HeaderValue {
+    type Last = Option<((Option<&'static str>, &'static str, Limit), HeaderValue)>;
+    thread_local! {
+        static LAST: std::cell::RefCell<Last> = const { std::cell::RefCell::new(None) };
     }
-    headers.append(RATELIMIT_POLICY, header_value(policies));
-    headers.append(RATELIMIT, header_value(states));
+    let same_name = |a: Option<&str>, b: Option<&str>| match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => std::ptr::eq(a, b),
+        _ => false,
+    };
+    LAST.with_borrow_mut(|last| {
+        if let Some(((level, name, limit), value)) = last.as_ref()
+            && same_name(*level, r.level)
+            && std::ptr::eq(*name, r.limit_name)
+            && *limit == r.limit
+        {
+            return value.clone();
+        }
+        let value = header_value(list(std::slice::from_ref(r), POLICY_PARAMS, policy_values));
+        *last = Some(((r.level, r.limit_name, r.limit), value.clone()));
+        value
+    })
+}
+
+/// A list of items `"<name>";<p1>=<v1>;<p2>=<v2>`, one per limit, with `params` and `values`
+/// (`q` and `w` for `RateLimit-Policy`, `r` and `t` for `RateLimit`). Written by hand:
+/// `format!` would cost more than the decision whose state it reports.
+fn list(
+    remaining: &[Remaining],
+    params: [&[u8]; 2],
+    values: impl Fn(&Remaining) -> (u64, u64),
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40 * remaining.len());
+    for (i, r) in remaining.iter().enumerate() {
+        if i > 0 {
+            out.extend_from_slice(b", ");
+        }
+        out.push(b'"');
+        if let Some(level) = r.level {
+            out.extend_from_slice(level.as_bytes());
+            out.push(b'/');
+        }
+        out.extend_from_slice(r.limit_name.as_bytes());
+        out.push(b'"');
+        let (first, second) = values(r);
+        out.extend_from_slice(params[0]);
+        push_integer(&mut out, first);
+        out.extend_from_slice(params[1]);
+        push_integer(&mut out, second);
+    }
+    out
+}
+
+/// Appends `n` in decimal, capped at the largest Structured Field integer.
+fn push_integer(out: &mut Vec<u8>, n: u64) {
+    let mut n = sf_integer(n);
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        // A digit: always below 10.
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[start..]);
 }
 
 /// The HTTP response [`DefaultRejection`] gives for `rejection`: its status and headers, and
@@ -403,9 +470,9 @@ fn sf_integer(n: u64) -> u64 {
     n.min(SF_INTEGER_MAX)
 }
 
-fn header_value(s: String) -> HeaderValue {
-    // Built only from digits and fixed ASCII, so always a valid header value.
-    HeaderValue::try_from(s).unwrap_or_else(|_| HeaderValue::from_static(""))
+fn header_value(s: impl Into<Vec<u8>>) -> HeaderValue {
+    // Built only from digits, names and fixed ASCII, so always a valid header value.
+    HeaderValue::try_from(s.into()).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// Whole seconds, rounded up: never 0 for a wait that is not zero.
@@ -416,6 +483,70 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn remaining(level: Option<&'static str>, name: &'static str, limit: Limit) -> Remaining {
+        Remaining {
+            limit_name: name,
+            level,
+            limit,
+            tokens: 1_234_567,
+            next_in: Duration::from_millis(1_500),
+            full_in: Duration::from_secs(9),
+        }
+    }
+
+    fn fields(remaining: &[Remaining]) -> (String, String) {
+        let mut headers = http::HeaderMap::new();
+        append_ratelimit_fields(&mut headers, remaining);
+        let text = |name| headers[name].to_str().unwrap().to_owned();
+        (text(&RATELIMIT_POLICY), text(&RATELIMIT))
+    }
+
+    /// The policy kept for the last limit is handed out only for that same limit.
+    #[test]
+    fn fields_follow_each_limit_whatever_came_before() {
+        let minute = Limit::per_minute(100).build().unwrap();
+        let day = Limit::per_day(5).burst(10).unwrap();
+        let a = remaining(None, "default", minute);
+        let b = remaining(Some("tenant"), "default", minute);
+        let c = remaining(None, "default", day);
+        for _ in 0..2 {
+            assert_eq!(
+                fields(std::slice::from_ref(&a)),
+                (
+                    r#""default";q=100;w=60"#.to_owned(),
+                    r#""default";r=1234567;t=2"#.to_owned()
+                )
+            );
+            assert_eq!(
+                fields(std::slice::from_ref(&b)).0,
+                r#""tenant/default";q=100;w=60"#
+            );
+            assert_eq!(
+                fields(std::slice::from_ref(&c)).0,
+                r#""default";q=10;w=172800"#
+            );
+        }
+        let (policy, state) = fields(&[a, c]);
+        assert_eq!(policy, r#""default";q=100;w=60, "default";q=10;w=172800"#);
+        assert_eq!(state, r#""default";r=1234567;t=2, "default";r=1234567;t=2"#);
+    }
+
+    #[test]
+    fn integers_are_written_in_full_up_to_the_structured_field_limit() {
+        for (n, text) in [
+            (0, "0"),
+            (7, "7"),
+            (10, "10"),
+            (u64::from(u32::MAX), "4294967295"),
+            (SF_INTEGER_MAX, "999999999999999"),
+            (u64::MAX, "999999999999999"),
+        ] {
+            let mut out = Vec::new();
+            push_integer(&mut out, n);
+            assert_eq!(out, text.as_bytes());
+        }
+    }
 
     #[test]
     fn a_rejection_says_why_which_limit_and_how_long() {
