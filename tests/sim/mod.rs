@@ -101,6 +101,10 @@ pub struct Scenario {
     /// Whether each hot key also has a second, slower limit with a larger burst (all or
     /// nothing across the two).
     pub two_limits: bool,
+    /// The demand interval (ten of them size batches): at 1 or 10 ms, keys go quiet for the
+    /// whole window (16 intervals) within the run, and their buckets shed their slow-path
+    /// state at sweeps (drawn last, like `shaping`).
+    pub demand_interval: Duration,
 }
 
 const LIMITS: &[(u64, u64, u64)] = &[
@@ -168,6 +172,7 @@ impl Scenario {
             },
             settle: rng.chance(0.3),
             two_limits: rng.chance(0.3),
+            demand_interval: Duration::from_millis([1, 10, 1_000][rng.below(3) as usize]),
         }
     }
 }
@@ -294,6 +299,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 .clock(clock)
                 .store_timeout(s.store_timeout)
                 .lease_ttl(s.lease_ttl)
+                .demand_window(10, s.demand_interval)
                 .max_reservation(s.max_reservation)
                 .shaping(s.shaping)
                 .failure_policy(if s.faulty {
