@@ -2,8 +2,6 @@
 //! spawns. The throttle reads the clock, calls the global store and delivers the verdicts this
 //! machine hands out; everything it decides is here, so it can be tested step by step.
 
-use std::collections::VecDeque;
-
 use tokio::sync::oneshot;
 
 use crate::batch::{DemandHistory, MAX_DEMAND_INTERVALS};
@@ -45,7 +43,7 @@ pub struct LocalBucket {
 /// The state only the slow path reads; `None` in a bucket while it equals [`Cold::IDLE`].
 struct Cold {
     /// Requests waiting for the batch being fetched, in arrival order.
-    waiters: VecDeque<Waiter>,
+    waiters: Vec<Waiter>,
     /// When the last batch became usable (clock micros).
     leased_at: u64,
     demand: DemandHistory,
@@ -60,8 +58,9 @@ struct Cold {
     /// Which limit (name and shape) this bucket was last used for.
     shape: u64,
     /// Whole tokens the global bucket held at its last answer, and when that came (clock
-    /// micros): what the host estimates the fleet has left from. `None` before any answer.
-    global_left: Option<u64>,
+    /// micros): what the host estimates the fleet has left from. [`NO_ANSWER`] before any
+    /// answer (a sentinel, not an `Option`: it keeps this state in a smaller allocation).
+    global_left: u64,
     global_seen_at: u64,
     /// From then on (clock micros) the key is not throttled and the fleet estimate is full:
     /// with no lease, no waiter and no demand left in the window, the state can be dropped.
@@ -70,7 +69,7 @@ struct Cold {
 
 impl Cold {
     const IDLE: Self = Self {
-        waiters: VecDeque::new(),
+        waiters: Vec::new(),
         leased_at: 0,
         demand: DemandHistory::new(),
         next_token_at: 0,
@@ -78,7 +77,7 @@ impl Cold {
         pending_due: 0,
         fallback: None,
         shape: 0,
-        global_left: None,
+        global_left: NO_ANSWER,
         global_seen_at: 0,
         quiet_at: 0,
     };
@@ -93,6 +92,9 @@ impl Cold {
             && self.demand.is_idle(interval)
     }
 }
+
+/// [`Cold::global_left`] before the global store has answered.
+const NO_ANSWER: u64 = u64::MAX;
 
 /// What a bucket without cold state reads.
 static IDLE: Cold = Cold::IDLE;
@@ -340,7 +342,7 @@ impl LocalBucket {
         let next_token_at = sent_at.saturating_add(micros(grant.refill_in));
         let cold = self.cold_mut();
         cold.next_token_at = next_token_at;
-        cold.global_left = Some(grant.remaining);
+        cold.global_left = grant.remaining.min(NO_ANSWER - 1);
         cold.global_seen_at = now;
         cold.quiet_at = global_full_at(grant.remaining, next_token_at, now, limit);
     }
@@ -400,15 +402,15 @@ impl LocalBucket {
         };
         let lease = self.tokens.saturating_add(due);
         let short = now < self.cold().next_token_at;
-        let global = match self.cold().global_left {
-            None => capacity,
-            Some(_) if short => 0,
+        let cold = self.cold();
+        let global = match cold.global_left {
+            NO_ANSWER => capacity,
+            _ if short => 0,
             // It was short at its answer: its first token came at `next_token_at`.
-            Some(_) if self.cold().next_token_at > self.cold().global_seen_at => {
-                1 + limit.accrued_in(now - self.cold().next_token_at)
+            _ if cold.next_token_at > cold.global_seen_at => {
+                1 + limit.accrued_in(now - cold.next_token_at)
             }
-            Some(left) => left
-                .saturating_add(limit.accrued_in(now.saturating_sub(self.cold().global_seen_at))),
+            left => left.saturating_add(limit.accrued_in(now.saturating_sub(cold.global_seen_at))),
         };
         let tokens = lease.saturating_add(global).min(capacity);
         if tokens >= capacity {
@@ -497,13 +499,13 @@ impl LocalBucket {
             };
         }
         if self.fetching {
-            self.cold_mut().waiters.push_back(waiter());
+            self.cold_mut().waiters.push(waiter());
             return Miss::Joined;
         }
         if !store_up {
             return Miss::StoreDown;
         }
-        self.cold_mut().waiters.push_back(waiter());
+        self.cold_mut().waiters.push(waiter());
         self.fetching = true;
         Miss::StartFetch
     }
@@ -559,7 +561,7 @@ impl LocalBucket {
         self.fetching = false;
         self.release_pending(now);
         let throttled = now < self.cold().next_token_at;
-        let mut kept = VecDeque::new();
+        let mut kept = Vec::new();
         for waiter in std::mem::take(&mut self.cold_mut().waiters) {
             if waiter.is_gone() {
                 continue;
@@ -568,7 +570,7 @@ impl LocalBucket {
                 settled.verdicts.push((waiter, Verdict::Admitted));
             } else if granted && !throttled && now < waiter.deadline {
                 // The global bucket is not known to be short: ask again.
-                kept.push_back(waiter);
+                kept.push(waiter);
             } else {
                 let until = self.due(waiter.cost, now, limit).max(now.saturating_add(1));
                 settled
@@ -785,6 +787,8 @@ mod tests {
     #[test]
     fn the_hot_part_of_a_bucket_stays_small() {
         assert!(std::mem::size_of::<LocalBucket>() <= 32);
+        // Within glibc's 176-byte chunk class (a 168-byte request and its 8-byte header).
+        assert!(std::mem::size_of::<Cold>() <= 168);
     }
 
     #[test]
