@@ -300,6 +300,9 @@ pub fn append_ratelimit_fields(headers: &mut http::HeaderMap, remaining: &[Remai
 const POLICY_PARAMS: [&[u8]; 2] = [b";q=", b";w="];
 const STATE_PARAMS: [&[u8]; 2] = [b";r=", b";t="];
 
+/// A `RateLimit-Policy` item's values: `q`, the capacity, and `w`, the seconds an empty bucket
+/// takes to fill. A client reads the burst as `q` and the rate as `q/w`; with `w` rounded up,
+/// a client pacing itself at `q/w` never runs ahead of the bucket.
 fn policy_values(r: &Remaining) -> (u64, u64) {
     (r.limit.capacity(), window_secs(&r.limit))
 }
@@ -432,27 +435,24 @@ fn text_body<B: Default + 'static>(text: String) -> (B, bool) {
 /// `RateLimit-Policy` for the refusing limit, and for a throttled request `RateLimit` with no
 /// tokens left and the seconds until there are.
 pub(crate) fn insert_ratelimit_fields<K>(headers: &mut http::HeaderMap, rejection: &Rejection<K>) {
-    let (Some(limit), Some(name)) = (&rejection.limit, rejection.policy_name()) else {
+    let (Some(limit), Some(limit_name)) = (rejection.limit, rejection.limit_name) else {
         return;
     };
-    headers.insert(RATELIMIT_POLICY, header_value(policy_item(&name, limit)));
+    let refusing = Remaining {
+        limit_name,
+        level: rejection.level,
+        limit,
+        tokens: 0,
+        next_in: Duration::ZERO,
+        full_in: Duration::ZERO,
+    };
+    headers.insert(RATELIMIT_POLICY, single_policy(&refusing));
     if let (RejectionReason::Throttled, Some(secs)) =
         (rejection.reason, rejection.retry_after_secs())
     {
-        let state = format!("\"{name}\";r=0;t={}", sf_integer(secs));
+        let state = list(std::slice::from_ref(&refusing), STATE_PARAMS, |_| (0, secs));
         headers.insert(RATELIMIT, header_value(state));
     }
-}
-
-/// One `RateLimit-Policy` item: `"<name>";q=<capacity>;w=<seconds an empty bucket takes to
-/// fill>`, so a client reads the burst as `q` and the rate as `q/w` (with `w` rounded up, a
-/// client pacing itself at `q/w` never runs ahead of the bucket).
-pub(crate) fn policy_item(name: &str, limit: &Limit) -> String {
-    format!(
-        "\"{name}\";q={};w={}",
-        sf_integer(limit.capacity()),
-        sf_integer(window_secs(limit))
-    )
 }
 
 /// The seconds an empty bucket of `limit` takes to fill, rounded up: `RateLimit-Policy`'s `w`.
