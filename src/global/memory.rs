@@ -31,6 +31,11 @@ const SHARDS: usize = 64;
 /// the key and the instant its bucket is full again ([`FullAt`]), in one table per level and
 /// limit name.
 ///
+/// When a key's limit changes (a key moved to another tier), its bucket keeps the time until
+/// it is full again (between limits of the same window, the same share of the capacity), never
+/// above the new capacity. The Redis store keeps the token count instead, capped at the new
+/// capacity; the two agree whenever the limit is the same.
+///
 /// ```
 /// use hierarchical_throttle::{Limit, quota::BucketKey};
 /// use hierarchical_throttle::global::{GlobalStore, TokenRequest, memory::MemoryGlobalStore};
