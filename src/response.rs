@@ -348,11 +348,7 @@ fn list(
             out.extend_from_slice(b", ");
         }
         out.push(b'"');
-        if let Some(level) = r.level {
-            out.extend_from_slice(level.as_bytes());
-            out.push(b'/');
-        }
-        out.extend_from_slice(r.limit_name.as_bytes());
+        out.extend_from_slice(r.policy_name().as_bytes());
         out.push(b'"');
         let (first, second) = values(r);
         out.extend_from_slice(params[0]);

@@ -221,7 +221,7 @@ where
                     self.health.succeeded();
                     let now = self.now();
                     self.local
-                        .with_bucket(id, |b| b.note_charge(&grant, sent_at, now, &bucket.limit));
+                        .with_bucket(id, |b| b.note_global(&grant, sent_at, now, &bucket.limit));
                     grant.granted + grant.reserved
                 }
                 Ok(Err(error)) => {

@@ -72,7 +72,7 @@ struct Table<K> {
     buckets: HashTable<(K, FullAt)>,
     /// Buckets full again beyond the clock's range (limits that refill over hundreds of
     /// thousands of years), kept whole with their limit. Almost always empty.
-    far: HashTable<(K, TokenBucket, Limit)>,
+    far: HashTable<(K, (TokenBucket, Limit))>,
 }
 
 impl<K> Shard<K> {
@@ -110,7 +110,7 @@ impl<K: Eq> Table<K> {
             return TokenBucket::from_full_at(*full_at, limit, now);
         }
         let far = self.far.find(hash, |e| e.0 == *key);
-        let mut bucket = far.map_or_else(|| TokenBucket::full(limit, now), |e| e.1);
+        let mut bucket = far.map_or_else(|| TokenBucket::full(limit, now), |e| e.1.0);
         bucket.refill(limit, now);
         bucket
     }
@@ -127,33 +127,19 @@ impl<K: Eq> Table<K> {
     ) where
         K: Clone,
     {
-        if bucket.is_full_at(limit, now) {
-            self.remove(hash, key);
-            return;
-        }
-        let Some(full_at) = bucket.full_at(limit) else {
-            self.remove(hash, key);
-            let entry = (key.clone(), *bucket, *limit);
-            self.far.insert_unique(hash, entry, |e| hasher(&e.0));
-            return;
-        };
-        if !self.far.is_empty() {
-            self.remove(hash, key);
-        }
-        match self.buckets.entry(hash, |e| e.0 == *key, |e| hasher(&e.0)) {
-            Entry::Occupied(mut entry) => entry.get_mut().1 = full_at,
-            Entry::Vacant(entry) => {
-                entry.insert((key.clone(), full_at));
+        match bucket.full_at(limit) {
+            Some(full_at) if full_at.is_full_at(now) => {
+                take_out(&mut self.buckets, hash, key);
+                take_out(&mut self.far, hash, key);
             }
-        }
-    }
-
-    fn remove(&mut self, hash: u64, key: &K) {
-        if let Ok(entry) = self.buckets.find_entry(hash, |e| e.0 == *key) {
-            entry.remove();
-        }
-        if let Ok(entry) = self.far.find_entry(hash, |e| e.0 == *key) {
-            entry.remove();
+            Some(full_at) => {
+                take_out(&mut self.far, hash, key);
+                upsert(&mut self.buckets, hash, key, full_at, hasher);
+            }
+            None => {
+                take_out(&mut self.buckets, hash, key);
+                upsert(&mut self.far, hash, key, (*bucket, *limit), hasher);
+            }
         }
     }
 
@@ -161,7 +147,30 @@ impl<K: Eq> Table<K> {
     fn forget_full(&mut self, now: u64) {
         self.buckets.retain(|(_, full_at)| !full_at.is_full_at(now));
         self.far
-            .retain(|(_, bucket, limit)| !bucket.is_full_at(limit, now));
+            .retain(|(_, (bucket, limit))| !bucket.is_full_at(limit, now));
+    }
+}
+
+/// Sets `key`'s entry in `table` to `value`.
+fn upsert<K: Eq + Clone, V>(
+    table: &mut HashTable<(K, V)>,
+    hash: u64,
+    key: &K,
+    value: V,
+    hasher: impl Fn(&K) -> u64,
+) {
+    match table.entry(hash, |e| e.0 == *key, |e| hasher(&e.0)) {
+        Entry::Occupied(mut entry) => entry.get_mut().1 = value,
+        Entry::Vacant(entry) => {
+            entry.insert((key.clone(), value));
+        }
+    }
+}
+
+/// Removes `key`'s entry from `table`, if any.
+fn take_out<K: Eq, V>(table: &mut HashTable<(K, V)>, hash: u64, key: &K) {
+    if let Ok(entry) = table.find_entry(hash, |e| e.0 == *key) {
+        entry.remove();
     }
 }
 

@@ -64,6 +64,7 @@ struct Cold {
     global_seen_at: u64,
     /// From then on (clock micros) the key is not throttled and the fleet estimate is full:
     /// with no lease, no waiter and no demand left in the window, the state can be dropped.
+    /// Never before `next_token_at`: both are set together, from the same answer.
     quiet_at: u64,
 }
 
@@ -88,7 +89,6 @@ impl Cold {
             && self.pending == 0
             && self.fallback.is_none()
             && now >= self.quiet_at
-            && now >= self.next_token_at
             && self.demand.is_idle(interval)
     }
 }
@@ -329,16 +329,10 @@ impl LocalBucket {
         taken
     }
 
-    /// Takes in the answer to a charge beyond the lease (asked at `sent_at`, answered at
-    /// `now`): its tokens were used already, but the global bucket's level and when its next
-    /// token is due are news.
-    pub(crate) fn note_charge(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) {
-        self.note_global(grant, sent_at, now, limit);
-    }
-
     /// Takes in what an answer, asked at `sent_at` and received at `now`, says of the global
-    /// bucket: when its next token is due, and its level.
-    fn note_global(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) {
+    /// bucket: when its next token is due, and its level. All a charge beyond the lease brings
+    /// (its tokens were used already); part of what a batch brings.
+    pub(crate) fn note_global(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) {
         let next_token_at = sent_at.saturating_add(micros(grant.refill_in));
         let cold = self.cold_mut();
         cold.next_token_at = next_token_at;
@@ -395,14 +389,14 @@ impl LocalBucket {
     /// a host has without asking.
     pub(crate) fn view(&self, now: u64, limit: &Limit) -> View {
         let capacity = limit.capacity();
-        let due = if now >= self.cold().pending_due {
-            self.cold().pending
+        let cold = self.cold();
+        let due = if now >= cold.pending_due {
+            cold.pending
         } else {
             0
         };
         let lease = self.tokens.saturating_add(due);
-        let short = now < self.cold().next_token_at;
-        let cold = self.cold();
+        let short = now < cold.next_token_at;
         let global = match cold.global_left {
             NO_ANSWER => capacity,
             _ if short => 0,
@@ -418,7 +412,7 @@ impl LocalBucket {
         }
         let lacking = capacity - tokens;
         let (next_in, full_in) = if short {
-            let next_in = self.cold().next_token_at - now;
+            let next_in = cold.next_token_at - now;
             let rest = micros(limit.time_to_accrue(lacking - 1));
             (next_in, next_in.saturating_add(rest))
         } else {
@@ -456,16 +450,16 @@ impl LocalBucket {
     /// When a request of `cost` tokens that the lease cannot serve at `now` can be: when the
     /// tokens reserved ahead are due, or when the global bucket has refilled what they lack.
     fn due(&self, cost: u64, now: u64, limit: &Limit) -> u64 {
-        let held = self.leased_tokens();
+        let (held, cold) = (self.leased_tokens(), self.cold());
         if cost <= held {
-            return self.cold().pending_due;
+            return cold.pending_due;
         }
         // The global bucket's first token is due at `next_token_at`, the rest at its rate.
         let more = cost - held;
         let rest = micros(limit.time_to_accrue(more - 1));
-        let refilled = self.cold().next_token_at.max(now).saturating_add(rest);
-        if self.cold().pending > 0 {
-            refilled.max(self.cold().pending_due)
+        let refilled = cold.next_token_at.max(now).saturating_add(rest);
+        if cold.pending > 0 {
+            refilled.max(cold.pending_due)
         } else {
             refilled
         }
