@@ -543,15 +543,16 @@ impl LocalBucket {
     /// with the time their tokens are due.
     pub(crate) fn settle(&mut self, outcome: &FetchOutcome, now: u64, limit: &Limit) -> Settled {
         let mut settled = Settled::default();
-        let granted = match *outcome {
+        match *outcome {
             FetchOutcome::Failed => return self.fail_fetch(),
-            FetchOutcome::Skipped => false,
+            // Nothing asked: the key is throttled (its waiters are refused below), or the lease
+            // was full (refunds can fill it) and is less so once it has served them.
+            FetchOutcome::Skipped => {}
             FetchOutcome::Granted { grant, sent_at } => {
                 self.take_grant(&grant, sent_at, now, limit);
                 settled.excess = self.shed_excess(limit);
-                true
             }
-        };
+        }
         self.fetching = false;
         self.release_pending(now);
         let throttled = now < self.cold().next_token_at;
@@ -562,7 +563,7 @@ impl LocalBucket {
             }
             if self.take(waiter.cost) {
                 settled.verdicts.push((waiter, Verdict::Admitted));
-            } else if granted && !throttled && now < waiter.deadline {
+            } else if !throttled && now < waiter.deadline {
                 // The global bucket is not known to be short: ask again.
                 kept.push(waiter);
             } else {
@@ -958,6 +959,30 @@ mod tests {
         let settled = b.settle(&grant(1, 0, 0, 0), 0, &lower);
         assert_eq!(settled.excess, 6);
         assert_eq!(b.leased_tokens(), 4);
+    }
+
+    /// Seed 28503: refunds filled the lease past capacity while requests waited, so no batch
+    /// was asked for; those the lease could not serve were refused though the global bucket
+    /// held their tokens. They wait for the next batch instead.
+    #[test]
+    fn a_lease_filled_by_refunds_serves_what_it_can_and_asks_for_the_rest() {
+        let limit = limit();
+        let mut b = LocalBucket::default();
+        let (first, _a) = queue(&mut b, 5, 0);
+        let (_, _b) = queue(&mut b, 5, 0);
+        let (_, _c) = queue(&mut b, 5, 0);
+        assert_eq!(first, Miss::StartFetch);
+        b.give_back(12);
+        assert!(
+            b.plan(0, 0, &limit).is_none(),
+            "a full lease asks for nothing"
+        );
+        let settled = b.settle(&FetchOutcome::Skipped, 0, &limit);
+        let verdicts: Vec<_> = settled.verdicts.iter().map(|(_, v)| *v).collect();
+        assert_eq!(verdicts, [Verdict::Admitted, Verdict::Admitted]);
+        assert!(settled.refetch, "the third waits for a batch");
+        assert_eq!(b.waiting(), 1);
+        assert_eq!(b.plan(0, 0, &limit).map(|p| p.needed), Some(5));
     }
 
     #[test]
