@@ -40,7 +40,7 @@ fn app(settings: Settings) -> Result<Router, Box<dyn std::error::Error>> {
         .cloned()
         .ok_or("default_tier names no tier")?;
     let layer = HierarchicalThrottleLayer::builder()
-        .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+        .key_ref(|req: &Request<Body>| key::header_str(req, "x-api-key"))
         .limit_per_key(move |api_key: &String| {
             tiers
                 .get(tier_of(api_key))

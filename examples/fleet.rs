@@ -39,7 +39,7 @@ async fn main() -> Result<(), Error> {
         // Each host has its own connection, as separate processes would.
         let store: RedisGlobalStore<String> = RedisGlobalStore::connect(&url).await?;
         let layer = HierarchicalThrottleLayer::builder()
-            .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+            .key_ref(|req: &Request<Body>| key::header_str(req, "x-api-key"))
             .limit(limit)
             .global_store(store)
             .build()?;

@@ -12,6 +12,7 @@ use futures_util::stream::FuturesUnordered;
 
 use crate::clock::Clock;
 use crate::global::GlobalStore;
+use crate::key::{BorrowedHit, ReadBorrowed};
 use crate::local::memory::{GroupHit, MemoryLocalStore};
 use crate::local::{Hit, LocalStore};
 use crate::quota::{BucketKey, LeaseKey};
@@ -40,17 +41,68 @@ where
     pub(crate) fn check_first_bucket(self: &Arc<Self>, id: &LeaseKey<K>, cost: u64) -> Check<K> {
         // The default store takes from all of a key's limits under one lock; the branch is
         // decided when the throttle's types are known.
-        let (hit, slots) = match (&self.local as &dyn Any).downcast_ref::<MemoryLocalStore<K>>() {
-            Some(memory) => match memory.take_group(id, cost) {
-                GroupHit::All { fetch: 0 } => return Check::Admit,
-                GroupHit::All { fetch } => {
-                    self.start_fetches(id, fetch);
-                    return Check::Admit;
-                }
-                GroupHit::First(hit, slots) => (hit, slots),
-            },
-            None => self.take_leased(id, cost),
+        match self.memory_store() {
+            Some(memory) => self.after_group_hit(id, memory.take_group(id, cost), cost),
+            None => {
+                let (hit, slots) = self.take_leased(id, cost);
+                self.after_first_hit(id, hit, slots, cost)
+            }
+        }
+    }
+
+    /// [`check_key`](Self::check_key) for the key `reader` borrows from `request`, made only
+    /// when the leased tokens do not settle the request alone; `None` when the request has no
+    /// key.
+    #[inline(always)]
+    pub(crate) fn check_borrowed<Req>(
+        self: &Arc<Self>,
+        reader: &dyn ReadBorrowed<Req, K>,
+        request: &Req,
+        cost: u64,
+    ) -> Option<Check<K>> {
+        let Some(memory) = self.memory_store() else {
+            return Some(self.check_key(reader.owned(request)?, cost));
         };
+        Some(match reader.take(request, memory, cost)? {
+            BorrowedHit::Admitted => Check::Admit,
+            BorrowedHit::Further(key, hit) => {
+                self.after_group_hit(&LeaseKey::new(key, 0, 0), hit, cost)
+            }
+        })
+    }
+
+    /// The default local store, when it is this throttle's.
+    #[inline(always)]
+    fn memory_store(&self) -> Option<&MemoryLocalStore<K>> {
+        (&self.local as &dyn Any).downcast_ref::<MemoryLocalStore<K>>()
+    }
+
+    /// The decision after the default store's [`take_group`](MemoryLocalStore::take_group)
+    /// answered `hit` for `id`'s key.
+    #[inline(always)]
+    fn after_group_hit(self: &Arc<Self>, id: &LeaseKey<K>, hit: GroupHit, cost: u64) -> Check<K> {
+        if hit.is_plain_admission() {
+            return Check::Admit;
+        }
+        match hit {
+            GroupHit::All { fetch } => {
+                self.start_fetches(id, fetch);
+                Check::Admit
+            }
+            GroupHit::First(hit, slots) => self.after_first_hit(id, hit, slots, cost),
+        }
+    }
+
+    /// The decision after the first bucket of `id`'s key answered `hit`, its key having `slots`
+    /// limits (0 when unknown).
+    #[inline(always)]
+    fn after_first_hit(
+        self: &Arc<Self>,
+        id: &LeaseKey<K>,
+        hit: Hit,
+        slots: u8,
+        cost: u64,
+    ) -> Check<K> {
         if hit == Hit::Admitted && slots == 1 {
             return Check::Admit;
         }

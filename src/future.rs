@@ -52,7 +52,8 @@ pin_project! {
         },
         Waiting {
             decision: Decision<K>,
-            parked: Option<Parked<S, Req, K, R>>,
+            // Boxed: a waiting request is rare, and its request would make every future larger.
+            parked: Option<Box<Parked<S, Req, K, R>>>,
         },
     }
 }
@@ -138,11 +139,11 @@ impl<S: Service<Req>, Req, K, R> ResponseFuture<S, Req, K, R> {
         Self {
             state: State::Waiting {
                 decision,
-                parked: Some(Parked {
+                parked: Some(Box::new(Parked {
                     inner,
                     request,
                     policy,
-                }),
+                })),
             },
         }
     }
@@ -211,19 +212,19 @@ where
     #[inline(never)]
     fn poll_decision(
         decision: &mut Decision<K>,
-        parked: &mut Option<Parked<S, Req, K, R>>,
+        parked: &mut Option<Box<Parked<S, Req, K, R>>>,
         cx: &mut Context<'_>,
     ) -> Poll<State<S, Req, K, R>> {
         let verdict = ready!(decision.as_mut().poll(cx));
         // Always Some here: it is taken only on the way out of this state.
-        let Some(Parked {
+        let Some(parked) = parked.take() else {
+            return Poll::Pending;
+        };
+        let Parked {
             mut inner,
             request,
             policy,
-        }) = parked.take()
-        else {
-            return Poll::Pending;
-        };
+        } = *parked;
         Poll::Ready(match verdict {
             Ok(admission) => State::after(inner.call(request), admission, &policy),
             Err(rejection) => State::Rejected {

@@ -1,7 +1,15 @@
 //! Throttle keys: what a request is counted against.
 //!
-//! The layer's key closure turns a request into `Option<K>`. These helpers read the usual
-//! sources; any closure works.
+//! The layer's key closure turns a request into `Option<K>`
+//! ([`key`](crate::Builder::key)), or borrows it from the request
+//! ([`key_ref`](crate::Builder::key_ref): `Option<&str>` for a `String` key, say, so that a
+//! request served from the host's leased tokens never allocates its key). These helpers read
+//! the usual sources; any closure works.
+
+use std::hash::Hash;
+use std::marker::PhantomData;
+
+use crate::local::memory::{GroupHit, MemoryLocalStore};
 
 /// What to do with a request whose key closure returned `None`.
 ///
@@ -45,8 +53,28 @@ pub fn header_value<B>(
     request: &http::Request<B>,
     name: impl http::header::AsHeaderName,
 ) -> Option<String> {
-    let value = request.headers().get(name)?.to_str().ok()?;
-    Some(value.to_owned())
+    header_str(request, name).map(str::to_owned)
+}
+
+/// The value of header `name`, borrowed from the request, if present and valid UTF-8: the key
+/// for [`key_ref`](crate::Builder::key_ref), which makes a `String` of it only when the host's
+/// leased tokens cannot decide the request alone.
+///
+/// ```
+/// use hierarchical_throttle::key::header_str;
+/// let req = http::Request::builder().header("x-api-key", "k1").body(()).unwrap();
+/// assert_eq!(header_str(&req, "x-api-key"), Some("k1"));
+/// assert_eq!(header_str(&req, "x-tenant"), None);
+/// ```
+///
+/// `name` is a `&str` or a [`HeaderName`](http::HeaderName), as for [`header_value`].
+pub fn header_str<B>(
+    request: &http::Request<B>,
+    name: impl http::header::AsHeaderName,
+) -> Option<&str> {
+    // Plain UTF-8 validation: `HeaderValue::to_str` checks each byte for visible ASCII, which
+    // costs several times as much on every request and refuses UTF-8 text.
+    std::str::from_utf8(request.headers().get(name)?.as_bytes()).ok()
 }
 
 /// The path of the request, which for gRPC is the method: `/package.Service/Method`. gRPC
@@ -95,4 +123,87 @@ pub fn tonic_peer_ip<B>(request: &http::Request<B>) -> Option<std::net::IpAddr> 
         .extensions()
         .get::<tonic::transport::server::TcpConnectInfo>()?;
     Some(info.remote_addr()?.ip())
+}
+
+/// A closure making a request's key.
+pub(crate) type KeyFn<Req, K> = Box<dyn Fn(&Req) -> Option<K> + Send + Sync>;
+
+/// How the layer reads a request's first-level key.
+pub(crate) enum KeyReader<Req, K> {
+    /// A closure making the key ([`key`](crate::Builder::key)).
+    Owned(KeyFn<Req, K>),
+    /// A closure borrowing it from the request ([`key_ref`](crate::Builder::key_ref)).
+    Borrowed(Box<dyn ReadBorrowed<Req, K>>),
+}
+
+impl<Req, K> KeyReader<Req, K> {
+    /// The request's key, made.
+    pub(crate) fn read(&self, request: &Req) -> Option<K> {
+        match self {
+            Self::Owned(key) => key(request),
+            Self::Borrowed(reader) => reader.owned(request),
+        }
+    }
+}
+
+/// A key closure that borrows its key from the request, with the key's type erased.
+pub(crate) trait ReadBorrowed<Req, K>: Send + Sync {
+    /// The request's key, made.
+    fn owned(&self, request: &Req) -> Option<K>;
+
+    /// Takes `cost` from the request's key's buckets in `store` by the borrowed key; the key
+    /// is made only when the store's answer does not settle the request. `None` when the
+    /// request has no key.
+    fn take(&self, request: &Req, store: &MemoryLocalStore<K>, cost: u64)
+    -> Option<BorrowedHit<K>>;
+}
+
+/// [`ReadBorrowed::take`]'s answer.
+pub(crate) enum BorrowedHit<K> {
+    /// Every bucket of the key had the cost and gave it; nothing else to do.
+    Admitted,
+    /// The store's answer, with the key made for what follows.
+    Further(K, GroupHit),
+}
+
+/// A closure borrowing a `Q` from the request, for a key of type `Q::Owned`.
+pub(crate) struct BorrowKey<F, Q: ?Sized> {
+    key: F,
+    borrowed: PhantomData<fn(&Q)>,
+}
+
+impl<F, Q: ?Sized> BorrowKey<F, Q> {
+    pub(crate) fn new(key: F) -> Self {
+        Self {
+            key,
+            borrowed: PhantomData,
+        }
+    }
+}
+
+impl<Req, Q, F> ReadBorrowed<Req, Q::Owned> for BorrowKey<F, Q>
+where
+    F: for<'r> Fn(&'r Req) -> Option<&'r Q> + Send + Sync,
+    Q: Hash + Eq + ToOwned + ?Sized,
+    Q::Owned: Hash + Eq,
+{
+    fn owned(&self, request: &Req) -> Option<Q::Owned> {
+        (self.key)(request).map(ToOwned::to_owned)
+    }
+
+    #[inline]
+    fn take(
+        &self,
+        request: &Req,
+        store: &MemoryLocalStore<Q::Owned>,
+        cost: u64,
+    ) -> Option<BorrowedHit<Q::Owned>> {
+        let key = (self.key)(request)?;
+        let hit = store.take_group_by::<Q>(key, 0, cost);
+        Some(if hit.is_plain_admission() {
+            BorrowedHit::Admitted
+        } else {
+            BorrowedHit::Further(key.to_owned(), hit)
+        })
+    }
 }

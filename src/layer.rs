@@ -13,7 +13,7 @@ use crate::error::ConfigError;
 use crate::failure::FailurePolicy;
 use crate::future::Acquire;
 use crate::global::GlobalStore;
-use crate::key::MissingKey;
+use crate::key::{BorrowKey, KeyFn, KeyReader, MissingKey};
 use crate::limit::Limit;
 use crate::local::LocalStore;
 use crate::local::memory::MemoryLocalStore;
@@ -48,7 +48,7 @@ pub struct HierarchicalThrottleLayer<
 
 /// How a request becomes keys and a cost, and a rejection a response.
 pub(crate) struct RequestPolicy<Req, K, R> {
-    pub(crate) key: KeyFn<Req, K>,
+    pub(crate) key: KeyReader<Req, K>,
     /// The key closures of the levels after the first.
     pub(crate) levels: Box<[KeyFn<Req, K>]>,
     pub(crate) cost: Option<CostFn<Req>>,
@@ -96,7 +96,7 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
     /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
     ///
     /// let layer = HierarchicalThrottleLayer::builder()
-    ///     .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+    ///     .key_ref(|req: &Request<Body>| key::header_str(req, "x-api-key"))
     ///     .limit(Limit::per_second(100).burst(200)?)
     ///     .global_store(MemoryGlobalStore::new())
     ///     .build()?;
@@ -106,7 +106,7 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
     pub fn builder() -> Builder<Unset, Unset, Unset, Unset, MonotonicClock, DefaultRejection> {
         Builder {
             // Until `key` is set the builder cannot build: `Unset` is not a key.
-            key: Box::new(|_| None),
+            key: KeyReader::Owned(Box::new(|_| None)),
             cost: None,
             quota: None,
             levels: Vec::new(),
@@ -400,7 +400,6 @@ const MAX_SETTING: Duration = Duration::from_secs(3600);
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Unset;
 
-type KeyFn<Req, K> = Box<dyn Fn(&Req) -> Option<K> + Send + Sync>;
 type CostFn<Req> = Box<dyn Fn(&Req) -> u64 + Send + Sync>;
 
 /// The most levels a layer has, its first included.
@@ -423,7 +422,7 @@ struct LevelSetting<Req, K> {
 /// values are reported by [`build`](Self::build).
 #[must_use = "call .build() to make the layer"]
 pub struct Builder<Req, K, G, L, C, R> {
-    key: KeyFn<Req, K>,
+    key: KeyReader<Req, K>,
     cost: Option<CostFn<Req>>,
     quota: Option<QuotaSetting<K>>,
     levels: Vec<LevelSetting<Req, K>>,
@@ -455,12 +454,58 @@ impl<Req, K, G, L, C, R> fmt::Debug for Builder<Req, K, G, L, C, R> {
 impl<C, R> Builder<Unset, Unset, Unset, Unset, C, R> {
     /// How a request becomes its throttle key: `None` when it has none (see
     /// [`missing_key`](Builder::missing_key)).
+    ///
+    /// For a key read from the request as it is (a header, the path), prefer
+    /// [`key_ref`](Self::key_ref), which borrows it.
     pub fn key<Req, K, F>(self, key: F) -> Builder<Req, K, Unset, MemoryLocalStore<K>, C, R>
     where
         F: Fn(&Req) -> Option<K> + Send + Sync + 'static,
     {
+        self.with_key(KeyReader::Owned(Box::new(key)))
+    }
+
+    /// How a request's throttle key is borrowed from it: `Some(&str)` for a `String` key,
+    /// `Some(&[u8])` for a `Vec<u8>` one (any `Q` whose owned form is the key), `None` when
+    /// it has none (see [`missing_key`](Builder::missing_key)).
+    ///
+    /// With the default local store, a request that the host's leased tokens admit finds its
+    /// bucket by the borrowed key and never makes the owned one: no allocation per request.
+    /// The key is made (`to_owned`) only when the request goes further (a batch to fetch, a
+    /// refusal to explain, the `RateLimit` fields or levels to read).
+    ///
+    /// ```
+    /// use axum::body::Body;
+    /// use http::{HeaderName, Request};
+    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
+    ///
+    /// // Parsed once, so that no request parses or hashes the name's text.
+    /// const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+    ///
+    /// let layer = HierarchicalThrottleLayer::builder()
+    ///     .key_ref(|req: &Request<Body>| key::header_str(req, &API_KEY))
+    ///     .limit(Limit::per_second(100).burst(200)?)
+    ///     .global_store(MemoryGlobalStore::new())
+    ///     .build()?;
+    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
+    /// ```
+    pub fn key_ref<Req, Q, F>(
+        self,
+        key: F,
+    ) -> Builder<Req, Q::Owned, Unset, MemoryLocalStore<Q::Owned>, C, R>
+    where
+        F: for<'r> Fn(&'r Req) -> Option<&'r Q> + Send + Sync + 'static,
+        Q: Hash + Eq + ToOwned + ?Sized + 'static,
+        Q::Owned: Hash + Eq + 'static,
+    {
+        self.with_key(KeyReader::Borrowed(Box::new(BorrowKey::new(key))))
+    }
+
+    fn with_key<Req, K>(
+        self,
+        key: KeyReader<Req, K>,
+    ) -> Builder<Req, K, Unset, MemoryLocalStore<K>, C, R> {
         Builder {
-            key: Box::new(key),
+            key,
             cost: None,
             quota: match self.quota {
                 Some(QuotaSetting::Fixed(quota)) => Some(QuotaSetting::Fixed(quota)),
@@ -489,7 +534,7 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     /// use hierarchical_throttle::{HierarchicalThrottleLayer, MemoryGlobalStore, Quota, key};
     ///
     /// let layer = HierarchicalThrottleLayer::builder()
-    ///     .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+    ///     .key_ref(|req: &Request<Body>| key::header_str(req, "x-api-key"))
     ///     .quota("per-second: 100/s burst 200; per-day: 100000/day".parse::<Quota>()?)
     ///     .global_store(MemoryGlobalStore::new())
     ///     .build()?;
@@ -666,7 +711,7 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     ///
     /// // An LLM-style endpoint: reserve 1,000 tokens, settle to what the response says it used.
     /// let layer = HierarchicalThrottleLayer::builder()
-    ///     .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+    ///     .key_ref(|req: &Request<Body>| key::header_str(req, "x-api-key"))
     ///     .limit(Limit::per_minute(100_000).build()?)
     ///     .cost(|_: &Request<Body>| 1_000)
     ///     .settle(|response: &Response<Body>, reserved| {

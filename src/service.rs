@@ -11,7 +11,7 @@ use tower_service::Service;
 use crate::clock::{Clock, MonotonicClock};
 use crate::future::{Admission, ResponseFuture};
 use crate::global::GlobalStore;
-use crate::key::MissingKey;
+use crate::key::{KeyReader, MissingKey};
 use crate::layer::RequestPolicy;
 use crate::local::LocalStore;
 use crate::local::memory::MemoryLocalStore;
@@ -108,11 +108,16 @@ where
         if self.annotates() || self.settles() || self.throttle.shapes() {
             return self.call_keyed(request, cost);
         }
-        let check = match (self.policy.key)(&request) {
-            Some(key) if self.policy.levels.is_empty() => self.throttle.check_key(key, cost),
-            key => match self.level_keys(key, &request) {
-                Ok(keys) => self.throttle.check_keys(&keys, cost),
-                Err(rejection) => Check::Reject(rejection),
+        let check = match &self.policy.key {
+            KeyReader::Borrowed(reader) if self.policy.levels.is_empty() => {
+                match self.throttle.check_borrowed(&**reader, &request, cost) {
+                    Some(check) => check,
+                    None => self.check_levels(None, &request, cost),
+                }
+            }
+            key => match key.read(&request) {
+                Some(key) if self.policy.levels.is_empty() => self.throttle.check_key(key, cost),
+                key => self.check_levels(key, &request, cost),
             },
         };
         self.respond(check, request, None, cost)
@@ -146,7 +151,7 @@ where
     /// admitted, or to check them again while it waits for its tokens.
     #[inline(never)]
     fn call_keyed(&mut self, request: Req, cost: u64) -> ResponseFuture<S, Req, K, R> {
-        match self.level_keys((self.policy.key)(&request), &request) {
+        match self.level_keys(self.policy.key.read(&request), &request) {
             Ok(keys) => {
                 let check = match keys.as_slice() {
                     [first] if first.level == 0 => self.throttle.check_first_bucket(first, cost),
@@ -245,6 +250,15 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture::waiting(decision, inner, request, self.policy.clone())
+    }
+
+    /// Decides `request` on its keys at every level, `first` being the first level's.
+    #[inline(never)]
+    fn check_levels(&self, first: Option<K>, request: &Req, cost: u64) -> Check<K> {
+        match self.level_keys(first, request) {
+            Ok(keys) => self.throttle.check_keys(&keys, cost),
+            Err(rejection) => Check::Reject(rejection),
+        }
     }
 
     /// The keys of `request` at every level, `first` being the first level's (which the

@@ -16,7 +16,7 @@ pub fn app(
     clock: impl Clock,
 ) -> Result<Router, hierarchical_throttle::ConfigError> {
     let throttle = HierarchicalThrottleLayer::builder()
-        .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+        .key_ref(|req: &Request<Body>| key::header_str(req, "x-api-key"))
         .name("api")
         .limit(limit)
         .clock(clock)

@@ -1,5 +1,6 @@
 //! The in-memory, sharded, bounded local store.
 
+use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 use std::sync::Mutex;
 
@@ -178,13 +179,9 @@ impl<K: Clone> MemoryLocalStore<K> {
 impl<K: Hash + Eq> MemoryLocalStore<K> {
     /// The hash of `id`'s group (its key at its level), which picks the shard, so that every
     /// bucket of a key at a level sits in one shard; and `id`'s own, within the shard's table.
-    /// A first bucket at the first level hashes as its key alone.
     #[inline(always)]
     fn hashes(&self, id: &LeaseKey<K>) -> (u64, u64) {
-        let mut group = self.hasher.hash_one(&id.key);
-        if id.level != 0 {
-            group = mix(group, u64::from(id.level));
-        }
+        let group = self.group_hash(&id.key, id.level);
         let own = if id.slot == 0 {
             group
         } else {
@@ -193,15 +190,38 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
         (group, own)
     }
 
+    /// The hash of `key`'s group at `level`: a key at the first level hashes as itself, and
+    /// so as any borrowed form of it (`String` and `str` alike).
+    #[inline(always)]
+    fn group_hash<Q: Hash + ?Sized>(&self, key: &Q, level: u8) -> u64 {
+        let group = self.hasher.hash_one(key);
+        if level == 0 {
+            group
+        } else {
+            mix(group, u64::from(level))
+        }
+    }
+
     /// The hot path for a request on every limit of `first`'s key at its level, under one
     /// lock: takes `cost` from the first bucket, and when it knows its key has more limits,
     /// from each of theirs too. All of them admit, or only the first bucket's outcome is
     /// known and the others are left as they were.
     #[inline]
     pub(crate) fn take_group(&self, first: &LeaseKey<K>, cost: u64) -> GroupHit {
-        let (group, hash) = self.hashes(first);
+        self.take_group_by(&first.key, first.level, cost)
+    }
+
+    /// [`take_group`](Self::take_group) for a key given in a borrowed form (a `str` for a
+    /// `String` key), so that a request's key is made only when the slow path needs it.
+    #[inline]
+    pub(crate) fn take_group_by<Q>(&self, key: &Q, level: u8, cost: u64) -> GroupHit
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let group = self.group_hash(key, level);
         let mut table = self.shard(group).lock();
-        let Some(entry) = table.find_mut(hash, |e| e.key == *first) else {
+        let Some(entry) = table.find_mut(group, |e| is_bucket(&e.key, key, level, 0)) else {
             return GroupHit::First(Hit::Short, 0);
         };
         entry.bucket.mark_used();
@@ -210,54 +230,63 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
         if slots <= 1 || hit == Hit::Short {
             return GroupHit::First(hit, slots);
         }
-        self.take_rest(&mut table, group, first, hit, slots, cost)
-    }
-
-    /// The limits after the first, for [`take_group`](Self::take_group).
-    #[inline(never)]
-    fn take_rest(
-        &self,
-        table: &mut Shard<K>,
-        group: u64,
-        first: &LeaseKey<K>,
-        hit: Hit,
-        slots: u8,
-        cost: u64,
-    ) -> GroupHit {
-        let mut fetch = u16::from(hit == Hit::AdmittedStartFetch);
-        for slot in 1..slots {
-            let taken = slot_bucket(table, group, first, slot).map(|b| {
-                b.mark_used();
-                b.take_leased(cost)
-            });
-            match taken {
-                Some(Hit::Admitted) => {}
-                Some(Hit::AdmittedStartFetch) => fetch |= 1 << slot,
-                Some(Hit::Short) | None => {
-                    // Put back what the limits between took: the slow path decides them.
-                    for undone in 1..slot {
-                        if let Some(b) = slot_bucket(table, group, first, undone) {
-                            b.undo_take(cost);
-                        }
-                    }
-                    return GroupHit::First(hit, slots);
-                }
-            }
-        }
-        GroupHit::All { fetch }
+        take_rest(&mut table, group, (key, level), hit, slots, cost)
     }
 }
 
+/// The limits after the first, for [`MemoryLocalStore::take_group_by`].
+#[inline(never)]
+fn take_rest<K, Q>(
+    table: &mut Shard<K>,
+    group: u64,
+    first: (&Q, u8),
+    hit: Hit,
+    slots: u8,
+    cost: u64,
+) -> GroupHit
+where
+    K: Borrow<Q>,
+    Q: Eq + ?Sized,
+{
+    let mut fetch = u16::from(hit == Hit::AdmittedStartFetch);
+    for slot in 1..slots {
+        let taken = slot_bucket(table, group, first, slot).map(|b| {
+            b.mark_used();
+            b.take_leased(cost)
+        });
+        match taken {
+            Some(Hit::Admitted) => {}
+            Some(Hit::AdmittedStartFetch) => fetch |= 1 << slot,
+            Some(Hit::Short) | None => {
+                // Put back what the limits between took: the slow path decides them.
+                for undone in 1..slot {
+                    if let Some(b) = slot_bucket(table, group, first, undone) {
+                        b.undo_take(cost);
+                    }
+                }
+                return GroupHit::First(hit, slots);
+            }
+        }
+    }
+    GroupHit::All { fetch }
+}
+
+/// Whether `id` names the bucket of `key` at `level` and `slot`.
+#[inline(always)]
+fn is_bucket<K: Borrow<Q>, Q: Eq + ?Sized>(id: &LeaseKey<K>, key: &Q, level: u8, slot: u8) -> bool {
+    id.slot == slot && id.level == level && id.key.borrow() == key
+}
+
 /// The bucket of `first`'s key and level at `slot`, in the shard of their group.
-fn slot_bucket<'t, K: Eq>(
+fn slot_bucket<'t, K: Borrow<Q>, Q: Eq + ?Sized>(
     table: &'t mut Shard<K>,
     group: u64,
-    first: &LeaseKey<K>,
+    (key, level): (&Q, u8),
     slot: u8,
 ) -> Option<&'t mut LocalBucket> {
     table
         .find_mut(slot_hash(group, slot), |e| {
-            e.key.slot == slot && e.key.level == first.level && e.key.key == first.key
+            is_bucket(&e.key, key, level, slot)
         })
         .map(|e| &mut e.bucket)
 }
@@ -282,6 +311,15 @@ pub(crate) enum GroupHit {
     /// Only the first bucket was decided (`Hit`), with its key's number of limits (0 when
     /// unknown); the others are untouched.
     First(Hit, u8),
+}
+
+impl GroupHit {
+    /// Whether every limit of the key admitted with nothing more to do (no fetch ahead, no
+    /// limit left to check).
+    #[inline(always)]
+    pub(crate) fn is_plain_admission(&self) -> bool {
+        matches!(self, Self::All { fetch: 0 } | Self::First(Hit::Admitted, 1))
+    }
 }
 
 impl<K> LocalStore<LeaseKey<K>> for MemoryLocalStore<K>
@@ -354,6 +392,39 @@ mod tests {
             "table capacity {}",
             table_capacity()
         );
+    }
+
+    #[test]
+    fn a_key_is_found_by_its_borrowed_form_at_its_own_level_and_slot_only() {
+        let store = MemoryLocalStore::<String>::new();
+        let id = |level, slot| LeaseKey::new("k1".to_owned(), level, slot);
+        store.with_bucket(&id(0, 0), |b| {
+            b.give_back(5);
+            b.set_slots(2);
+        });
+        store.with_bucket(&id(0, 1), |b| b.give_back(1));
+        store.with_bucket(&id(1, 0), |b| b.give_back(7));
+        let tokens = |level, slot| store.with_bucket(&id(level, slot), |b| b.leased_tokens());
+
+        // A `str` finds the `String` key's buckets: the first, then its second limit.
+        assert!(store.take_group_by("k1", 0, 1).is_plain_admission());
+        assert_eq!((tokens(0, 0), tokens(0, 1), tokens(1, 0)), (4, 0, 7));
+        // At the second level the same text is another bucket, with one limit known so far.
+        assert!(matches!(
+            store.take_group_by("k1", 1, 2),
+            GroupHit::First(Hit::Admitted, 0)
+        ));
+        assert_eq!(tokens(1, 0), 5);
+        // Another key, or the same one with its second limit now short, is for the slow path.
+        assert!(matches!(
+            store.take_group_by("k2", 0, 1),
+            GroupHit::First(Hit::Short, 0)
+        ));
+        assert!(matches!(
+            store.take_group_by("k1", 0, 1),
+            GroupHit::First(Hit::Admitted, 2)
+        ));
+        assert_eq!((tokens(0, 0), tokens(0, 1)), (3, 0));
     }
 
     #[test]

@@ -290,10 +290,15 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         settle: s.settle,
     };
     let layers: Vec<Host> = (0..s.hosts)
-        .map(|_| {
+        .map(|host| {
             let quotas = quotas.clone();
-            HierarchicalThrottleLayer::builder()
-                .key(|job: &Job| Some(job.key.clone()))
+            // Half the hosts borrow the key, half make it: the two ways must decide alike.
+            let builder = if host % 2 == 0 {
+                HierarchicalThrottleLayer::builder().key_ref(|job: &Job| Some(job.key.as_str()))
+            } else {
+                HierarchicalThrottleLayer::builder().key(|job: &Job| Some(job.key.clone()))
+            };
+            builder
                 .cost(|job: &Job| job.cost)
                 .limit_per_key(move |key: &String| quotas[key].clone())
                 .clock(clock)

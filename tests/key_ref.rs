@@ -1,0 +1,305 @@
+//! Keys borrowed from the request (`key_ref`): decided exactly as the same keys made by `key`,
+//! in the same buckets, with the missing-key policy, further limits and levels, and with a
+//! local store of the user's own.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use hierarchical_throttle::clock::ManualClock;
+use hierarchical_throttle::local::{LocalBucket, LocalStore};
+use hierarchical_throttle::quota::LeaseKey;
+use hierarchical_throttle::{
+    HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MissingKey, Quota, key,
+};
+use http::{HeaderName, Request, StatusCode};
+use tower::ServiceExt;
+
+const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+fn api_key(req: &Request<Body>) -> Option<&str> {
+    key::header_str(req, &API_KEY)
+}
+
+type Layer<L> = HierarchicalThrottleLayer<
+    Request<Body>,
+    String,
+    MemoryGlobalStore<String, ManualClock>,
+    L,
+    ManualClock,
+>;
+
+fn router<L: LocalStore<LeaseKey<String>>>(layer: Layer<L>) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+async fn send(app: &Router, api_key: Option<&str>) -> http::Response<Body> {
+    let mut req = Request::get("/");
+    if let Some(k) = api_key {
+        req = req.header("x-api-key", k);
+    }
+    app.clone()
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap()
+}
+
+/// What a client sees of an answer: status, Retry-After and RateLimit.
+async fn seen(app: &Router, api_key: Option<&str>) -> (StatusCode, Option<String>, Option<String>) {
+    let response = send(app, api_key).await;
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    (
+        response.status(),
+        header("retry-after"),
+        header("ratelimit"),
+    )
+}
+
+#[tokio::test]
+async fn a_borrowed_key_is_decided_exactly_as_the_same_key_made() {
+    for fields in [false, true] {
+        let clock = ManualClock::new();
+        let made = HierarchicalThrottleLayer::builder()
+            .key(|req: &Request<Body>| key::header_value(req, &API_KEY))
+            .clock(clock.clone())
+            .limit(Limit::per_second(1).burst(3).unwrap())
+            .ratelimit_fields(fields)
+            .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+            .build()
+            .unwrap();
+        let borrowed = HierarchicalThrottleLayer::builder()
+            .key_ref(api_key)
+            .clock(clock.clone())
+            .limit(Limit::per_second(1).burst(3).unwrap())
+            .ratelimit_fields(fields)
+            .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+            .build()
+            .unwrap();
+        let (made, borrowed) = (router(made), router(borrowed));
+
+        let script = [
+            (Some("k1"), 0),
+            (Some("k1"), 0),
+            (Some("k2"), 0),
+            (Some("k1"), 0),
+            (Some("k1"), 200),
+            (None, 0),
+            (Some("k1"), 800),
+            (Some("k1"), 0),
+        ];
+        let mut statuses = Vec::new();
+        for (key, advance_ms) in script {
+            clock.advance(Duration::from_millis(advance_ms));
+            let expected = seen(&made, key).await;
+            assert_eq!(
+                seen(&borrowed, key).await,
+                expected,
+                "key {key:?}, fields {fields}"
+            );
+            statuses.push(expected.0);
+        }
+        use StatusCode as S;
+        assert_eq!(
+            statuses,
+            [
+                S::OK,
+                S::OK,
+                S::OK,
+                S::OK,
+                S::TOO_MANY_REQUESTS,
+                S::BAD_REQUEST,
+                S::OK,
+                S::TOO_MANY_REQUESTS
+            ]
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_borrowed_key_draws_on_the_bucket_of_its_owned_form() {
+    let clock = ManualClock::new();
+    let layer = HierarchicalThrottleLayer::builder()
+        .key_ref(api_key)
+        .clock(clock.clone())
+        .limit(Limit::per_minute(1).burst(3).unwrap())
+        .ratelimit_fields(false)
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    // Two tokens taken by the owned key, so a request borrowing it has one left.
+    layer.acquire("k1".to_owned(), 2).await.unwrap();
+    let app = router(layer.clone());
+    assert_eq!(send(&app, Some("k1")).await.status(), StatusCode::OK);
+    let refused = send(&app, Some("k1")).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "60");
+    assert!(layer.acquire("k1".to_owned(), 1).await.is_err());
+    assert_eq!(send(&app, Some("k2")).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_request_without_its_borrowed_key_follows_the_missing_key_policy() {
+    let clock = ManualClock::new();
+    let layer = HierarchicalThrottleLayer::builder()
+        .key_ref(api_key)
+        .clock(clock.clone())
+        .limit(Limit::per_minute(1).burst(2).unwrap())
+        .ratelimit_fields(false)
+        .missing_key(MissingKey::UseKey("anonymous".to_owned()))
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    layer.acquire("anonymous".to_owned(), 1).await.unwrap();
+    let app = router(layer);
+    assert_eq!(send(&app, None).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, None).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&app, Some("anonymous")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(send(&app, Some("k1")).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_borrowed_key_draws_on_every_limit_of_its_quota() {
+    let clock = ManualClock::new();
+    let layer = HierarchicalThrottleLayer::builder()
+        .key_ref(api_key)
+        .clock(clock.clone())
+        .quota("fast: 1000/s; slow: 5/min".parse::<Quota>().unwrap())
+        .ratelimit_fields(false)
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let app = router(layer);
+    for _ in 0..5 {
+        assert_eq!(send(&app, Some("k1")).await.status(), StatusCode::OK);
+    }
+    let refused = send(&app, Some("k1")).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "12");
+}
+
+#[tokio::test]
+async fn a_borrowed_key_works_beside_a_further_level() {
+    let clock = ManualClock::new();
+    let layer = HierarchicalThrottleLayer::builder()
+        .key_ref(api_key)
+        .clock(clock.clone())
+        .limit(Limit::per_minute(1).burst(5).unwrap())
+        .ratelimit_fields(false)
+        .level(
+            "tenant",
+            |req: &Request<Body>| key::header_value(req, "x-tenant"),
+            Limit::per_minute(1).burst(3).unwrap(),
+        )
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let app = router(layer);
+    let send_as = |user: &'static str| {
+        let app = app.clone();
+        async move {
+            let req = Request::get("/")
+                .header("x-api-key", user)
+                .header("x-tenant", "t1")
+                .body(Body::empty())
+                .unwrap();
+            app.oneshot(req).await.unwrap().status()
+        }
+    };
+    // Three users of one tenant: the tenant's burst of 3 binds before any user's 5.
+    assert_eq!(send_as("u1").await, StatusCode::OK);
+    assert_eq!(send_as("u2").await, StatusCode::OK);
+    assert_eq!(send_as("u3").await, StatusCode::OK);
+    assert_eq!(send_as("u1").await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// A local store of the user's own: buckets in a map behind one lock.
+#[derive(Default)]
+struct MapStore(Mutex<HashMap<LeaseKey<String>, LocalBucket>>);
+
+impl LocalStore<LeaseKey<String>> for MapStore {
+    fn with_bucket<R>(&self, key: &LeaseKey<String>, f: impl FnOnce(&mut LocalBucket) -> R) -> R {
+        f(self.0.lock().unwrap().entry(key.clone()).or_default())
+    }
+
+    fn for_each_bucket(&self, mut f: impl FnMut(&LeaseKey<String>, &mut LocalBucket)) {
+        for (key, bucket) in self.0.lock().unwrap().iter_mut() {
+            f(key, bucket);
+        }
+    }
+
+    fn take_evicted(&self) -> Vec<(LeaseKey<String>, LocalBucket)> {
+        Vec::new()
+    }
+
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
+
+#[tokio::test]
+async fn a_borrowed_key_is_made_for_a_local_store_of_ones_own() {
+    let clock = ManualClock::new();
+    let layer = HierarchicalThrottleLayer::builder()
+        .key_ref(api_key)
+        .clock(clock.clone())
+        .limit(Limit::per_minute(1).burst(2).unwrap())
+        .ratelimit_fields(false)
+        .local_store(MapStore::default())
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let app = router(layer);
+    assert_eq!(send(&app, Some("k1")).await.status(), StatusCode::OK);
+    assert_eq!(send(&app, Some("k1")).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, Some("k1")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(send(&app, Some("k2")).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_key_borrowed_as_bytes_is_kept_as_bytes() {
+    let clock = ManualClock::new();
+    let layer = HierarchicalThrottleLayer::builder()
+        .key_ref(|req: &Request<Body>| req.headers().get(&API_KEY).map(|v| v.as_bytes()))
+        .clock(clock.clone())
+        .limit(Limit::per_minute(1).burst(1).unwrap())
+        .ratelimit_fields(false)
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    layer.acquire(b"k1".to_vec(), 1).await.unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    assert_eq!(
+        send(&app, Some("k1")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Not UTF-8, still a key of its own.
+    let req = Request::get("/")
+        .header(
+            "x-api-key",
+            http::HeaderValue::from_bytes(b"k\xff").unwrap(),
+        )
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(app.oneshot(req).await.unwrap().status(), StatusCode::OK);
+}
