@@ -5,7 +5,7 @@
 use tokio::sync::oneshot;
 
 use crate::batch::{DemandHistory, MAX_DEMAND_INTERVALS};
-use crate::bucket::TokenBucket;
+use crate::bucket::{FullAt, TokenBucket};
 use crate::clock::micros;
 use crate::global::{Grant, TokenRequest};
 use crate::limit::Limit;
@@ -54,7 +54,7 @@ struct Cold {
     pending: u64,
     pending_due: u64,
     /// The host-local bucket used while the global store is unavailable (boxed: rarely there).
-    fallback: Option<Box<TokenBucket>>,
+    fallback: Option<Box<Fallback>>,
     /// Which limit (name and shape) this bucket was last used for.
     shape: u64,
     /// Whole tokens the global bucket held at its last answer, and when that came (clock
@@ -87,9 +87,23 @@ impl Cold {
     fn is_idle(&self, now: u64, interval: u64) -> bool {
         self.waiters.is_empty()
             && self.pending == 0
-            && self.fallback.is_none()
+            && self.fallback.as_ref().is_none_or(|f| f.is_full_at(now))
             && now >= self.quiet_at
             && self.demand.is_idle(interval)
+    }
+}
+
+/// A host's own bucket for a key while the global store is unavailable.
+struct Fallback {
+    bucket: TokenBucket,
+    /// When it is full again if nothing more is taken (`None`: beyond the clock's range):
+    /// from then on it is the same as no bucket, which starts full.
+    full_at: Option<FullAt>,
+}
+
+impl Fallback {
+    fn is_full_at(&self, now: u64) -> bool {
+        self.full_at.is_some_and(|at| at.is_full_at(now))
     }
 }
 
@@ -668,11 +682,14 @@ impl LocalBucket {
     /// Takes `cost` from this host's own fallback bucket, shaped `share`. Returns the wait
     /// until it could be served, or zero if it was.
     pub(crate) fn take_fallback(&mut self, share: &Limit, now: u64, cost: u64) -> u64 {
-        let bucket = self
-            .cold_mut()
-            .fallback
-            .get_or_insert_with(|| Box::new(TokenBucket::full(share, now)));
-        let taken = bucket.take(share, now, cost, cost);
+        let fallback = self.cold_mut().fallback.get_or_insert_with(|| {
+            Box::new(Fallback {
+                bucket: TokenBucket::full(share, now),
+                full_at: None,
+            })
+        });
+        let taken = fallback.bucket.take(share, now, cost, cost);
+        fallback.full_at = fallback.bucket.full_at(share);
         if taken.granted >= cost {
             0
         } else {
@@ -1036,6 +1053,25 @@ mod tests {
         assert!(b.view(30 * SECOND + 899_999, &limit).tokens < limit.capacity());
         b.take_expired(30 * SECOND + 900_000, 2 * SECOND, 30);
         assert!(!b.holds_cold_state());
+
+        // A bucket that used its own fallback bucket (store down) keeps it until it is full
+        // again: a token a second, 2 of 4 taken at 0 s, full at 2 s.
+        let share = Limit::per_second(1).burst(4).unwrap();
+        let mut b = LocalBucket::default();
+        assert_eq!(b.take_fallback(&share, 0, 2), 0);
+        b.take_expired(2 * SECOND - 1, SECOND, 0);
+        assert!(b.holds_cold_state(), "the fallback bucket is refilling");
+        b.take_expired(2 * SECOND, SECOND, 0);
+        assert!(
+            !b.holds_cold_state(),
+            "a full fallback bucket is the same as none"
+        );
+        assert_eq!(
+            b.take_fallback(&share, 2 * SECOND, 4),
+            0,
+            "it starts full again"
+        );
+        assert_eq!(b.take_fallback(&share, 2 * SECOND, 1), SECOND);
 
         // Tokens reserved ahead, or a lease not yet expired, are kept.
         let mut b = LocalBucket::default();
