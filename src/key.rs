@@ -65,6 +65,14 @@ pub fn header_value<B>(
 /// let req = http::Request::builder().header("x-api-key", "k1").body(()).unwrap();
 /// assert_eq!(header_str(&req, "x-api-key"), Some("k1"));
 /// assert_eq!(header_str(&req, "x-tenant"), None);
+///
+/// // Any UTF-8 text; bytes that are not UTF-8 are no key.
+/// let utf8 = http::HeaderValue::from_bytes("clé".as_bytes()).unwrap();
+/// let req = http::Request::builder().header("x-api-key", utf8).body(()).unwrap();
+/// assert_eq!(header_str(&req, "x-api-key"), Some("clé"));
+/// let bytes = http::HeaderValue::from_bytes(b"k\xff").unwrap();
+/// let req = http::Request::builder().header("x-api-key", bytes).body(()).unwrap();
+/// assert_eq!(header_str(&req, "x-api-key"), None);
 /// ```
 ///
 /// `name` is a `&str` or a [`HeaderName`](http::HeaderName), as for [`header_value`].
@@ -72,8 +80,7 @@ pub fn header_str<B>(
     request: &http::Request<B>,
     name: impl http::header::AsHeaderName,
 ) -> Option<&str> {
-    // Plain UTF-8 validation: `HeaderValue::to_str` checks each byte for visible ASCII, which
-    // costs several times as much on every request and refuses UTF-8 text.
+    // Any UTF-8 text: `HeaderValue::to_str` would refuse all but visible ASCII.
     std::str::from_utf8(request.headers().get(name)?.as_bytes()).ok()
 }
 

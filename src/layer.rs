@@ -473,6 +473,9 @@ impl<C, R> Builder<Unset, Unset, Unset, Unset, C, R> {
     /// The key is made (`to_owned`) only when the request goes further (a batch to fetch, a
     /// refusal to explain, the `RateLimit` fields or levels to read).
     ///
+    /// Pass the closure here directly, or a `fn`: a closure first kept in a variable does not
+    /// borrow its result from its argument, and is refused.
+    ///
     /// ```
     /// use axum::body::Body;
     /// use http::{HeaderName, Request};
