@@ -224,7 +224,7 @@ where
     fn add(&mut self, id: LeaseKey<K>, check: Check<K>) {
         match check {
             Check::Admit => self.taken.push(id),
-            Check::Reject(rejection) => self.refuse(rejection),
+            Check::Reject(rejection) => self.refuse(*rejection),
             Check::Wait(decision) => self.waits.push((id, decision)),
         }
     }
@@ -280,7 +280,7 @@ where
             for id in &self.taken {
                 self.throttle.undo(id, self.cost);
             }
-            return Check::Reject(refusal);
+            return Check::reject(refusal);
         }
         if self.waits.is_empty() {
             return Check::Admit;

@@ -316,9 +316,9 @@ impl<K> Acquire<K> {
         }
     }
 
-    pub(crate) fn rejected(rejection: Rejection<K>) -> Self {
+    pub(crate) fn rejected(rejection: Box<Rejection<K>>) -> Self {
         Self {
-            state: AcquireState::Rejected(Box::new(rejection)),
+            state: AcquireState::Rejected(rejection),
         }
     }
 

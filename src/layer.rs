@@ -189,7 +189,7 @@ where
     }
 
     #[inline(never)]
-    fn refused(&self, mut rejection: crate::Rejection<K>) -> Acquire<K> {
+    fn refused(&self, mut rejection: Box<crate::Rejection<K>>) -> Acquire<K> {
         self.throttle.finish_refusal(&mut rejection);
         Acquire::rejected(rejection)
     }
@@ -256,7 +256,7 @@ where
                 Ok(()) => return Ok(self.throttle.admitted_reservation(id, cost, false)),
                 Err(refusal) => refusal,
             },
-            Check::Reject(refusal) => refusal,
+            Check::Reject(refusal) => *refusal,
         };
         let queued = match refusal.reason {
             crate::RejectionReason::Throttled => self.throttle.queue_up(
@@ -297,7 +297,7 @@ where
             Check::Reject(refusal) if !self.throttle.may_wait(&refusal) => {
                 return self.refused(refusal);
             }
-            Check::Reject(refusal) => Box::pin(std::future::ready(Err(refusal))),
+            Check::Reject(refusal) => Box::pin(std::future::ready(Err(*refusal))),
             Check::Wait(decision) => decision,
         };
         let throttle = self.throttle.clone();

@@ -159,7 +159,7 @@ where
                 };
                 self.respond(check, request, Some(keys), cost)
             }
-            Err(rejection) => self.respond(Check::Reject(rejection), request, None, cost),
+            Err(rejection) => self.respond(Check::reject(rejection), request, None, cost),
         }
     }
 
@@ -187,7 +187,7 @@ where
                 self.admitted(request, admission)
             }
             Check::Reject(rejection) if keys.is_some() && self.throttle.may_wait(&rejection) => {
-                let refused = Box::pin(std::future::ready(Err(rejection)));
+                let refused = Box::pin(std::future::ready(Err(*rejection)));
                 self.park(refused, request, keys, cost)
             }
             Check::Reject(rejection) => self.reject(&request, rejection),
@@ -207,9 +207,13 @@ where
     }
 
     #[inline(never)]
-    fn reject(&self, request: &Req, mut rejection: Rejection<K>) -> ResponseFuture<S, Req, K, R> {
+    fn reject(
+        &self,
+        request: &Req,
+        mut rejection: Box<Rejection<K>>,
+    ) -> ResponseFuture<S, Req, K, R> {
         self.throttle.finish_refusal(&mut rejection);
-        ResponseFuture::rejected(self.policy.on_rejection.on_rejection(request, rejection))
+        ResponseFuture::rejected(self.policy.on_rejection.on_rejection(request, *rejection))
     }
 
     /// The request waits for its decision with the ready service; a clone, maybe not ready,
@@ -257,7 +261,7 @@ where
     fn check_levels(&self, first: Option<K>, request: &Req, cost: u64) -> Check<K> {
         match self.level_keys(first, request) {
             Ok(keys) => self.throttle.check_keys(&keys, cost),
-            Err(rejection) => Check::Reject(rejection),
+            Err(rejection) => Check::reject(rejection),
         }
     }
 

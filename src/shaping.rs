@@ -268,7 +268,7 @@ where
                     Ok(()) => return Ok(()),
                     Err(refusal) => refusal,
                 },
-                Check::Reject(refusal) => refusal,
+                Check::Reject(refusal) => *refusal,
             };
             let wait = refusal.retry_after.unwrap_or_default();
             if refusal.reason != RejectionReason::Throttled

@@ -34,8 +34,16 @@ use crate::sync::lock;
 /// The decision for one request.
 pub(crate) enum Check<K> {
     Admit,
-    Reject(Rejection<K>),
+    // Boxed, so that an admission (the common case) is a small value, returned in registers
+    // through the hot path's calls rather than copied.
+    Reject(Box<Rejection<K>>),
     Wait(BoxFuture<'static, Result<(), Rejection<K>>>),
+}
+
+impl<K> Check<K> {
+    pub(crate) fn reject(rejection: Rejection<K>) -> Self {
+        Self::Reject(Box::new(rejection))
+    }
 }
 
 /// A level of keys: its name (none for the layer's first) and where its keys' quotas come
@@ -266,7 +274,7 @@ where
                 capacity = limit.capacity(),
                 "refused: cost above capacity"
             );
-            return (Check::Reject(bucket.cost_rejection(id, cost)), bucket.slots);
+            return (Check::reject(bucket.cost_rejection(id, cost)), bucket.slots);
         }
         self.start_sweeper();
         let now = self.now();
@@ -296,11 +304,11 @@ where
             Miss::Throttled { until } => {
                 self.stats.rejected_cached.incr();
                 tracing::debug!(cost, "throttled by the throttled-key cache");
-                Check::Reject(bucket.throttled(id, until.saturating_sub(now)))
+                Check::reject(bucket.throttled(id, until.saturating_sub(now)))
             }
             Miss::StoreDown => match self.decide_on_failure(id, cost, &bucket) {
                 Ok(()) => Check::Admit,
-                Err(rejection) => Check::Reject(rejection),
+                Err(rejection) => Check::reject(rejection),
             },
             Miss::Joined | Miss::StartFetch => {
                 if miss == Miss::StartFetch {
@@ -308,7 +316,7 @@ where
                 }
                 // Always there: `miss` made the waiter when it queued the request.
                 let Some(verdict) = verdict else {
-                    return (Check::Reject(bucket.throttled(id, 1)), bucket.slots);
+                    return (Check::reject(bucket.throttled(id, 1)), bucket.slots);
                 };
                 let pending = PendingVerdict {
                     throttle: self.clone(),
