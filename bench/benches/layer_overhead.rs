@@ -4,8 +4,9 @@
 //! request), the header's name given as text and as a `HeaderName` made once; and this layer
 //! with its default rejection: the same `String` key (`key`), the key borrowed from the header
 //! (`key_ref` with `key::header_str` and a `HeaderName`), both with the `RateLimit` fields on
-//! admitted responses turned off, and the borrowed key with them on (the default). Each
-//! iteration clones a prepared request.
+//! admitted responses turned off, and the borrowed key with them on (the default), beside
+//! tower_governor with its own headers on (`use_headers`, the name made once). Each iteration
+//! clones a prepared request.
 //!
 //! Run with: cargo bench -p hierarchical-throttle-bench --bench layer_overhead
 
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::clock::QuantaInstant;
-use governor::middleware::NoOpMiddleware;
+use governor::middleware::{NoOpMiddleware, StateInformationMiddleware};
 use hierarchical_throttle::batch::FractionOfCapacity;
 use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
 use http::{Request, Response};
@@ -128,6 +129,21 @@ where
     });
 }
 
+/// tower_governor with `use_headers`: its `x-ratelimit-*` headers on every admitted response.
+fn governor_with_headers<X>(extractor: X) -> GovernorLayer<X, StateInformationMiddleware, Body>
+where
+    X: KeyExtractor,
+{
+    let config = GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(u32::MAX)
+        .key_extractor(extractor)
+        .use_headers()
+        .finish()
+        .expect("a valid governor config");
+    GovernorLayer::new(config)
+}
+
 fn governor<X>(extractor: X) -> GovernorLayer<X, NoOpMiddleware<QuantaInstant>, Body>
 where
     X: KeyExtractor,
@@ -170,6 +186,8 @@ fn bench(c: &mut Criterion) {
         measure(c, name("throttled"), side, &requests);
         let side = throttle!(key_ref, api_key, false).layer(Echo);
         measure(c, name("throttled_key_ref"), side, &requests);
+        let side = governor_with_headers(ApiKeyByName).layer(Echo);
+        measure(c, name("tower_governor_headers"), side, &requests);
         let side = throttle!(key_ref, api_key, true).layer(Echo);
         measure(c, name("throttled_key_ref_fields"), side, &requests);
     }
