@@ -3,7 +3,8 @@
 //! liveness, token conservation and exact refusals.
 //!
 //! A failing seed prints the command that replays it alone:
-//! `SIM_SEED=<seed> cargo test --test simulation -- --nocapture`. `SIM_SEEDS=<n>` runs more.
+//! `SIM_SEED=<seed> cargo test --test simulation -- --nocapture`. `SIM_SEEDS=<n>` runs more,
+//! `SIM_SEEDS=<from>..<to>` a range of them.
 
 mod sim;
 
@@ -26,11 +27,20 @@ fn seeds() -> Vec<u64> {
     if let Some(seed) = std::env::var("SIM_SEED").ok().and_then(|s| s.parse().ok()) {
         return vec![seed];
     }
-    let n = std::env::var("SIM_SEEDS")
+    let range = std::env::var("SIM_SEEDS")
         .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1_000u64);
-    REGRESSIONS.iter().copied().chain(0..n).collect()
+        .and_then(|s| seed_range(&s))
+        .unwrap_or(0..1_000);
+    REGRESSIONS.iter().copied().chain(range).collect()
+}
+
+/// `SIM_SEEDS`: a count (`10000`, seeds from 0) or a range (`20000..40000`, to go on where an
+/// earlier run stopped).
+fn seed_range(text: &str) -> Option<std::ops::Range<u64>> {
+    match text.split_once("..") {
+        Some((from, to)) => Some(from.trim().parse().ok()?..to.trim().parse().ok()?),
+        None => Some(0..text.trim().parse().ok()?),
+    }
 }
 
 #[test]
