@@ -297,11 +297,12 @@ pub struct Acquire<K> {
     state: AcquireState<K>,
 }
 
+// Every payload a thin box, so the whole decision is two words, returned in registers: an
+// admission (the common case) is then never stored and reloaded on its way to the caller.
 enum AcquireState<K> {
     Admitted,
-    // Boxed, so that an admission (the common case) moves a small value.
     Rejected(Box<Rejection<K>>),
-    Waiting(BoxFuture<'static, Result<(), Rejection<K>>>),
+    Waiting(Box<BoxFuture<'static, Result<(), Rejection<K>>>>),
     Done,
 }
 
@@ -324,7 +325,7 @@ impl<K> Acquire<K> {
 
     pub(crate) fn waiting(decision: BoxFuture<'static, Result<(), Rejection<K>>>) -> Self {
         Self {
-            state: AcquireState::Waiting(decision),
+            state: AcquireState::Waiting(Box::new(decision)),
         }
     }
 }
@@ -336,7 +337,7 @@ impl<K> Future for Acquire<K> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let state = &mut self.get_mut().state;
         if let AcquireState::Waiting(decision) = state {
-            let decided = ready!(decision.as_mut().poll(cx));
+            let decided = ready!(Pin::as_mut(decision).poll(cx));
             *state = AcquireState::Done;
             return Poll::Ready(decided);
         }
