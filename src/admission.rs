@@ -81,10 +81,8 @@ where
     /// answered `hit` for `id`'s key.
     #[inline(always)]
     fn after_group_hit(self: &Arc<Self>, id: &LeaseKey<K>, hit: GroupHit, cost: u64) -> Check<K> {
-        if hit.is_plain_admission() {
-            return Check::Admit;
-        }
         match hit {
+            GroupHit::All { fetch: 0 } => Check::Admit,
             GroupHit::All { fetch } => {
                 self.start_fetches(id, fetch);
                 Check::Admit
@@ -106,7 +104,7 @@ where
         if hit == Hit::Admitted && slots == 1 {
             return Check::Admit;
         }
-        self.check_key_further(id.clone(), hit, slots, cost)
+        self.check_key_further(id, hit, slots, cost)
     }
 
     /// Starts a fetch ahead for each slot of `id`'s key set in `slots` (a bit per slot).
@@ -131,16 +129,17 @@ where
     #[inline(never)]
     fn check_key_further(
         self: &Arc<Self>,
-        id: LeaseKey<K>,
+        id: &LeaseKey<K>,
         hit: Hit,
         slots: u8,
         cost: u64,
     ) -> Check<K> {
-        let (first, slots) = self.after_take(&id, hit, slots, cost);
+        let (first, slots) = self.after_take(id, hit, slots, cost);
         if slots <= 1 {
             return first;
         }
-        self.check_other_limits(id, first, slots, cost)
+        // Only a key with several limits needs its own copy, to visit each.
+        self.check_other_limits(id.clone(), first, slots, cost)
     }
 
     /// The limits after the first of a key: while every bucket admits at once, nothing is
