@@ -13,7 +13,8 @@ use hierarchical_throttle::clock::ManualClock;
 use hierarchical_throttle::local::{LocalBucket, LocalStore};
 use hierarchical_throttle::quota::LeaseKey;
 use hierarchical_throttle::{
-    HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MissingKey, Quota, key,
+    Builder, DefaultRejection, HierarchicalThrottleLayer, Limit, MemoryGlobalStore,
+    MemoryLocalStore, MissingKey, Quota, Unset, key,
 };
 use http::{HeaderName, Request, StatusCode};
 use tower::ServiceExt;
@@ -22,6 +23,18 @@ const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 fn api_key(req: &Request<Body>) -> Option<&str> {
     key::header_str(req, &API_KEY)
+}
+
+/// A layer borrowing its key from `x-api-key`, on `clock`, without the `RateLimit` fields on
+/// admitted responses (the borrowed hot path): each test adds its limits and stores.
+fn borrowing(
+    clock: &ManualClock,
+) -> Builder<Request<Body>, String, Unset, MemoryLocalStore<String>, ManualClock, DefaultRejection>
+{
+    HierarchicalThrottleLayer::builder()
+        .key_ref(api_key)
+        .clock(clock.clone())
+        .ratelimit_fields(false)
 }
 
 type Layer<L> = HierarchicalThrottleLayer<
@@ -77,9 +90,7 @@ async fn a_borrowed_key_is_decided_exactly_as_the_same_key_made() {
             .global_store(MemoryGlobalStore::with_clock(clock.clone()))
             .build()
             .unwrap();
-        let borrowed = HierarchicalThrottleLayer::builder()
-            .key_ref(api_key)
-            .clock(clock.clone())
+        let borrowed = borrowing(&clock)
             .limit(Limit::per_second(1).burst(3).unwrap())
             .ratelimit_fields(fields)
             .global_store(MemoryGlobalStore::with_clock(clock.clone()))
@@ -128,11 +139,8 @@ async fn a_borrowed_key_is_decided_exactly_as_the_same_key_made() {
 #[tokio::test]
 async fn a_borrowed_key_draws_on_the_bucket_of_its_owned_form() {
     let clock = ManualClock::new();
-    let layer = HierarchicalThrottleLayer::builder()
-        .key_ref(api_key)
-        .clock(clock.clone())
+    let layer = borrowing(&clock)
         .limit(Limit::per_minute(1).burst(3).unwrap())
-        .ratelimit_fields(false)
         .global_store(MemoryGlobalStore::with_clock(clock.clone()))
         .build()
         .unwrap();
@@ -150,11 +158,8 @@ async fn a_borrowed_key_draws_on_the_bucket_of_its_owned_form() {
 #[tokio::test]
 async fn a_request_without_its_borrowed_key_follows_the_missing_key_policy() {
     let clock = ManualClock::new();
-    let layer = HierarchicalThrottleLayer::builder()
-        .key_ref(api_key)
-        .clock(clock.clone())
+    let layer = borrowing(&clock)
         .limit(Limit::per_minute(1).burst(2).unwrap())
-        .ratelimit_fields(false)
         .missing_key(MissingKey::UseKey("anonymous".to_owned()))
         .global_store(MemoryGlobalStore::with_clock(clock.clone()))
         .build()
@@ -176,11 +181,8 @@ async fn a_request_without_its_borrowed_key_follows_the_missing_key_policy() {
 #[tokio::test]
 async fn a_borrowed_key_draws_on_every_limit_of_its_quota() {
     let clock = ManualClock::new();
-    let layer = HierarchicalThrottleLayer::builder()
-        .key_ref(api_key)
-        .clock(clock.clone())
+    let layer = borrowing(&clock)
         .quota("fast: 1000/s; slow: 5/min".parse::<Quota>().unwrap())
-        .ratelimit_fields(false)
         .global_store(MemoryGlobalStore::with_clock(clock.clone()))
         .build()
         .unwrap();
@@ -196,11 +198,8 @@ async fn a_borrowed_key_draws_on_every_limit_of_its_quota() {
 #[tokio::test]
 async fn a_borrowed_key_works_beside_a_further_level() {
     let clock = ManualClock::new();
-    let layer = HierarchicalThrottleLayer::builder()
-        .key_ref(api_key)
-        .clock(clock.clone())
+    let layer = borrowing(&clock)
         .limit(Limit::per_minute(1).burst(5).unwrap())
-        .ratelimit_fields(false)
         .level(
             "tenant",
             |req: &Request<Body>| key::header_value(req, "x-tenant"),
@@ -255,11 +254,8 @@ impl LocalStore<LeaseKey<String>> for MapStore {
 #[tokio::test]
 async fn a_borrowed_key_is_made_for_a_local_store_of_ones_own() {
     let clock = ManualClock::new();
-    let layer = HierarchicalThrottleLayer::builder()
-        .key_ref(api_key)
-        .clock(clock.clone())
+    let layer = borrowing(&clock)
         .limit(Limit::per_minute(1).burst(2).unwrap())
-        .ratelimit_fields(false)
         .local_store(MapStore::default())
         .global_store(MemoryGlobalStore::with_clock(clock.clone()))
         .build()

@@ -10,78 +10,21 @@
 //! layer with a key read from nothing: what remains is the layer's own work).
 
 use std::convert::Infallible;
-use std::future::{Ready, ready};
 use std::hint::black_box;
-use std::task::{Context, Poll};
-use std::time::Duration;
 
 use axum::body::Body;
-use governor::clock::QuantaInstant;
-use governor::middleware::NoOpMiddleware;
-use hierarchical_throttle::batch::FractionOfCapacity;
-use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
-use http::{HeaderName, Request, Response};
+use http::{Request, Response};
 use tower::{Layer, Service, ServiceExt};
-use tower_governor::GovernorError;
-use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
-use tower_governor::key_extractor::KeyExtractor;
 
-const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+#[path = "../benches/support/sides.rs"]
+mod sides;
+#[allow(dead_code, reason = "its keys are for the benchmarks over `u64` keys")]
+#[path = "../benches/support/mod.rs"]
+mod support;
 
-/// The inner service: answers at once.
-#[derive(Clone, Copy)]
-struct Echo;
-
-impl Service<Request<()>> for Echo {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<Body>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<()>) -> Self::Future {
-        ready(Ok(Response::new(Body::empty())))
-    }
-}
-
-/// tower_governor's key, the header's name given as text.
-#[derive(Clone, Copy)]
-struct ApiKey;
-
-impl KeyExtractor for ApiKey {
-    type Key = String;
-
-    fn extract<T>(&self, req: &Request<T>) -> Result<String, GovernorError> {
-        key::header_value(req, "x-api-key").ok_or(GovernorError::UnableToExtractKey)
-    }
-}
-
-/// tower_governor's key, the header's name made once.
-#[derive(Clone, Copy)]
-struct ApiKeyByName;
-
-impl KeyExtractor for ApiKeyByName {
-    type Key = String;
-
-    fn extract<T>(&self, req: &Request<T>) -> Result<String, GovernorError> {
-        key::header_value(req, &API_KEY).ok_or(GovernorError::UnableToExtractKey)
-    }
-}
-
-fn api_key(req: &Request<()>) -> Option<&str> {
-    key::header_str(req, &API_KEY)
-}
-
-fn poll_once<F: std::future::Future>(future: F) -> Option<F::Output> {
-    let mut context = Context::from_waker(std::task::Waker::noop());
-    match std::pin::pin!(future).poll(&mut context) {
-        Poll::Ready(output) => Some(output),
-        Poll::Pending => None,
-    }
-}
+use sides::{ApiKey, ApiKeyByName, Echo, api_key, governor, owned_key, requests};
+use support::poll_once;
 
 /// Calls `service` `iterations` times over `requests` after one warm-up round.
 fn run<S>(mut service: S, requests: &[Request<()>], iterations: usize)
@@ -104,37 +47,6 @@ where
     }
 }
 
-fn governor<X: KeyExtractor>(
-    extractor: X,
-) -> GovernorLayer<X, NoOpMiddleware<QuantaInstant>, Body> {
-    let config = GovernorConfigBuilder::default()
-        .per_nanosecond(1)
-        .burst_size(u32::MAX)
-        .key_extractor(extractor)
-        .finish()
-        .expect("a valid governor config");
-    GovernorLayer::new(config)
-}
-
-/// This layer with everything but the key and the fields set.
-macro_rules! throttle {
-    ($key_setter:ident, $key:expr, $fields:expr) => {
-        HierarchicalThrottleLayer::builder()
-            .$key_setter($key)
-            .limit(
-                Limit::per_second(1_000_000)
-                    .burst(Limit::MAX_CAPACITY)
-                    .expect("a valid limit"),
-            )
-            .batch_policy(FractionOfCapacity::new(1.0).expect("a fraction"))
-            .lease_ttl(Duration::from_secs(3600))
-            .ratelimit_fields($fields)
-            .global_store(MemoryGlobalStore::new())
-            .build()
-            .expect("a valid layer")
-    };
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let side = args.get(1).map_or("throttled_key_ref", String::as_str);
@@ -143,23 +55,17 @@ fn main() {
         .get(3)
         .and_then(|a| a.parse().ok())
         .unwrap_or(1_000_000);
-    let requests: Vec<Request<()>> = (0..keys)
-        .map(|i| {
-            Request::get("/")
-                .header("x-api-key", format!("customer-{i:06}"))
-                .body(())
-                .expect("a valid request")
-        })
-        .collect();
-    let owned = |req: &Request<()>| key::header_value(req, "x-api-key");
+    let requests = requests(keys);
+    let by_name = || GovernorConfigBuilder::default().key_extractor(ApiKeyByName);
     match side {
         "unthrottled" => run(Echo, &requests, iterations),
-        "tower_governor" => run(governor(ApiKey).layer(Echo), &requests, iterations),
-        "tower_governor_header_name" => {
-            run(governor(ApiKeyByName).layer(Echo), &requests, iterations)
+        "tower_governor" => {
+            let config = GovernorConfigBuilder::default().key_extractor(ApiKey);
+            run(governor(config).layer(Echo), &requests, iterations)
         }
+        "tower_governor_header_name" => run(governor(by_name()).layer(Echo), &requests, iterations),
         "throttled" => run(
-            throttle!(key, owned, false).layer(Echo),
+            throttle!(key, owned_key, false).layer(Echo),
             &requests,
             iterations,
         ),

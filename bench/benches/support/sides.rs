@@ -1,0 +1,125 @@
+//! The sides of the whole-layer comparison (`layer_overhead`, and the `overhead_profile`
+//! example that runs one of them under a profiler): a trivial inner service, tower_governor's
+//! keys, and this layer, all keyed by the `x-api-key` header.
+
+use std::convert::Infallible;
+use std::future::{Ready, ready};
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use governor::middleware::RateLimitingMiddleware;
+use hierarchical_throttle::{Limit, key};
+use http::{HeaderName, Request, Response};
+use tower::Service;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::KeyExtractor;
+use tower_governor::{GovernorError, GovernorLayer};
+
+/// The key's header, parsed once.
+pub const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// The inner service: answers at once.
+#[derive(Clone, Copy)]
+pub struct Echo;
+
+impl Service<Request<()>> for Echo {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<()>) -> Self::Future {
+        ready(Ok(Response::new(Body::empty())))
+    }
+}
+
+/// tower_governor's key: the header's value as a `String`, its name given as text.
+#[derive(Clone, Copy)]
+pub struct ApiKey;
+
+impl KeyExtractor for ApiKey {
+    type Key = String;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<String, GovernorError> {
+        key::header_value(req, "x-api-key").ok_or(GovernorError::UnableToExtractKey)
+    }
+}
+
+/// tower_governor's key, the header's name made once.
+#[derive(Clone, Copy)]
+pub struct ApiKeyByName;
+
+impl KeyExtractor for ApiKeyByName {
+    type Key = String;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<String, GovernorError> {
+        key::header_value(req, &API_KEY).ok_or(GovernorError::UnableToExtractKey)
+    }
+}
+
+/// This layer's key made as a `String`, as tower_governor's is.
+pub fn owned_key(req: &Request<()>) -> Option<String> {
+    key::header_value(req, "x-api-key")
+}
+
+/// This layer's borrowed key: a function, as a closure kept in a variable would not borrow its
+/// result from its argument.
+pub fn api_key(req: &Request<()>) -> Option<&str> {
+    key::header_str(req, &API_KEY)
+}
+
+/// `keys` requests, one per key.
+pub fn requests(keys: usize) -> Vec<Request<()>> {
+    (0..keys)
+        .map(|i| {
+            Request::get("/")
+                .header("x-api-key", format!("customer-{i:06}"))
+                .body(())
+                .expect("a valid request")
+        })
+        .collect()
+}
+
+/// A limit no side reaches: every request is admitted.
+pub fn limit() -> Limit {
+    Limit::per_second(1_000_000)
+        .burst(Limit::MAX_CAPACITY)
+        .expect("a valid limit")
+}
+
+/// tower_governor, as `config` (a key extractor, and `use_headers` or not) sets it, with a
+/// limit no side reaches.
+pub fn governor<X, M>(mut config: GovernorConfigBuilder<X, M>) -> GovernorLayer<X, M, Body>
+where
+    X: KeyExtractor,
+    M: RateLimitingMiddleware<governor::clock::QuantaInstant>,
+{
+    let config = config
+        .per_nanosecond(1)
+        .burst_size(u32::MAX)
+        .finish()
+        .expect("a valid governor config");
+    GovernorLayer::new(config)
+}
+
+/// This layer with its key set by `$key_setter` (`key` or `key_ref`) to `$key`, the
+/// `RateLimit` fields on or off, and a limit no side reaches.
+#[macro_export]
+macro_rules! throttle {
+    ($key_setter:ident, $key:expr, $fields:expr) => {
+        hierarchical_throttle::HierarchicalThrottleLayer::builder()
+            .$key_setter($key)
+            .limit($crate::sides::limit())
+            .batch_policy(
+                hierarchical_throttle::batch::FractionOfCapacity::new(1.0).expect("a fraction"),
+            )
+            .lease_ttl(std::time::Duration::from_secs(3600))
+            .ratelimit_fields($fields)
+            .global_store(hierarchical_throttle::MemoryGlobalStore::new())
+            .build()
+            .expect("a valid layer")
+    };
+}
