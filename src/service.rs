@@ -120,7 +120,12 @@ where
                 key => self.check_levels(key, &request, cost),
             },
         };
-        self.respond(check, request, None, cost)
+        match check {
+            // The common case first and on its own, so the request moves straight into the
+            // inner service (a shared `respond` made the compiler copy it twice on the way).
+            Check::Admit => ResponseFuture::called(self.inner.call(request)),
+            check => self.respond_unkeyed(check, request, cost),
+        }
     }
 }
 
@@ -193,6 +198,18 @@ where
             Check::Reject(rejection) => self.reject(&request, rejection),
             Check::Wait(decision) => self.park(decision, request, keys, cost),
         }
+    }
+
+    /// [`respond`](Self::respond) for a request whose keys are not kept, when it is not
+    /// simply admitted.
+    #[inline(never)]
+    fn respond_unkeyed(
+        &mut self,
+        check: Check<K>,
+        request: Req,
+        cost: u64,
+    ) -> ResponseFuture<S, Req, K, R> {
+        self.respond(check, request, None, cost)
     }
 
     #[inline(never)]

@@ -12,9 +12,10 @@ use crate::clock::{Clock, MonotonicClock, micros};
 use crate::global::{BucketLevel, GlobalStore, Grant, TokenRequest};
 use crate::limit::Limit;
 use crate::quota::{BucketKey, Name};
-use crate::sync::lock;
+use crate::sync::{lock, shard_index};
 
-const SHARDS: usize = 64;
+const SHARD_BITS: u32 = 6;
+const SHARDS: usize = 1 << SHARD_BITS;
 
 /// The embedded global store: token buckets in this process's memory.
 ///
@@ -182,9 +183,8 @@ impl<K> MemoryGlobalStore<K> {
 }
 
 impl<K, C> Inner<K, C> {
-    /// The shard of a key hashed to `hash` (its top bits).
     fn shard(&self, hash: u64) -> &Mutex<Shard<K>> {
-        &self.shards[(hash >> 58) as usize % SHARDS]
+        &self.shards[shard_index(hash, SHARD_BITS)]
     }
 }
 

@@ -9,20 +9,24 @@ use hashbrown::HashTable;
 use crate::error::ConfigError;
 use crate::local::{Hit, LocalBucket, LocalStore};
 use crate::quota::LeaseKey;
-use crate::sync::{ShardLock, lock};
+use crate::sync::{ShardLock, lock, shard_index};
 
-/// The default local store: buckets in memory, in independently locked shards, bounded to a
+/// The default local store: buckets in memory, in shards under a few locks, bounded to a
 /// maximum number of keys.
 ///
-/// A request touches one shard's lock for a few nanoseconds; a known key costs one hash and one
-/// probe, and no allocation. When a shard is full, a new key evicts buckets that were not used
-/// since the previous eviction pass (second chance), then any that are not fetching; evicted
-/// leases are handed back to the global store. Memory stays bounded however many distinct keys
+/// A request holds one lock for a few nanoseconds; a known key costs one hash and one probe,
+/// and no allocation. When a shard is full, a new key evicts buckets that were not used since
+/// the previous eviction pass (second chance), then any that are not fetching; evicted leases
+/// are handed back to the global store. Memory stays bounded however many distinct keys
 /// arrive.
 #[derive(Debug)]
 pub struct MemoryLocalStore<K> {
-    shards: Box<[CacheLine<ShardLock<Shard<K>>>]>,
+    /// The shards, in runs of `1 << run_bits` shards under one lock each: few locks, so their
+    /// lines stay in cache however many keys there are (one lock per shard cost a cache miss
+    /// per request over 1,000 keys); small shards, so an eviction pass stays short.
+    locks: Box<[CacheLine<ShardLock<Run<K>>>]>,
     shard_bits: u32,
+    run_bits: u32,
     per_shard: usize,
     hasher: foldhash::fast::RandomState,
     /// Evicted buckets holding leased tokens or uncounted requests, until the throttle takes
@@ -32,24 +36,27 @@ pub struct MemoryLocalStore<K> {
 
 type Shard<K> = HashTable<Entry<LeaseKey<K>>>;
 
+/// The shards under one lock.
+type Run<K> = Box<[Shard<K>]>;
+
 /// A key and its bucket. Packed, not padded to cache lines: every entry of a shard is behind
-/// the shard's one lock, so neighbours never race for a line, and a small entry keeps a large
-/// store in cache (48 bytes with `u64` keys).
+/// one lock, so neighbours never race for a line, and a small entry keeps a large store in
+/// cache (48 bytes with `u64` keys).
 #[derive(Debug)]
 struct Entry<K> {
     key: K,
     bucket: LocalBucket,
 }
 
-/// A shard's lock on a cache line of its own (two, against adjacent-line prefetch), so threads
-/// working different shards do not slow each other down. A shard is held for tens of
-/// nanoseconds, so its lock spins briefly rather than parking the thread.
+/// A lock on a cache line of its own (two, against adjacent-line prefetch), so threads working
+/// under different locks do not slow each other down. A lock is held for tens of nanoseconds,
+/// so it spins briefly rather than parking the thread.
 #[derive(Debug)]
 #[repr(align(128))]
 struct CacheLine<T>(T);
 
 /// The most keys a shard holds: an eviction pass scans one shard under its lock, so this
-/// bounds how long a new key can hold a shard (a few microseconds).
+/// bounds how long a new key can hold a lock (a few microseconds).
 const MAX_KEYS_PER_SHARD: usize = 512;
 
 impl<K> MemoryLocalStore<K> {
@@ -74,24 +81,23 @@ impl<K> MemoryLocalStore<K> {
     }
 
     fn build(max_keys: usize) -> Self {
-        // Sixteen shards per core, so threads on different keys rarely meet on a lock, and
-        // enough that none holds more than MAX_KEYS_PER_SHARD; at least 64 keys per shard.
+        // Eight locks per core, so threads on different keys rarely meet on one; enough
+        // shards that none holds more than MAX_KEYS_PER_SHARD, and at least 64 keys each.
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-        let shards = (cores * 16)
+        let locks = (cores * 8).next_power_of_two();
+        let shards = locks
             .max(max_keys.div_ceil(MAX_KEYS_PER_SHARD))
             .next_power_of_two()
-            .min((max_keys / 64).max(1).next_power_of_two());
-        let shards = if shards > max_keys / 64 {
-            (shards / 2).max(1)
-        } else {
-            shards
-        };
-        let shard_bits = shards.trailing_zeros();
+            .min(1 << (max_keys / 64).max(1).ilog2());
+        let locks = locks.min(shards);
+        let (shard_bits, run_bits) = (shards.ilog2(), (shards / locks).ilog2());
+        let run = || (0..shards / locks).map(|_| HashTable::new()).collect();
         Self {
-            shards: (0..shards)
-                .map(|_| CacheLine(ShardLock::new(HashTable::new())))
+            locks: (0..locks)
+                .map(|_| CacheLine(ShardLock::new(run())))
                 .collect(),
             shard_bits,
+            run_bits,
             per_shard: max_keys / shards,
             hasher: foldhash::fast::RandomState::default(),
             evicted: Mutex::new(Vec::new()),
@@ -100,16 +106,22 @@ impl<K> MemoryLocalStore<K> {
 
     /// The most keys this store holds.
     pub fn max_keys(&self) -> usize {
-        self.per_shard * self.shards.len()
+        self.per_shard << self.shard_bits
     }
 
-    fn shard(&self, hash: u64) -> &ShardLock<Shard<K>> {
-        let index = if self.shard_bits == 0 {
-            0
-        } else {
-            (hash >> (64 - self.shard_bits)) as usize
-        };
-        &self.shards[index].0
+    /// Calls `f` on the shard of a group hashed to `hash`, its lock held.
+    #[inline(always)]
+    fn with_shard<R>(&self, hash: u64, f: impl FnOnce(&mut Shard<K>) -> R) -> R {
+        let index = shard_index(hash, self.shard_bits);
+        let mut run = self.locks[index >> self.run_bits].0.lock();
+        f(&mut run[index & ((1 << self.run_bits) - 1)])
+    }
+
+    /// Calls `f` on every shard, one lock held at a time.
+    fn each_shard(&self, mut f: impl FnMut(&mut Shard<K>)) {
+        for lock in self.locks.iter() {
+            lock.0.lock().iter_mut().for_each(&mut f);
+        }
     }
 }
 
@@ -220,17 +232,18 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
         Q: Hash + Eq + ?Sized,
     {
         let group = self.group_hash(key, level);
-        let mut table = self.shard(group).lock();
-        let Some(entry) = table.find_mut(group, |e| is_bucket(&e.key, key, level, 0)) else {
-            return GroupHit::First(Hit::Short, 0);
-        };
-        entry.bucket.mark_used();
-        let hit = entry.bucket.take_leased(cost);
-        let slots = entry.bucket.slots();
-        if slots <= 1 || hit == Hit::Short {
-            return GroupHit::First(hit, slots);
-        }
-        take_rest(&mut table, group, (key, level), hit, slots, cost)
+        self.with_shard(group, |table| {
+            let Some(entry) = table.find_mut(group, |e| is_bucket(&e.key, key, level, 0)) else {
+                return GroupHit::First(Hit::Short, 0);
+            };
+            entry.bucket.mark_used();
+            let hit = entry.bucket.take_leased(cost);
+            let slots = entry.bucket.slots();
+            if slots <= 1 || hit == Hit::Short {
+                return GroupHit::First(hit, slots);
+            }
+            take_rest(table, group, (key, level), hit, slots, cost)
+        })
     }
 }
 
@@ -329,29 +342,31 @@ where
     #[inline]
     fn with_bucket<R>(&self, key: &LeaseKey<K>, f: impl FnOnce(&mut LocalBucket) -> R) -> R {
         let (group, hash) = self.hashes(key);
-        let mut table = self.shard(group).lock();
-        match table.find_entry(hash, |e| e.key == *key) {
-            Ok(entry) => {
-                let bucket = &mut entry.into_mut().bucket;
-                bucket.mark_used();
-                f(bucket)
+        self.with_shard(group, |table| {
+            match table.find_entry(hash, |e| e.key == *key) {
+                Ok(entry) => {
+                    let bucket = &mut entry.into_mut().bucket;
+                    bucket.mark_used();
+                    f(bucket)
+                }
+                Err(absent) => self.insert(absent.into_table(), hash, key, f),
             }
-            Err(absent) => self.insert(absent.into_table(), hash, key, f),
-        }
+        })
     }
 
     fn peek_bucket<R>(&self, key: &LeaseKey<K>, f: impl FnOnce(&LocalBucket) -> R) -> Option<R> {
         let (group, hash) = self.hashes(key);
-        let table = self.shard(group).lock();
-        table.find(hash, |e| e.key == *key).map(|e| f(&e.bucket))
+        self.with_shard(group, |table| {
+            table.find(hash, |e| e.key == *key).map(|e| f(&e.bucket))
+        })
     }
 
     fn for_each_bucket(&self, mut f: impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
-        for shard in self.shards.iter() {
-            for entry in shard.0.lock().iter_mut() {
+        self.each_shard(|shard| {
+            for entry in shard.iter_mut() {
                 f(&entry.key, &mut entry.bucket);
             }
-        }
+        });
     }
 
     fn take_evicted(&self) -> Vec<(LeaseKey<K>, LocalBucket)> {
@@ -359,7 +374,9 @@ where
     }
 
     fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.0.lock().len()).sum()
+        let mut len = 0;
+        self.each_shard(|shard| len += shard.len());
+        len
     }
 }
 
@@ -372,8 +389,11 @@ mod tests {
         let store = MemoryLocalStore::<u64>::with_max_keys(10_000).unwrap();
         let max = store.max_keys();
         assert!((9_000..=10_000).contains(&max), "max_keys {max}");
-        let table_capacity =
-            || -> usize { store.shards.iter().map(|s| s.0.lock().capacity()).sum() };
+        let table_capacity = || -> usize {
+            let mut capacity = 0;
+            store.each_shard(|s| capacity += s.capacity());
+            capacity
+        };
         for key in 0..1_000_000u64 {
             store.with_bucket(&LeaseKey::new(key, 0, 0), |b| b.mark_used());
             assert!(store.len() <= max);
@@ -392,6 +412,23 @@ mod tests {
             "table capacity {}",
             table_capacity()
         );
+    }
+
+    #[test]
+    fn shards_are_small_and_share_a_few_locks() {
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+        for max_keys in [64, 1_000, 100_000, 10_000_000] {
+            let store = MemoryLocalStore::<u64>::with_max_keys(max_keys).unwrap();
+            let shards = 1usize << store.shard_bits;
+            // Short eviction passes, and no shard too small to keep its recent keys.
+            assert!((64..=MAX_KEYS_PER_SHARD).contains(&store.per_shard));
+            assert!(store.max_keys() <= max_keys && store.max_keys() > max_keys - shards);
+            // Every shard under exactly one of a few locks.
+            assert!(store.locks.len() <= (cores * 8).next_power_of_two());
+            let runs: Vec<usize> = store.locks.iter().map(|l| l.0.lock().len()).collect();
+            assert!(runs.iter().all(|&run| run == 1 << store.run_bits));
+            assert_eq!(runs.iter().sum::<usize>(), shards);
+        }
     }
 
     #[test]
@@ -461,7 +498,7 @@ mod tests {
     #[test]
     fn recently_used_keys_survive_eviction() {
         let store = MemoryLocalStore::<u64>::with_max_keys(64).unwrap();
-        assert_eq!(store.shards.len(), 1);
+        assert_eq!(store.shard_bits, 0);
         for key in 0..64u64 {
             store.with_bucket(&LeaseKey::new(key, 0, 0), |_| ());
         }
