@@ -124,7 +124,7 @@ where
             // The common case first and on its own, so the request moves straight into the
             // inner service (a shared `respond` made the compiler copy it twice on the way).
             Check::Admit => ResponseFuture::called(self.inner.call(request)),
-            check => self.respond_unkeyed(check, request, cost),
+            check => self.respond(check, request, None, cost),
         }
     }
 }
@@ -170,7 +170,7 @@ where
 
     /// Serves, refuses or parks `request` by `check`; `keys` when they are kept (see
     /// [`call_keyed`](Self::call_keyed)).
-    #[inline(always)]
+    #[inline(never)]
     fn respond(
         &mut self,
         check: Check<K>,
@@ -198,18 +198,6 @@ where
             Check::Reject(rejection) => self.reject(&request, rejection),
             Check::Wait(decision) => self.park(decision, request, keys, cost),
         }
-    }
-
-    /// [`respond`](Self::respond) for a request whose keys are not kept, when it is not
-    /// simply admitted.
-    #[inline(never)]
-    fn respond_unkeyed(
-        &mut self,
-        check: Check<K>,
-        request: Req,
-        cost: u64,
-    ) -> ResponseFuture<S, Req, K, R> {
-        self.respond(check, request, None, cost)
     }
 
     #[inline(never)]

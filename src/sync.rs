@@ -21,10 +21,10 @@ pub(crate) fn shard_index(hash: u64, bits: u32) -> usize {
     }
 }
 
-/// A lock for critical sections of a few nanoseconds (a local-store shard): taking it is one
-/// compare-and-swap and releasing it a plain store, where a parking mutex pays a second atomic
-/// read-modify-write to release. A thread that finds it taken spins briefly, then yields its
-/// time slice, so a holder that was preempted gets to finish.
+/// A lock for critical sections of a few nanoseconds (a run of local-store shards): taking it
+/// is one compare-and-swap and releasing it a plain store, where a parking mutex pays a second
+/// atomic read-modify-write to release. A thread that finds it taken spins briefly, then yields
+/// its time slice, so a holder that was preempted gets to finish.
 #[derive(Debug)]
 pub(crate) struct ShardLock<T>(spin::mutex::SpinMutex<T>);
 
