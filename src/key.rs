@@ -2,12 +2,15 @@
 //!
 //! The layer's key closure turns a request into `Option<K>`
 //! ([`key`](crate::Builder::key)), or borrows it from the request
-//! ([`key_ref`](crate::Builder::key_ref): `Option<&str>` for a `String` key, say, so that a
-//! request served from the host's leased tokens never allocates its key). These helpers read
-//! the usual sources; any closure works.
+//! ([`key_ref`](crate::Builder::key_ref): `Option<&[u8]>` for a [`CompactKey`], `Option<&str>`
+//! for a `String` one, so that a request served from the host's leased tokens never makes its
+//! key). These helpers read the usual sources; any closure works.
 
-use std::hash::Hash;
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
+use std::ops::Deref;
 
 use crate::local::memory::{GroupHit, MemoryLocalStore};
 
@@ -56,9 +59,30 @@ pub fn header_value<B>(
     header_str(request, name).map(str::to_owned)
 }
 
-/// The value of header `name`, borrowed from the request, if present and valid UTF-8: the key
-/// for [`key_ref`](crate::Builder::key_ref), which makes a `String` of it only when the host's
-/// leased tokens cannot decide the request alone.
+/// The bytes of header `name`, borrowed from the request, if present: the quickest key for
+/// [`key_ref`](crate::Builder::key_ref), kept as a [`CompactKey`] (inline when short) and made
+/// only when the host's leased tokens cannot decide the request alone. Any bytes are a key:
+/// nothing to check per request.
+///
+/// ```
+/// use hierarchical_throttle::key::header_bytes;
+/// let req = http::Request::builder().header("x-api-key", "k1").body(()).unwrap();
+/// assert_eq!(header_bytes(&req, "x-api-key"), Some(&b"k1"[..]));
+/// assert_eq!(header_bytes(&req, "x-tenant"), None);
+/// ```
+///
+/// `name` is a `&str` or a [`HeaderName`](http::HeaderName), as for [`header_value`].
+pub fn header_bytes<B>(
+    request: &http::Request<B>,
+    name: impl http::header::AsHeaderName,
+) -> Option<&[u8]> {
+    Some(request.headers().get(name)?.as_bytes())
+}
+
+/// The value of header `name`, borrowed from the request, if present and valid UTF-8: a key
+/// for [`key_ref`](crate::Builder::key_ref) kept as a `String`, made only when the host's
+/// leased tokens cannot decide the request alone. [`header_bytes`] is quicker (no UTF-8
+/// check, short keys kept inline).
 ///
 /// ```
 /// use hierarchical_throttle::key::header_str;
@@ -132,6 +156,194 @@ pub fn tonic_peer_ip<B>(request: &http::Request<B>) -> Option<std::net::IpAddr> 
     Some(info.remote_addr()?.ip())
 }
 
+/// The form a [`key_ref`](crate::Builder::key_ref) closure borrows a key in, and the key made
+/// of it when a request goes further than the host's leased tokens.
+///
+/// `[u8]` makes a [`CompactKey`], `str` a `String`, and any sized type (`u64`, a `TenantId`
+/// of yours read from the request's extensions) a clone of itself.
+pub trait BorrowedKey: Hash + Eq {
+    /// The key the layer keeps. It hashes and compares as its borrowed form.
+    type Key: Borrow<Self> + Hash + Eq;
+
+    /// The key, made.
+    fn to_key(&self) -> Self::Key;
+}
+
+impl BorrowedKey for [u8] {
+    type Key = CompactKey;
+
+    fn to_key(&self) -> CompactKey {
+        CompactKey::new(self)
+    }
+}
+
+impl BorrowedKey for str {
+    type Key = String;
+
+    fn to_key(&self) -> String {
+        self.to_owned()
+    }
+}
+
+impl<T: Clone + Hash + Eq> BorrowedKey for T {
+    type Key = T;
+
+    fn to_key(&self) -> T {
+        self.clone()
+    }
+}
+
+/// A key of bytes, kept inline when short: up to [`INLINE_LEN`](Self::INLINE_LEN) bytes (a
+/// tenant id, an IP address, a short API key) live in the key itself, so finding a key's
+/// bucket reads no memory beyond the bucket's entry and tracking a key allocates nothing. A
+/// longer key is kept on the heap, as in a `Vec<u8>`. Either way it takes 24 bytes, as a
+/// `String` does.
+///
+/// It hashes, compares and orders as its bytes (`[u8]`), and names a Redis key by them.
+///
+/// ```
+/// use hierarchical_throttle::key::CompactKey;
+/// let key = CompactKey::from("customer-42");
+/// assert_eq!(key.as_bytes(), b"customer-42");
+/// assert_eq!(key, CompactKey::from(b"customer-42".to_vec()));
+/// assert_eq!(format!("{key:?}"), r#"CompactKey(b"customer-42")"#);
+/// ```
+#[derive(Clone)]
+pub struct CompactKey(Compact);
+
+#[derive(Clone)]
+enum Compact {
+    Inline {
+        len: u8,
+        bytes: [u8; CompactKey::INLINE_LEN],
+    },
+    Heap(Box<[u8]>),
+}
+
+impl CompactKey {
+    /// The longest key kept inline, in bytes.
+    pub const INLINE_LEN: usize = 22;
+
+    /// The key of these bytes.
+    pub fn new(key: &[u8]) -> Self {
+        let mut bytes = [0; Self::INLINE_LEN];
+        match (bytes.get_mut(..key.len()), u8::try_from(key.len())) {
+            (Some(inline), Ok(len)) => {
+                inline.copy_from_slice(key);
+                Self(Compact::Inline { len, bytes })
+            }
+            _ => Self(Compact::Heap(key.into())),
+        }
+    }
+
+    /// The key's bytes.
+    #[inline]
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Compact::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Compact::Heap(bytes) => bytes,
+        }
+    }
+
+    /// Whether the key is kept inline (at most [`INLINE_LEN`](Self::INLINE_LEN) bytes).
+    pub fn is_inline(&self) -> bool {
+        matches!(self.0, Compact::Inline { .. })
+    }
+}
+
+impl Deref for CompactKey {
+    type Target = [u8];
+
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl AsRef<[u8]> for CompactKey {
+    fn as_ref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl Borrow<[u8]> for CompactKey {
+    #[inline]
+    fn borrow(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl PartialEq for CompactKey {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for CompactKey {}
+
+impl PartialOrd for CompactKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for CompactKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_bytes().cmp(other.as_bytes())
+    }
+}
+
+impl Hash for CompactKey {
+    /// As its bytes, so that a `&[u8]` finds it ([`Borrow`]'s contract).
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
+    }
+}
+
+impl fmt::Debug for CompactKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CompactKey(b\"{}\")", self.as_bytes().escape_ascii())
+    }
+}
+
+impl From<&[u8]> for CompactKey {
+    fn from(key: &[u8]) -> Self {
+        Self::new(key)
+    }
+}
+
+impl<const N: usize> From<&[u8; N]> for CompactKey {
+    fn from(key: &[u8; N]) -> Self {
+        Self::new(key)
+    }
+}
+
+impl From<&str> for CompactKey {
+    fn from(key: &str) -> Self {
+        Self::new(key.as_bytes())
+    }
+}
+
+impl From<Vec<u8>> for CompactKey {
+    /// Keeps a long key's allocation.
+    fn from(key: Vec<u8>) -> Self {
+        if key.len() <= Self::INLINE_LEN {
+            Self::new(&key)
+        } else {
+            Self(Compact::Heap(key.into_boxed_slice()))
+        }
+    }
+}
+
+impl From<String> for CompactKey {
+    /// Keeps a long key's allocation.
+    fn from(key: String) -> Self {
+        Self::from(key.into_bytes())
+    }
+}
+
 /// A closure making a request's key.
 pub(crate) type KeyFn<Req, K> = Box<dyn Fn(&Req) -> Option<K> + Send + Sync>;
 
@@ -173,7 +385,7 @@ pub(crate) enum BorrowedHit<K> {
     Further(K, GroupHit),
 }
 
-/// A closure borrowing a `Q` from the request, for a key of type `Q::Owned`.
+/// A closure borrowing a `Q` from the request, for a key of type `Q::Key`.
 pub(crate) struct BorrowKey<F, Q: ?Sized> {
     key: F,
     borrowed: PhantomData<fn(&Q)>,
@@ -188,29 +400,111 @@ impl<F, Q: ?Sized> BorrowKey<F, Q> {
     }
 }
 
-impl<Req, Q, F> ReadBorrowed<Req, Q::Owned> for BorrowKey<F, Q>
+impl<Req, Q, F> ReadBorrowed<Req, Q::Key> for BorrowKey<F, Q>
 where
     F: for<'r> Fn(&'r Req) -> Option<&'r Q> + Send + Sync,
-    Q: Hash + Eq + ToOwned + ?Sized,
-    Q::Owned: Hash + Eq,
+    Q: BorrowedKey + ?Sized,
 {
-    fn owned(&self, request: &Req) -> Option<Q::Owned> {
-        (self.key)(request).map(ToOwned::to_owned)
+    fn owned(&self, request: &Req) -> Option<Q::Key> {
+        (self.key)(request).map(BorrowedKey::to_key)
     }
 
     #[inline]
     fn take(
         &self,
         request: &Req,
-        store: &MemoryLocalStore<Q::Owned>,
+        store: &MemoryLocalStore<Q::Key>,
         cost: u64,
-    ) -> Option<BorrowedHit<Q::Owned>> {
+    ) -> Option<BorrowedHit<Q::Key>> {
         let key = (self.key)(request)?;
         let hit = store.take_group_by::<Q>(key, 0, cost);
         Some(if hit.is_plain_admission() {
             BorrowedHit::Admitted
         } else {
-            BorrowedHit::Further(key.to_owned(), hit)
+            BorrowedHit::Further(key.to_key(), hit)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::BuildHasher;
+
+    use super::*;
+
+    #[test]
+    fn a_compact_key_is_the_size_of_a_string() {
+        assert_eq!(size_of::<CompactKey>(), size_of::<String>());
+    }
+
+    #[test]
+    fn short_keys_are_inline_and_long_ones_on_the_heap() {
+        for len in 0..=40 {
+            let bytes: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            for key in [
+                CompactKey::new(&bytes),
+                CompactKey::from(bytes.clone()),
+                CompactKey::from(bytes.as_slice()),
+            ] {
+                assert_eq!(key.as_bytes(), bytes.as_slice(), "{len} bytes");
+                assert_eq!(
+                    key.is_inline(),
+                    len <= CompactKey::INLINE_LEN,
+                    "{len} bytes"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_long_key_keeps_its_allocation() {
+        let bytes = vec![7u8; CompactKey::INLINE_LEN + 1];
+        let at = bytes.as_ptr();
+        assert_eq!(CompactKey::from(bytes).as_bytes().as_ptr(), at);
+    }
+
+    #[test]
+    fn a_key_hashes_compares_and_orders_as_its_bytes() {
+        let hasher = foldhash::fast::RandomState::default();
+        let keys = [
+            &b""[..],
+            b"a",
+            b"customer-000042",
+            &[0xff; 22],
+            &[b'x'; 23],
+            &[0; 64],
+        ];
+        for a in keys {
+            let key = CompactKey::new(a);
+            // Borrow's contract: a `&[u8]` finds its key in a map.
+            assert_eq!(hasher.hash_one(&key), hasher.hash_one(a));
+            assert_eq!(Borrow::<[u8]>::borrow(&key), a);
+            for b in keys {
+                assert_eq!(key == CompactKey::new(b), a == b);
+                assert_eq!(key.cmp(&CompactKey::new(b)), a.cmp(b));
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_shows_its_bytes() {
+        assert_eq!(
+            format!("{:?}", CompactKey::from("k1")),
+            r#"CompactKey(b"k1")"#
+        );
+        assert_eq!(
+            format!("{:?}", CompactKey::from(b"k\xff\"")),
+            r#"CompactKey(b"k\xff\"")"#
+        );
+    }
+
+    #[test]
+    fn borrowed_forms_make_their_keys() {
+        let bytes: CompactKey = b"k1"[..].to_key();
+        assert_eq!(bytes, CompactKey::from("k1"));
+        let text: String = "k1".to_key();
+        assert_eq!(text, "k1");
+        let id: u64 = 7u64.to_key();
+        assert_eq!(id, 7);
     }
 }

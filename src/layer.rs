@@ -13,7 +13,7 @@ use crate::error::ConfigError;
 use crate::failure::FailurePolicy;
 use crate::future::Acquire;
 use crate::global::GlobalStore;
-use crate::key::{BorrowKey, KeyFn, KeyReader, MissingKey};
+use crate::key::{BorrowKey, BorrowedKey, KeyFn, KeyReader, MissingKey};
 use crate::limit::Limit;
 use crate::local::LocalStore;
 use crate::local::memory::MemoryLocalStore;
@@ -96,7 +96,7 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
     /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
     ///
     /// let layer = HierarchicalThrottleLayer::builder()
-    ///     .key_ref(|req: &Request<Body>| key::header_str(req, "x-api-key"))
+    ///     .key_ref(|req: &Request<Body>| key::header_bytes(req, "x-api-key"))
     ///     .limit(Limit::per_second(100).burst(200)?)
     ///     .global_store(MemoryGlobalStore::new())
     ///     .build()?;
@@ -464,13 +464,14 @@ impl<C, R> Builder<Unset, Unset, Unset, Unset, C, R> {
         self.with_key(KeyReader::Owned(Box::new(key)))
     }
 
-    /// How a request's throttle key is borrowed from it: `Some(&str)` for a `String` key,
-    /// `Some(&[u8])` for a `Vec<u8>` one (any `Q` whose owned form is the key), `None` when
-    /// it has none (see [`missing_key`](Builder::missing_key)).
+    /// How a request's throttle key is borrowed from it: `Some(&[u8])` for a
+    /// [`CompactKey`](crate::key::CompactKey), `Some(&str)` for a `String`, `Some(&T)` for a
+    /// `T` (see [`BorrowedKey`](crate::key::BorrowedKey)); `None` when it has none (see
+    /// [`missing_key`](Builder::missing_key)).
     ///
     /// With the default local store, a request that the host's leased tokens admit finds its
     /// bucket by the borrowed key and never makes the owned one: no allocation per request.
-    /// The key is made (`to_owned`) only when the request goes further (a batch to fetch, a
+    /// The key is made only when the request goes further (a batch to fetch, a
     /// refusal to explain, the `RateLimit` fields or levels to read).
     ///
     /// Pass the closure here directly, or a `fn`: a closure first kept in a variable does not
@@ -485,7 +486,7 @@ impl<C, R> Builder<Unset, Unset, Unset, Unset, C, R> {
     /// const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
     ///
     /// let layer = HierarchicalThrottleLayer::builder()
-    ///     .key_ref(|req: &Request<Body>| key::header_str(req, &API_KEY))
+    ///     .key_ref(|req: &Request<Body>| key::header_bytes(req, &API_KEY))
     ///     .limit(Limit::per_second(100).burst(200)?)
     ///     .global_store(MemoryGlobalStore::new())
     ///     .build()?;
@@ -494,11 +495,11 @@ impl<C, R> Builder<Unset, Unset, Unset, Unset, C, R> {
     pub fn key_ref<Req, Q, F>(
         self,
         key: F,
-    ) -> Builder<Req, Q::Owned, Unset, MemoryLocalStore<Q::Owned>, C, R>
+    ) -> Builder<Req, Q::Key, Unset, MemoryLocalStore<Q::Key>, C, R>
     where
         F: for<'r> Fn(&'r Req) -> Option<&'r Q> + Send + Sync + 'static,
-        Q: Hash + Eq + ToOwned + ?Sized + 'static,
-        Q::Owned: Hash + Eq + 'static,
+        Q: BorrowedKey + ?Sized + 'static,
+        Q::Key: 'static,
     {
         self.with_key(KeyReader::Borrowed(Box::new(BorrowKey::new(key))))
     }

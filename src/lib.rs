@@ -12,7 +12,7 @@
 //! let global = MemoryGlobalStore::new(); // one per process; RedisGlobalStore for a fleet
 //! let app = Router::new().route("/", get(|| async { "hello" })).layer(
 //!     HierarchicalThrottleLayer::builder()
-//!         .key_ref(|req: &Request<Body>| key::header_str(req, "x-api-key"))
+//!         .key_ref(|req: &Request<Body>| key::header_bytes(req, "x-api-key"))
 //!         .limit(Limit::per_second(1).burst(2)?)
 //!         .global_store(global.clone())
 //!         .build()?,

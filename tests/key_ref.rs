@@ -10,6 +10,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use hierarchical_throttle::clock::ManualClock;
+use hierarchical_throttle::key::CompactKey;
 use hierarchical_throttle::local::{LocalBucket, LocalStore};
 use hierarchical_throttle::quota::LeaseKey;
 use hierarchical_throttle::{
@@ -271,31 +272,63 @@ async fn a_borrowed_key_is_made_for_a_local_store_of_ones_own() {
 }
 
 #[tokio::test]
-async fn a_key_borrowed_as_bytes_is_kept_as_bytes() {
+async fn a_key_borrowed_as_bytes_is_kept_compactly_and_decided_as_the_same_key_made() {
     let clock = ManualClock::new();
-    let layer = HierarchicalThrottleLayer::builder()
-        .key_ref(|req: &Request<Body>| req.headers().get(&API_KEY).map(|v| v.as_bytes()))
+    let limit = || Limit::per_second(1).burst(2).unwrap();
+    let made = HierarchicalThrottleLayer::builder()
+        .key(|req: &Request<Body>| key::header_value(req, &API_KEY))
         .clock(clock.clone())
-        .limit(Limit::per_minute(1).burst(1).unwrap())
-        .ratelimit_fields(false)
+        .limit(limit())
         .global_store(MemoryGlobalStore::with_clock(clock.clone()))
         .build()
         .unwrap();
-    layer.acquire(b"k1".to_vec(), 1).await.unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
-    assert_eq!(
-        send(&app, Some("k1")).await.status(),
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    // Not UTF-8, still a key of its own.
-    let req = Request::get("/")
-        .header(
-            "x-api-key",
-            http::HeaderValue::from_bytes(b"k\xff").unwrap(),
-        )
-        .body(Body::empty())
+    let bytes = HierarchicalThrottleLayer::builder()
+        .key_ref(|req: &Request<Body>| key::header_bytes(req, &API_KEY))
+        .clock(clock.clone())
+        .limit(limit())
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
         .unwrap();
-    assert_eq!(app.oneshot(req).await.unwrap().status(), StatusCode::OK);
+    // Two tokens taken by the key made from the same bytes: one left for the requests.
+    let long = "k".repeat(CompactKey::INLINE_LEN + 1);
+    for k in ["k1", long.as_str()] {
+        made.acquire(k.to_owned(), 1).await.unwrap();
+        bytes.acquire(CompactKey::from(k), 1).await.unwrap();
+    }
+    let (made, bytes) = (
+        router(made),
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(bytes),
+    );
+    // Inline, on the heap, absent, then again after the refill.
+    let script = [
+        ("k1", 0),
+        ("k1", 0),
+        (long.as_str(), 0),
+        (long.as_str(), 0),
+        ("k1", 1000),
+    ];
+    for (k, advance_ms) in script {
+        clock.advance(Duration::from_millis(advance_ms));
+        assert_eq!(
+            seen(&bytes, Some(k)).await,
+            seen(&made, Some(k)).await,
+            "key {k}"
+        );
+    }
+    assert_eq!(seen(&bytes, None).await.0, StatusCode::BAD_REQUEST);
+    // Not UTF-8, still a key of its own, with its own two tokens.
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let value = http::HeaderValue::from_bytes(b"k\xff").unwrap();
+        let req = Request::get("/").header("x-api-key", value);
+        let response = bytes
+            .clone()
+            .oneshot(req.body(Body::empty()).unwrap())
+            .await;
+        statuses.push(response.unwrap().status());
+    }
+    use StatusCode as S;
+    assert_eq!(statuses, [S::OK, S::OK, S::TOO_MANY_REQUESTS]);
 }

@@ -3,8 +3,9 @@
 //! tower_governor (GCRA per host) with its key made by `key::header_value` (a `String` per
 //! request), the header's name given as text and as a `HeaderName` made once; and this layer
 //! with its default rejection: the same `String` key (`key`), the key borrowed from the header
-//! (`key_ref` with `key::header_str` and a `HeaderName`), both with the `RateLimit` fields on
-//! admitted responses turned off, and the borrowed key with them on (the default), beside
+//! as text (`key_ref` with `key::header_str` and a `HeaderName`, a `String` key) and as bytes
+//! (`key::header_bytes`, a `CompactKey`), all with the `RateLimit` fields on admitted responses
+//! turned off, and the borrowed key with them on (the default), beside
 //! tower_governor with its own headers on (`use_headers`, the name made once). Each iteration
 //! clones a prepared request.
 //!
@@ -24,7 +25,7 @@ mod sides;
 #[allow(dead_code, reason = "its keys are for the benchmarks over `u64` keys")]
 mod support;
 
-use sides::{ApiKey, ApiKeyByName, Echo, api_key, governor, owned_key, requests};
+use sides::{ApiKey, ApiKeyByName, Echo, api_key, api_key_bytes, governor, owned_key, requests};
 use support::poll_once;
 
 /// Measures `service` on `requests` after one warm-up round (every key then holds tokens).
@@ -64,6 +65,8 @@ fn bench(c: &mut Criterion) {
         measure(c, name("throttled"), side, &requests);
         let side = throttle!(key_ref, api_key, false).layer(Echo);
         measure(c, name("throttled_key_ref"), side, &requests);
+        let side = throttle!(key_ref, api_key_bytes, false).layer(Echo);
+        measure(c, name("throttled_key_bytes"), side, &requests);
         let side = governor(by_name().use_headers()).layer(Echo);
         measure(c, name("tower_governor_headers"), side, &requests);
         let side = throttle!(key_ref, api_key, true).layer(Echo);

@@ -6,7 +6,7 @@
 //!
 //! Sides: `unthrottled`, `tower_governor`, `tower_governor_header_name`, `throttled` (`key` with
 //! `key::header_value`), `throttled_key_ref` (`key_ref` with `key::header_str`),
-//! `throttled_key_ref_fields` (the same with the `RateLimit` fields), and `constant_key` (the
+//! `throttled_key_bytes` (`key_ref` with `key::header_bytes`), `throttled_key_ref_fields` (the same with the `RateLimit` fields), and `constant_key` (the
 //! layer with a key read from nothing: what remains is the layer's own work).
 
 use std::convert::Infallible;
@@ -23,7 +23,7 @@ mod sides;
 #[path = "../benches/support/mod.rs"]
 mod support;
 
-use sides::{ApiKey, ApiKeyByName, Echo, api_key, governor, owned_key, requests};
+use sides::{ApiKey, ApiKeyByName, Echo, api_key, api_key_bytes, governor, owned_key, requests};
 use support::poll_once;
 
 /// Calls `service` `iterations` times over `requests` after one warm-up round.
@@ -71,6 +71,11 @@ fn main() {
         ),
         "throttled_key_ref" => run(
             throttle!(key_ref, api_key, false).layer(Echo),
+            &requests,
+            iterations,
+        ),
+        "throttled_key_bytes" => run(
+            throttle!(key_ref, api_key_bytes, false).layer(Echo),
             &requests,
             iterations,
         ),

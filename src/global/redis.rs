@@ -483,6 +483,12 @@ impl RedisKey for &'static str {
     }
 }
 
+impl RedisKey for crate::key::CompactKey {
+    fn key_bytes(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.as_bytes())
+    }
+}
+
 impl RedisKey for Vec<u8> {
     fn key_bytes(&self) -> Cow<'_, [u8]> {
         Cow::Borrowed(self)
@@ -506,3 +512,24 @@ macro_rules! display_keys {
 }
 
 display_keys!(u32, u64, u128, i32, i64, IpAddr);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::CompactKey;
+
+    #[test]
+    fn keys_of_the_same_text_name_the_same_redis_key() {
+        // So a fleet can move from one key type to another (a `String` key to a compact one)
+        // host by host, every host drawing on the same global buckets.
+        for text in ["k1", "a-key-longer-than-twenty-two-bytes"] {
+            let names = [
+                text.to_owned().key_bytes().into_owned(),
+                Vec::from(text).key_bytes().into_owned(),
+                Arc::<str>::from(text).key_bytes().into_owned(),
+                CompactKey::from(text).key_bytes().into_owned(),
+            ];
+            assert!(names.iter().all(|name| name == text.as_bytes()), "{text}");
+        }
+    }
+}

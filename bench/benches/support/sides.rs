@@ -71,6 +71,11 @@ pub fn api_key(req: &Request<()>) -> Option<&str> {
     key::header_str(req, &API_KEY)
 }
 
+/// This layer's borrowed key as bytes: no UTF-8 check, kept as a `CompactKey` (inline).
+pub fn api_key_bytes(req: &Request<()>) -> Option<&[u8]> {
+    key::header_bytes(req, &API_KEY)
+}
+
 /// `keys` requests, one per key.
 pub fn requests(keys: usize) -> Vec<Request<()>> {
     (0..keys)
