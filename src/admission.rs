@@ -12,7 +12,7 @@ use futures_util::stream::FuturesUnordered;
 
 use crate::clock::Clock;
 use crate::global::GlobalStore;
-use crate::key::{BorrowedHit, ReadBorrowed};
+use crate::key::ReadBorrowed;
 use crate::local::memory::{GroupHit, MemoryLocalStore};
 use crate::local::{Hit, LocalStore};
 use crate::quota::{BucketKey, LeaseKey};
@@ -63,12 +63,13 @@ where
         let Some(memory) = self.memory_store() else {
             return Some(self.check_key(reader.owned(request)?, cost));
         };
-        Some(match reader.take(request, memory, cost)? {
-            BorrowedHit::Admitted => Check::Admit,
-            BorrowedHit::Further(key, hit) => {
-                self.after_group_hit(&LeaseKey::new(key, 0, 0), hit, cost)
-            }
-        })
+        let hit = reader.take(request, memory, cost)?;
+        if hit.is_plain_admission() {
+            return Some(Check::Admit);
+        }
+        // Read again only now: the closure borrows from the request, so it finds the same key.
+        let key = reader.owned(request)?;
+        Some(self.after_group_hit(&LeaseKey::new(key, 0, 0), hit, cost))
     }
 
     /// The default local store, when it is this throttle's.

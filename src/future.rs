@@ -1,6 +1,6 @@
 //! The throttling service's response future.
 
-use std::future::{Future, Ready, ready};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -27,6 +27,9 @@ pin_project! {
 }
 
 pin_project! {
+    // The rarer states are boxed, so the whole future is the size of the inner service's
+    // future (its niche holds the tag when it has one): a caller moving it around copies no
+    // more than it would without this layer.
     #[project = StateProj]
     enum State<S, Req, K, R>
     where
@@ -37,25 +40,36 @@ pin_project! {
             future: S::Future,
         },
         After {
-            #[pin]
-            future: S::Future,
-            after: Box<After<Req, K, R>>,
+            annotated: Pin<Box<Annotated<S::Future, Req, K, R>>>,
         },
         Charging {
-            charge: BoxFuture<'static, Vec<Remaining>>,
-            response: Option<S::Response>,
-            after: Box<After<Req, K, R>>,
+            charging: Box<Charging<S::Response, Req, K, R>>,
         },
         Rejected {
-            #[pin]
-            response: Ready<Result<S::Response, S::Error>>,
+            // Taken when polled: polled again, the future stays pending.
+            response: Box<Option<Result<S::Response, S::Error>>>,
         },
         Waiting {
             decision: Decision<K>,
-            // Boxed: a waiting request is rare, and its request would make every future larger.
             parked: Option<Box<Parked<S, Req, K, R>>>,
         },
     }
+}
+
+pin_project! {
+    /// The inner service's future, and what follows its response.
+    struct Annotated<F, Req, K, R> {
+        #[pin]
+        future: F,
+        after: After<Req, K, R>,
+    }
+}
+
+/// A response waiting for the global store to take what its settled cost lacked.
+struct Charging<Res, Req, K, R> {
+    charge: BoxFuture<'static, Vec<Remaining>>,
+    response: Option<Res>,
+    after: After<Req, K, R>,
 }
 
 /// A waiting request's decision: admitted, with what follows its response, or refused.
@@ -125,7 +139,7 @@ impl<S: Service<Req>, Req, K, R> ResponseFuture<S, Req, K, R> {
     pub(crate) fn rejected(response: Result<S::Response, S::Error>) -> Self {
         Self {
             state: State::Rejected {
-                response: ready(response),
+                response: Box::new(Some(response)),
             },
         }
     }
@@ -162,37 +176,42 @@ where
         loop {
             match state.as_mut().project() {
                 StateProj::Called { future } => return future.poll(cx),
-                StateProj::After { future, after } => {
-                    let response = ready!(future.poll(cx))?;
+                StateProj::After { annotated } => {
+                    let annotated = annotated.as_mut().project();
+                    let response = ready!(annotated.future.poll(cx))?;
+                    let after = annotated.after;
                     match after.settle(response) {
                         Ok(response) => return Poll::Ready(Ok(response)),
                         Err((charge, response)) => {
-                            let after = Box::new(After {
+                            let after = After {
                                 admission: std::mem::take(&mut after.admission),
                                 policy: after.policy.clone(),
-                            });
+                            };
                             state.set(State::Charging {
-                                charge,
-                                response: Some(response),
-                                after,
+                                charging: Box::new(Charging {
+                                    charge,
+                                    response: Some(response),
+                                    after,
+                                }),
                             });
                         }
                     }
                 }
-                StateProj::Charging {
-                    charge,
-                    response,
-                    after,
-                } => {
-                    after.admission.remaining = ready!(charge.as_mut().poll(cx));
+                StateProj::Charging { charging } => {
+                    charging.after.admission.remaining = ready!(charging.charge.as_mut().poll(cx));
                     // Always Some here: it is taken only on the way out.
-                    let Some(mut response) = response.take() else {
+                    let Some(mut response) = charging.response.take() else {
                         return Poll::Pending;
                     };
-                    after.annotate(&mut response);
+                    charging.after.annotate(&mut response);
                     return Poll::Ready(Ok(response));
                 }
-                StateProj::Rejected { response } => return response.poll(cx),
+                StateProj::Rejected { response } => {
+                    return match response.take() {
+                        Some(response) => Poll::Ready(response),
+                        None => Poll::Pending,
+                    };
+                }
                 StateProj::Waiting { decision, parked } => {
                     let next = ready!(Self::poll_decision(decision, parked, cx));
                     state.set(next);
@@ -228,7 +247,7 @@ where
         Poll::Ready(match verdict {
             Ok(admission) => State::after(inner.call(request), admission, &policy),
             Err(rejection) => State::Rejected {
-                response: ready(policy.on_rejection.on_rejection(&request, rejection)),
+                response: Box::new(Some(policy.on_rejection.on_rejection(&request, rejection))),
             },
         })
     }
@@ -243,11 +262,13 @@ impl<S: Service<Req>, Req, K, R> State<S, Req, K, R> {
         if admission.is_plain() {
             return State::Called { future };
         }
-        let after = Box::new(After {
+        let after = After {
             admission,
             policy: policy.clone(),
-        });
-        State::After { future, after }
+        };
+        State::After {
+            annotated: Box::pin(Annotated { future, after }),
+        }
     }
 }
 
@@ -358,5 +379,75 @@ impl<K> std::fmt::Debug for Acquire<K> {
             AcquireState::Done => "done",
         };
         f.debug_struct("Acquire").field("state", &state).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::future::{Ready, ready};
+    use std::task::Waker;
+
+    use axum_core::body::Body;
+    use http::{Request, Response, StatusCode};
+    use tower_layer::Layer;
+
+    use super::*;
+    use crate::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
+
+    /// Answers at once: its future is a ready response.
+    #[derive(Clone)]
+    struct Answer;
+
+    impl Service<Request<()>> for Answer {
+        type Response = Response<Body>;
+        type Error = Infallible;
+        type Future = Ready<Result<Response<Body>, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<()>) -> Self::Future {
+            ready(Ok(Response::new(Body::empty())))
+        }
+    }
+
+    #[test]
+    fn the_future_is_no_larger_than_the_inner_one_and_a_tag() {
+        type Throttled =
+            ResponseFuture<Answer, Request<()>, key::CompactKey, crate::DefaultRejection>;
+        let inner = size_of::<<Answer as Service<Request<()>>>::Future>();
+        assert!(size_of::<Throttled>() <= inner + size_of::<usize>());
+    }
+
+    #[tokio::test]
+    async fn a_refusal_polled_again_stays_pending() {
+        let layer = HierarchicalThrottleLayer::builder()
+            .key_ref(|req: &Request<()>| key::header_bytes(req, "x-api-key"))
+            .limit(Limit::per_minute(1).burst(1).unwrap())
+            .global_store(MemoryGlobalStore::new())
+            .build()
+            .unwrap();
+        let mut service = layer.layer(Answer);
+        let request = || {
+            Request::get("/")
+                .header("x-api-key", "k1")
+                .body(())
+                .unwrap()
+        };
+        assert_eq!(
+            service.call(request()).await.unwrap().status(),
+            StatusCode::OK
+        );
+        // Refused after asking the global store: the key is now known to be throttled ...
+        let asked = service.call(request()).await.unwrap();
+        assert_eq!(asked.status(), StatusCode::TOO_MANY_REQUESTS);
+        // ... so the next refusal is ready at once.
+        let mut context = Context::from_waker(Waker::noop());
+        let mut refused = Box::pin(service.call(request()));
+        let first = refused.as_mut().poll(&mut context);
+        assert!(matches!(first, Poll::Ready(Ok(r)) if r.status() == StatusCode::TOO_MANY_REQUESTS));
+        assert!(refused.as_mut().poll(&mut context).is_pending());
     }
 }

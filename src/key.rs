@@ -370,19 +370,11 @@ pub(crate) trait ReadBorrowed<Req, K>: Send + Sync {
     /// The request's key, made.
     fn owned(&self, request: &Req) -> Option<K>;
 
-    /// Takes `cost` from the request's key's buckets in `store` by the borrowed key; the key
-    /// is made only when the store's answer does not settle the request. `None` when the
-    /// request has no key.
-    fn take(&self, request: &Req, store: &MemoryLocalStore<K>, cost: u64)
-    -> Option<BorrowedHit<K>>;
-}
-
-/// [`ReadBorrowed::take`]'s answer.
-pub(crate) enum BorrowedHit<K> {
-    /// Every bucket of the key had the cost and gave it; nothing else to do.
-    Admitted,
-    /// The store's answer, with the key made for what follows.
-    Further(K, GroupHit),
+    /// Takes `cost` from the request's key's buckets in `store` by the borrowed key. `None`
+    /// when the request has no key. Only the store's small answer comes back: a caller that
+    /// needs the key makes it with [`owned`](Self::owned) (returning the key from here cost
+    /// every admitted request a stall on the stack copy of the answer).
+    fn take(&self, request: &Req, store: &MemoryLocalStore<K>, cost: u64) -> Option<GroupHit>;
 }
 
 /// A closure borrowing a `Q` from the request, for a key of type `Q::Key`.
@@ -410,19 +402,8 @@ where
     }
 
     #[inline]
-    fn take(
-        &self,
-        request: &Req,
-        store: &MemoryLocalStore<Q::Key>,
-        cost: u64,
-    ) -> Option<BorrowedHit<Q::Key>> {
-        let key = (self.key)(request)?;
-        let hit = store.take_group_by::<Q>(key, 0, cost);
-        Some(if hit.is_plain_admission() {
-            BorrowedHit::Admitted
-        } else {
-            BorrowedHit::Further(key.to_key(), hit)
-        })
+    fn take(&self, request: &Req, store: &MemoryLocalStore<Q::Key>, cost: u64) -> Option<GroupHit> {
+        Some(store.take_group_by::<Q>((self.key)(request)?, 0, cost))
     }
 }
 

@@ -472,7 +472,9 @@ impl<C, R> Builder<Unset, Unset, Unset, Unset, C, R> {
     /// With the default local store, a request that the host's leased tokens admit finds its
     /// bucket by the borrowed key and never makes the owned one: no allocation per request.
     /// The key is made only when the request goes further (a batch to fetch, a
-    /// refusal to explain, the `RateLimit` fields or levels to read).
+    /// refusal to explain, the `RateLimit` fields or levels to read), by calling the closure
+    /// again: it must find the same key in the same request (it does, unless it reads
+    /// something other than the request).
     ///
     /// Pass the closure here directly, or a `fn`: a closure first kept in a variable does not
     /// borrow its result from its argument, and is refused.

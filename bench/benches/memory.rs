@@ -2,7 +2,8 @@
 //! fills with distinct `u64` keys: this crate's local store (what each host keeps per key), its
 //! in-memory global store, a whole layer after one request per key (local and global state of
 //! keys that have fetched a batch), and governor's keyed limiter (what tower_governor keeps per
-//! key).
+//! key); then the local store with 15-byte text keys (`customer-000042`) kept as `String`s and
+//! as `CompactKey`s (what `key::header_str` and `key::header_bytes` keep).
 //!
 //! Run with: cargo bench -p hierarchical-throttle-bench --bench memory
 //! (Under `cargo test` it runs on 10,000 keys, only to show that it works.)
@@ -12,6 +13,7 @@ use std::num::NonZeroU32;
 
 use governor::{Quota, RateLimiter};
 use hierarchical_throttle::global::{GlobalStore, TokenRequest};
+use hierarchical_throttle::key::CompactKey;
 use hierarchical_throttle::local::LocalStore;
 use hierarchical_throttle::quota::{BucketKey, LeaseKey};
 use hierarchical_throttle::{
@@ -38,17 +40,32 @@ fn per_key(keys: u64, fill: impl FnOnce() -> Box<dyn std::any::Any>) -> f64 {
     (after.saturating_sub(before)) as f64 / keys as f64
 }
 
+/// A local store holding `keys` keys made by `key`.
+fn local_store<K>(keys: u64, key: impl Fn(u64) -> K) -> Box<dyn std::any::Any>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    let store = MemoryLocalStore::<K>::with_max_keys(keys as usize * 2).expect("a bound");
+    for k in 0..keys {
+        store.with_bucket(&LeaseKey::new(key(k), 0, 0), |b| b.mark_used());
+    }
+    assert_eq!(store.len() as u64, keys);
+    Box::new(store)
+}
+
+/// A 15-byte text key.
+fn text_key(k: u64) -> String {
+    format!("customer-{k:06}")
+}
+
 /// Fills one store in this process and prints its bytes per key.
 fn measure(store: &str, keys: u64) {
     let limit = Limit::per_second(100).burst(100).expect("a valid limit");
     let bytes = match store {
-        "local" => per_key(keys, || {
-            let store = MemoryLocalStore::<u64>::with_max_keys(keys as usize * 2).expect("a bound");
-            for k in 0..keys {
-                store.with_bucket(&LeaseKey::new(k, 0, 0), |b| b.mark_used());
-            }
-            assert_eq!(store.len() as u64, keys);
-            Box::new(store)
+        "local" => per_key(keys, || local_store(keys, |k| k)),
+        "local_string" => per_key(keys, || local_store(keys, text_key)),
+        "local_compact" => per_key(keys, || {
+            local_store(keys, |k| CompactKey::from(text_key(k)))
         }),
         "global" => per_key(keys, || {
             let store = MemoryGlobalStore::<u64>::new();
@@ -142,5 +159,13 @@ fn main() {
     println!(
         "| governor keyed (dashmap), as tower_governor keeps | {} |",
         run("governor")
+    );
+    println!(
+        "| hierarchical-throttle `MemoryLocalStore`, 15-byte text keys as `String` | {} |",
+        run("local_string")
+    );
+    println!(
+        "| hierarchical-throttle `MemoryLocalStore`, 15-byte text keys as `CompactKey` | {} |",
+        run("local_compact")
     );
 }
