@@ -160,7 +160,8 @@ pub fn tonic_peer_ip<B>(request: &http::Request<B>) -> Option<std::net::IpAddr> 
 /// of it when a request goes further than the host's leased tokens.
 ///
 /// `[u8]` makes a [`CompactKey`], `str` a `String`, and any sized type (`u64`, a `TenantId`
-/// of yours read from the request's extensions) a clone of itself.
+/// of yours read from the request's extensions) a clone of itself. Other unsized forms (a
+/// `Path`, an `OsStr`) are borrowed as their bytes.
 pub trait BorrowedKey: Hash + Eq {
     /// The key the layer keeps. It hashes and compares as its borrowed form.
     type Key: Borrow<Self> + Hash + Eq;
