@@ -140,7 +140,7 @@ fn main() {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     };
     println!(
-        "memory per tracked key, {keys} distinct u64 keys (resident set growth, one process each):"
+        "memory per tracked key, {keys} distinct keys, u64 unless a row says (resident set growth, one process each):"
     );
     println!("| store | bytes per key |");
     println!("|---|---:|");
