@@ -390,27 +390,17 @@ mod tests {
 
     use axum_core::body::Body;
     use http::{Request, Response, StatusCode};
+    use tower::util::{ServiceFn, service_fn};
     use tower_layer::Layer;
 
     use super::*;
     use crate::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
 
-    /// Answers at once: its future is a ready response.
-    #[derive(Clone)]
-    struct Answer;
+    /// A service answering at once: its future is a ready response.
+    type Answer = ServiceFn<fn(Request<()>) -> Ready<Result<Response<Body>, Infallible>>>;
 
-    impl Service<Request<()>> for Answer {
-        type Response = Response<Body>;
-        type Error = Infallible;
-        type Future = Ready<Result<Response<Body>, Infallible>>;
-
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, _: Request<()>) -> Self::Future {
-            ready(Ok(Response::new(Body::empty())))
-        }
+    fn answer() -> Answer {
+        service_fn(|_| ready(Ok(Response::new(Body::empty()))))
     }
 
     #[test]
@@ -429,7 +419,7 @@ mod tests {
             .global_store(MemoryGlobalStore::new())
             .build()
             .unwrap();
-        let mut service = layer.layer(Answer);
+        let mut service = layer.layer(answer());
         let request = || {
             Request::get("/")
                 .header("x-api-key", "k1")
