@@ -7,7 +7,6 @@ use std::any::Any;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
-use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 
 use crate::clock::Clock;
@@ -17,9 +16,7 @@ use crate::local::memory::{GroupHit, MemoryLocalStore};
 use crate::local::{Hit, LocalStore};
 use crate::quota::{BucketKey, LeaseKey};
 use crate::response::{Rejection, RejectionReason};
-use crate::throttle::{Check, Throttle};
-
-type Decision<K> = BoxFuture<'static, Result<(), Rejection<K>>>;
+use crate::throttle::{Admitted, Check, Decision, Throttle};
 
 impl<K, G, L, C> Throttle<K, G, L, C>
 where
@@ -290,7 +287,7 @@ where
 
     /// Waits for every bucket's batch at once, so that a refusal is known as soon as any
     /// bucket's is (a verdict read late would be stale: its tokens may be there by then).
-    async fn wait(self) -> Result<(), Rejection<K>> {
+    async fn wait(self) -> Result<Admitted, Rejection<K>> {
         let mut held = Held {
             throttle: self.throttle,
             cost: self.cost,
@@ -303,12 +300,17 @@ where
             .into_iter()
             .map(|(id, decision)| async move { (id, decision.await) })
             .collect();
+        let mut admitted = Admitted::LEASED;
         while let Some((id, decided)) = waits.next().await {
-            decided?;
-            held.after_wait.push(id);
+            let decided = decided?;
+            admitted = admitted.and(decided);
+            // A bucket the failure policy decided took nothing from its lease.
+            if decided.from_leases() {
+                held.after_wait.push(id);
+            }
         }
         held.kept = true;
-        Ok(())
+        Ok(admitted)
     }
 }
 
@@ -335,6 +337,7 @@ where
     throttle: Arc<Throttle<K, G, L, C>>,
     cost: u64,
     at_once: Vec<LeaseKey<K>>,
+    /// Buckets that took the tokens from their leases after a batch.
     after_wait: Vec<LeaseKey<K>>,
     kept: bool,
 }

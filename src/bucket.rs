@@ -202,6 +202,11 @@ pub struct FullAt {
 }
 
 impl FullAt {
+    /// The microsecond the bucket is full in (rounded down): buckets full sooner lack less.
+    pub fn micros(&self) -> u64 {
+        self.micros
+    }
+
     /// Whether the bucket is full at `now_micros`.
     pub fn is_full_at(&self, now_micros: u64) -> bool {
         now_micros > self.micros || (now_micros == self.micros && self.frac == 0)

@@ -12,6 +12,7 @@ use tower_service::Service;
 use crate::layer::RequestPolicy;
 use crate::remaining::Remaining;
 use crate::response::{OnRejection, Rejection};
+use crate::throttle::Admitted;
 
 pin_project! {
     /// Response future of [`HierarchicalThrottle`](crate::HierarchicalThrottle): the inner
@@ -323,7 +324,7 @@ pub struct Acquire<K> {
 enum AcquireState<K> {
     Admitted,
     Rejected(Box<Rejection<K>>),
-    Waiting(Box<BoxFuture<'static, Result<(), Rejection<K>>>>),
+    Waiting(Box<crate::throttle::Decision<K>>),
     Done,
 }
 
@@ -344,7 +345,7 @@ impl<K> Acquire<K> {
         }
     }
 
-    pub(crate) fn waiting(decision: BoxFuture<'static, Result<(), Rejection<K>>>) -> Self {
+    pub(crate) fn waiting(decision: crate::throttle::Decision<K>) -> Self {
         Self {
             state: AcquireState::Waiting(Box::new(decision)),
         }
@@ -352,7 +353,7 @@ impl<K> Acquire<K> {
 }
 
 impl<K> Future for Acquire<K> {
-    type Output = Result<(), Rejection<K>>;
+    type Output = Result<Admitted, Rejection<K>>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -363,7 +364,7 @@ impl<K> Future for Acquire<K> {
             return Poll::Ready(decided);
         }
         match std::mem::replace(state, AcquireState::Done) {
-            AcquireState::Admitted => Poll::Ready(Ok(())),
+            AcquireState::Admitted => Poll::Ready(Ok(Admitted::LEASED)),
             AcquireState::Rejected(rejection) => Poll::Ready(Err(*rejection)),
             AcquireState::Waiting(_) | AcquireState::Done => Poll::Pending,
         }

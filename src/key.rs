@@ -14,6 +14,13 @@ use std::ops::Deref;
 
 use crate::local::memory::{GroupHit, MemoryLocalStore};
 
+/// The longest key the header helpers ([`header_bytes`], [`header_str`], [`header_value`])
+/// read, in bytes: a longer value is no key (the [`MissingKey`] policy decides, a refusal by
+/// default). So a client cannot make every host keep a 256 KB key per request: with the default
+/// bounds, keys cost a local store at most 100,000 x 256 bytes (25.6 MB) beside the buckets.
+/// Keys a closure of your own makes are as long as it makes them: cap or hash them there.
+pub const MAX_KEY_LEN: usize = 256;
+
 /// What to do with a request whose key closure returned `None`.
 ///
 /// The default is [`Reject`](Self::Reject): otherwise a client could escape its limit by
@@ -40,7 +47,7 @@ pub enum MissingKey<K> {
     },
 }
 
-/// The value of header `name`, if present and valid UTF-8.
+/// The value of header `name`, if present, valid UTF-8 and at most [`MAX_KEY_LEN`] bytes.
 ///
 /// ```
 /// use hierarchical_throttle::key::header_value;
@@ -61,14 +68,19 @@ pub fn header_value<B>(
 
 /// The bytes of header `name`, borrowed from the request, if present: the quickest key for
 /// [`key_ref`](crate::Builder::key_ref), kept as a [`CompactKey`] (inline when short) and made
-/// only when the host's leased tokens cannot decide the request alone. Any bytes are a key:
-/// nothing to check per request.
+/// only when the host's leased tokens cannot decide the request alone. Any bytes are a key, up
+/// to [`MAX_KEY_LEN`]: a longer value is none.
 ///
 /// ```
 /// use hierarchical_throttle::key::header_bytes;
 /// let req = http::Request::builder().header("x-api-key", "k1").body(()).unwrap();
 /// assert_eq!(header_bytes(&req, "x-api-key"), Some(&b"k1"[..]));
 /// assert_eq!(header_bytes(&req, "x-tenant"), None);
+///
+/// // A value longer than MAX_KEY_LEN is no key: the MissingKey policy decides.
+/// let long = "k".repeat(hierarchical_throttle::key::MAX_KEY_LEN + 1);
+/// let req = http::Request::builder().header("x-api-key", &long).body(()).unwrap();
+/// assert_eq!(header_bytes(&req, "x-api-key"), None);
 /// ```
 ///
 /// `name` is a `&str` or a [`HeaderName`](http::HeaderName), as for [`header_value`].
@@ -76,10 +88,12 @@ pub fn header_bytes<B>(
     request: &http::Request<B>,
     name: impl http::header::AsHeaderName,
 ) -> Option<&[u8]> {
-    Some(request.headers().get(name)?.as_bytes())
+    let bytes = request.headers().get(name)?.as_bytes();
+    (bytes.len() <= MAX_KEY_LEN).then_some(bytes)
 }
 
-/// The value of header `name`, borrowed from the request, if present and valid UTF-8: a key
+/// The value of header `name`, borrowed from the request, if present, valid UTF-8 and at most
+/// [`MAX_KEY_LEN`] bytes: a key
 /// for [`key_ref`](crate::Builder::key_ref) kept as a `String`, made only when the host's
 /// leased tokens cannot decide the request alone. [`header_bytes`] is quicker (no UTF-8
 /// check, short keys kept inline).
@@ -105,7 +119,7 @@ pub fn header_str<B>(
     name: impl http::header::AsHeaderName,
 ) -> Option<&str> {
     // Any UTF-8 text: `HeaderValue::to_str` would refuse all but visible ASCII.
-    std::str::from_utf8(request.headers().get(name)?.as_bytes()).ok()
+    std::str::from_utf8(header_bytes(request, name)?).ok()
 }
 
 /// The path of the request, which for gRPC is the method: `/package.Service/Method`. gRPC

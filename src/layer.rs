@@ -21,9 +21,7 @@ use crate::quota::{BucketKey, LeaseKey, Name, Quota};
 use crate::response::DefaultRejection;
 use crate::service::HierarchicalThrottle;
 use crate::stats::ThrottleStats;
-use crate::throttle::{Check, Config, Level, QuotaSource, Throttle};
-
-type Decision<K> = futures_util::future::BoxFuture<'static, Result<(), crate::Rejection<K>>>;
+use crate::throttle::{Admitted, Check, Config, Decision, Level, QuotaSource, Throttle};
 
 /// Applies hierarchical token-bucket throttling to requests, per key, across a fleet.
 ///
@@ -128,7 +126,8 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
                 ratelimit_fields: true,
                 shaping: crate::Shaping::Refuse,
                 retry_jitter: Duration::ZERO,
-                name: Arc::from("default"),
+                name: Arc::from(crate::quota::DEFAULT_LAYER),
+                layer: Name::intern(crate::quota::DEFAULT_LAYER),
             },
             error: None,
         }
@@ -152,8 +151,10 @@ where
     ///
     /// It draws on the same buckets as the layer's services, with the same batches,
     /// throttled-key cache, counters and failure policy; `Err` carries the
-    /// [`Rejection`](crate::Rejection) a request would get. The returned future is ready at once
-    /// when the host's leased tokens cover `cost`.
+    /// [`Rejection`](crate::Rejection) a request would get, `Ok` how the use was
+    /// [`Admitted`](crate::Admitted) (keep it to [`settle`](Self::settle) the use). The
+    /// returned future is ready at once when the host's leased tokens cover `cost`. In
+    /// [shadow mode](Builder::shadow) it never refuses.
     ///
     /// ```
     /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
@@ -184,25 +185,30 @@ where
         match self.throttle.check_key(key, cost) {
             Check::Admit => Acquire::admitted(),
             Check::Reject(rejection) => self.refused(rejection),
-            Check::Wait(decision) => self.decided_later(decision),
+            Check::Wait(decision) => self.decided_later(decision, cost),
         }
     }
 
     #[inline(never)]
     fn refused(&self, mut rejection: Box<crate::Rejection<K>>) -> Acquire<K> {
+        if self.throttle.config.shadow {
+            let admitted = self.throttle.finish_or_shadow(*rejection);
+            return Acquire::waiting(Box::pin(std::future::ready(admitted)));
+        }
         self.throttle.finish_refusal(&mut rejection);
         Acquire::rejected(rejection)
     }
 
-    /// A decision that comes later; a refusal is finished as requests' are.
+    /// A decision that comes later, for a use of `cost`; a refusal is finished as requests'
+    /// are.
     #[inline(never)]
-    fn decided_later(&self, decision: Decision<K>) -> Acquire<K> {
+    fn decided_later(&self, decision: Decision<K>, cost: u64) -> Acquire<K> {
         let throttle = self.throttle.clone();
         Acquire::waiting(Box::pin(async move {
-            decision.await.map_err(|mut rejection| {
-                throttle.finish_refusal(&mut rejection);
-                rejection
-            })
+            match decision.await {
+                Ok(admitted) => Ok(throttle.count_admitted(admitted, cost)),
+                Err(rejection) => throttle.finish_or_shadow(rejection),
+            }
         }))
     }
 
@@ -220,7 +226,9 @@ where
     /// and then the reservation waits for the next, within `max`. So reservations never let a
     /// fleet admit more than its limit. A reservation with no delay has taken its tokens
     /// already (it was admitted at once): dropped without being awaited, it gives them back,
-    /// as Go's `Reservation.Cancel` does.
+    /// as Go's `Reservation.Cancel` does. Awaited, it resolves to how the use was
+    /// [`Admitted`](crate::Admitted). In [shadow mode](Builder::shadow) it is never refused
+    /// and never waits.
     ///
     /// ```
     /// use std::time::Duration;
@@ -251,39 +259,49 @@ where
     ) -> Result<crate::Reservation<K>, crate::Rejection<K>> {
         let id = LeaseKey::new(key, 0, 0);
         let refusal = match self.throttle.check_first_bucket(&id, cost) {
-            Check::Admit => return Ok(self.throttle.admitted_reservation(id, cost, true)),
+            Check::Admit => {
+                let at_once = Admitted::LEASED;
+                return Ok(self.throttle.admitted_reservation(id, cost, true, at_once));
+            }
             Check::Wait(decision) => match decision.await {
-                Ok(()) => return Ok(self.throttle.admitted_reservation(id, cost, false)),
+                Ok(admitted) => {
+                    return Ok(self
+                        .throttle
+                        .admitted_reservation(id, cost, false, admitted));
+                }
                 Err(refusal) => refusal,
             },
             Check::Reject(refusal) => *refusal,
         };
         let queued = match refusal.reason {
-            crate::RejectionReason::Throttled => self.throttle.queue_up(
-                &id.key,
-                cost,
-                max.min(MAX_SETTING),
-                self.throttle.config.shaping.queue(),
-                refusal,
-            ),
+            crate::RejectionReason::Throttled if !self.throttle.config.shadow => {
+                self.throttle.queue_up(
+                    &id.key,
+                    cost,
+                    max.min(MAX_SETTING),
+                    self.throttle.config.shaping.queue(),
+                    refusal,
+                )
+            }
             _ => Err(refusal),
         };
-        let place = queued.map_err(|mut refusal| {
-            self.throttle.finish_refusal(&mut refusal);
-            refusal
-        })?;
+        let place = match queued {
+            Ok(place) => place,
+            Err(refusal) => {
+                let admitted = self.throttle.finish_or_shadow(refusal)?;
+                let ready = Box::pin(std::future::ready(Ok(admitted)));
+                return Ok(crate::Reservation::new(Duration::ZERO, ready));
+            }
+        };
         let delay = place.due_in;
         let throttle = self.throttle.clone();
         Ok(crate::Reservation::new(
             delay,
             Box::pin(async move {
-                throttle
-                    .take_turn(place, &[id], cost)
-                    .await
-                    .map_err(|mut refusal| {
-                        throttle.finish_refusal(&mut refusal);
-                        refusal
-                    })
+                match throttle.take_turn(place, &[id], cost).await {
+                    Ok(admitted) => Ok(throttle.count_admitted(admitted, cost)),
+                    Err(refusal) => throttle.finish_or_shadow(refusal),
+                }
             }),
         ))
     }
@@ -301,29 +319,33 @@ where
             Check::Wait(decision) => decision,
         };
         let throttle = self.throttle.clone();
-        self.decided_later(Box::pin(async move {
+        let decided = Box::pin(async move {
             match decision.await {
                 Err(refusal) if throttle.may_wait(&refusal) => {
                     throttle.wait_for_tokens(&[id], cost, refusal).await
                 }
                 decided => decided,
             }
-        }))
+        });
+        self.decided_later(decided, cost)
     }
 
-    /// Corrects a use of `key` that [`acquire`](Self::acquire) charged `charged` tokens to
-    /// what it really cost, `actual`, as [`Builder::settle`] does for responses: a refund goes
-    /// into this host's leases (unless the store is down and the failure policy admits without
-    /// it: the use may then have had no tokens), a further charge is taken from them and from the
-    /// global buckets, into debt if need be. Returns once the global store has taken what the
-    /// leases lacked (at most the store time-out). Settle only uses that `acquire` admitted:
-    /// a refund for tokens never taken would add them to this host's lease.
-    pub async fn settle(&self, key: K, charged: u64, actual: u64) {
-        let mut keys = [LeaseKey::new(key, 0, 0)];
-        if actual < charged && !self.throttle.admits_from_leases() {
+    /// Corrects a use of `key` that [`acquire`](Self::acquire) admitted as `admitted`, charged
+    /// `charged` tokens, to what it really cost, `actual`, as [`Builder::settle`] does for
+    /// responses: a refund goes into this host's leases, only into those that gave the tokens
+    /// (none when the failure policy admitted the use, or in shadow mode); a further charge is
+    /// taken from them and from the global buckets, into debt if need be (at most a capacity
+    /// per bucket, in one call). Returns once the global store has taken what the leases
+    /// lacked (at most the store time-out).
+    ///
+    /// The limits are those `key` has when it is settled: settle soon after the use, or a
+    /// refund may go to a limit the key gained since, if its lease holds that limit's tokens.
+    pub async fn settle(&self, key: K, admitted: Admitted, charged: u64, actual: u64) {
+        let Some(quota) = self.throttle.quota(0, &key) else {
             return;
-        }
-        if let Some(charge) = self.throttle.settle_cost(&mut keys, charged, actual) {
+        };
+        let drawn = [(LeaseKey::new(key, 0, 0), quota)];
+        if let Some(charge) = self.throttle.settle_cost(&drawn, charged, actual, admitted) {
             charge.await;
         }
     }
@@ -579,10 +601,25 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
         self
     }
 
-    /// The layer's name: the `layer` label of its metrics (with the `metrics` feature), so
-    /// several layers in one process can be told apart. Default: `default`.
+    /// The layer's name: part of its global buckets' identities, so that layers sharing a
+    /// global store (one Redis for several services, or several layers of one app) never
+    /// share buckets; and the `layer` label of its metrics. Give every layer that shares a
+    /// store a name of its own, and the same layer the same name on every host of a fleet
+    /// (hosts share buckets by it). Names follow [`Quota`]'s rules (1 to 64 ASCII letters,
+    /// digits, `-`, `_` or `.`). Default: [`default`](crate::quota::DEFAULT_LAYER).
+    ///
+    /// In one process, a layer built on a store that another live layer of the same name uses
+    /// with other limits is refused at [`build`](Self::build): their buckets would collide.
     pub fn name(mut self, name: &str) -> Self {
-        self.config.name = Arc::from(name);
+        match Name::new(name) {
+            Ok(layer) => {
+                self.config.layer = layer;
+                self.config.name = Arc::from(name);
+            }
+            Err(error) => {
+                self.error.get_or_insert(error);
+            }
+        }
         self
     }
 
@@ -926,7 +963,20 @@ where
             });
             level_keys.push(level.key);
         }
-        let throttle = Throttle::new(
+        let registration = match self.global.layers() {
+            Some(registry) => Some(
+                registry
+                    .register(self.config.layer.as_str(), limits_fingerprint(&levels))
+                    .ok_or(ConfigError::InvalidSetting {
+                        setting: "name",
+                        expected: "a layer name that no other live layer on this global store \
+                                   uses with other limits (their buckets would collide): give \
+                                   each layer its own .name()",
+                    })?,
+            ),
+            None => None,
+        };
+        let mut throttle = Throttle::new(
             self.global,
             self.local,
             self.clock,
@@ -934,6 +984,7 @@ where
             self.batch,
             self.config,
         );
+        throttle.registration = registration;
         let policy = RequestPolicy {
             key: self.key,
             levels: level_keys.into_boxed_slice(),
@@ -946,4 +997,19 @@ where
             policy: Arc::new(policy),
         })
     }
+}
+
+/// What tells a layer's limits apart from another's of the same name on one store: each
+/// level's name and its quota (or that it is chosen per key).
+fn limits_fingerprint<K>(levels: &[Level<K>]) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = foldhash::fast::FixedState::with_seed(0).build_hasher();
+    for level in levels {
+        level.name.map(Name::as_str).hash(&mut hasher);
+        match &level.quota {
+            QuotaSource::Fixed(quota) => quota.to_string().hash(&mut hasher),
+            QuotaSource::PerKey(_) => "per key".hash(&mut hasher),
+        }
+    }
+    hasher.finish()
 }

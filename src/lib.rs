@@ -129,6 +129,7 @@ pub use service::HierarchicalThrottle;
 pub use settle::Settle;
 pub use shaping::{Reservation, Shaping};
 pub use stats::ThrottleStats;
+pub use throttle::Admitted;
 
 /// The README's examples, run as doc tests.
 #[cfg(all(doctest, feature = "redis"))]

@@ -219,8 +219,10 @@ impl std::str::FromStr for Limit {
     type Err = ConfigError;
 
     /// Reads a limit as people write them: `100/s`, `100/s burst 200`, `5000/h`,
-    /// `100000/day`, `15 per 2min`, `1 per 2 minutes burst 15`. Without a burst, the capacity
-    /// is one period's tokens. Errors name the part that could not be read.
+    /// `100000/day`, `100/10s` (100 per 10 seconds), `15 per 2min`, `1 per 2 minutes burst 15`.
+    /// Without a burst, the capacity is one period's tokens. Numbers may group digits with
+    /// single `_` or `,` (`100_000`); a period of zero is an error. Errors name the part that
+    /// could not be read.
     ///
     /// ```
     /// use hierarchical_throttle::Limit;
@@ -238,19 +240,13 @@ impl std::str::FromStr for Limit {
             None => (text, None),
         };
         let (amount, period) = match rate.split_once('/') {
-            Some((amount, unit)) => (amount, format!("1{}", unit.trim())),
-            None => match rate.split_once(" per ") {
-                Some((amount, period)) => (amount, period.trim().to_owned()),
-                None => {
-                    return Err(parse_error(
-                        rate,
-                        "`<tokens>/<unit>` or `<tokens> per <period>`",
-                    ));
-                }
-            },
+            Some(split) => split,
+            None => rate.split_once(" per ").ok_or_else(|| {
+                parse_error(rate, "`<tokens>/<period>` or `<tokens> per <period>`")
+            })?,
         };
         let amount = number(amount.trim())?;
-        let period = duration(&period)?;
+        let period = duration(period.trim())?;
         let builder = Limit::per(amount, period);
         match burst {
             Some(burst) => builder.burst(number(burst)?),
@@ -283,21 +279,35 @@ fn parse_error(part: &str, expected: &'static str) -> ConfigError {
     }
 }
 
-/// A whole number, with `_` or `,` between digits allowed.
+/// A whole number: digits, with single `_` or `,` separators between them (`100_000`,
+/// `100,000`); a separator first, last or doubled is an error, not ignored.
 fn number(text: &str) -> Result<u64, ConfigError> {
-    let digits: String = text.chars().filter(|c| !matches!(c, '_' | ',')).collect();
-    digits
-        .parse()
-        .map_err(|_| parse_error(text, "a whole number"))
+    let separated = |c: char| matches!(c, '_' | ',');
+    let groups_are_digits = text
+        .split(separated)
+        .all(|group| !group.is_empty() && group.bytes().all(|b| b.is_ascii_digit()));
+    let digits: String = text.chars().filter(|&c| !separated(c)).collect();
+    match groups_are_digits {
+        true => digits.parse().ok(),
+        false => None,
+    }
+    .ok_or_else(|| parse_error(text, "a whole number"))
 }
 
-/// `2min`, `2 min`, `s`, `1day`: an optional count and a unit.
+/// `10s`, `2min`, `2 min`, `s`, `1day`: an optional count and a unit. A count of zero is an
+/// error: a limit refills over a period that passes.
 fn duration(text: &str) -> Result<Duration, ConfigError> {
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '_' || c == ','))
         .unwrap_or(text.len());
     let (count, unit) = text.split_at(split);
-    let count = if count.is_empty() { 1 } else { number(count)? };
+    let count = match count {
+        "" => 1,
+        count => match number(count)? {
+            0 => return Err(parse_error(text, "a period longer than zero")),
+            count => count,
+        },
+    };
     let unit = unit.trim();
     let micros = UNITS
         .iter()
@@ -418,6 +428,38 @@ mod tests {
         assert_eq!(part("100/s burst many"), "many");
         assert_eq!(part("100 every s"), "100 every s");
         assert_eq!("0/s".parse::<Limit>(), Err(ConfigError::ZeroRate));
+        // Separators only between digits; a zero period never reads as another one.
+        assert_eq!(part("100/_s"), "_");
+        assert_eq!(part("1__0/s"), "1__0");
+        assert_eq!(part("1_/s"), "1_");
+        assert_eq!(part(",5/s"), ",5");
+        assert_eq!(part("1/0s"), "0s");
+        assert_eq!(part("1 per 0 min"), "0 min");
+        assert_eq!(part("100/s burst 1__0"), "1__0");
+    }
+
+    #[test]
+    fn a_count_before_the_unit_is_part_of_the_period() {
+        let cases = [
+            ("100/10s", Limit::per(100, Duration::from_secs(10)).build()),
+            ("100/1s", Limit::per_second(100).build()),
+            ("5/2min", Limit::per(5, Duration::from_secs(120)).build()),
+            (
+                "1000/15min burst 50",
+                Limit::per(1000, Duration::from_secs(900)).burst(50),
+            ),
+            (
+                "100/ 10 s",
+                Limit::per(100, Duration::from_secs(10)).build(),
+            ),
+            (
+                "100 per 10s",
+                Limit::per(100, Duration::from_secs(10)).build(),
+            ),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(text.parse::<Limit>(), expected, "{text}");
+        }
     }
 
     #[test]

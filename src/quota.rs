@@ -220,9 +220,15 @@ fn invalid(setting: &'static str, expected: &'static str) -> ConfigError {
 }
 
 /// An interned name: copied and compared as a pointer (a thin one, so a bucket key stays
-/// small).
+/// small), with a small number of its own for state that keeps it in 4 bytes.
 #[derive(Clone, Copy)]
-pub(crate) struct Name(&'static String);
+pub(crate) struct Name(&'static Interned);
+
+struct Interned {
+    text: String,
+    /// From 1, in the order names were first seen in this process.
+    id: u32,
+}
 
 impl Name {
     /// A valid limit or level name, interned.
@@ -247,14 +253,23 @@ impl Name {
         if let Some(&known) = names.get(name) {
             return known;
         }
-        let leaked: &'static String = Box::leak(Box::new(name.to_owned()));
+        let id = u32::try_from(names.len() + 1).unwrap_or(u32::MAX);
+        let leaked: &'static Interned = Box::leak(Box::new(Interned {
+            text: name.to_owned(),
+            id,
+        }));
         let interned = Self(leaked);
-        names.insert(leaked.as_str(), interned);
+        names.insert(leaked.text.as_str(), interned);
         interned
     }
 
     pub(crate) fn as_str(self) -> &'static str {
-        self.0
+        &self.0.text
+    }
+
+    /// The name's number in this process (never 0).
+    pub(crate) fn id(self) -> u32 {
+        self.0.id
     }
 }
 
@@ -278,33 +293,48 @@ impl fmt::Debug for Name {
     }
 }
 
-/// A global bucket's identity: a key, the level it was taken at, and the limit's name. What a
-/// [`GlobalStore`](crate::global::GlobalStore) keeps one bucket for.
+/// The name of a layer not given one ([`Builder::name`](crate::Builder::name)).
+pub const DEFAULT_LAYER: &str = "default";
+
+/// A global bucket's identity: the layer's name, a key, the level it was taken at, and the
+/// limit's name. What a [`GlobalStore`](crate::global::GlobalStore) keeps one bucket for: layers
+/// of other names never share a bucket, even on one store.
 ///
 /// ```
 /// use hierarchical_throttle::quota::BucketKey;
 /// let k = BucketKey::new("user-1", "per-second")?;
 /// assert_eq!((k.key(), k.level(), k.limit()), (&"user-1", None, "per-second"));
-/// assert_eq!(k.to_string(), "per-second:user-1");
+/// assert_eq!((k.layer(), k.to_string().as_str()), ("default", "per-second:user-1"));
 /// let t = BucketKey::new("acme", "per-day")?.at_level("tenant")?;
 /// assert_eq!(t.to_string(), "tenant/per-day:acme");
+/// let api = BucketKey::new("user-1", "per-second")?.in_layer("api")?;
+/// assert_eq!(api.to_string(), "api:per-second:user-1");
 /// # Ok::<(), hierarchical_throttle::ConfigError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct BucketKey<K> {
     key: K,
+    layer: Name,
     level: Option<Name>,
     limit: Name,
 }
 
 impl<K> BucketKey<K> {
-    /// The bucket of `key` for the limit called `limit`, at the layer's first level.
+    /// The bucket of `key` for the limit called `limit`, at the first level of the layer
+    /// called [`DEFAULT_LAYER`].
     pub fn new(key: K, limit: &str) -> Result<Self, ConfigError> {
         Ok(Self {
             key,
+            layer: Name::intern(DEFAULT_LAYER),
             level: None,
             limit: Name::new(limit)?,
         })
+    }
+
+    /// The same bucket of the layer called `layer` (see [`Builder::name`](crate::Builder::name)).
+    pub fn in_layer(mut self, layer: &str) -> Result<Self, ConfigError> {
+        self.layer = Name::new(layer)?;
+        Ok(self)
     }
 
     /// The same bucket at the level called `level` (see
@@ -314,13 +344,28 @@ impl<K> BucketKey<K> {
         Ok(self)
     }
 
-    pub(crate) fn from_parts(key: K, level: Option<Name>, limit: Name) -> Self {
-        Self { key, level, limit }
+    pub(crate) fn from_parts(key: K, layer: Name, level: Option<Name>, limit: Name) -> Self {
+        Self {
+            key,
+            layer,
+            level,
+            limit,
+        }
     }
 
-    /// The level and limit names: which of a key's buckets this is.
-    pub(crate) fn names(&self) -> (Option<Name>, Name) {
-        (self.level, self.limit)
+    /// The layer, level and limit names: which of a key's buckets this is.
+    pub(crate) fn names(&self) -> BucketNames {
+        (self.layer, self.level, self.limit)
+    }
+
+    /// The layer's name ([`DEFAULT_LAYER`] unless the layer was named).
+    pub fn layer(&self) -> &'static str {
+        self.layer.as_str()
+    }
+
+    /// Whether the bucket belongs to the layer called [`DEFAULT_LAYER`].
+    pub fn in_default_layer(&self) -> bool {
+        self.layer == Name::intern(DEFAULT_LAYER)
     }
 
     /// The throttle key.
@@ -346,7 +391,11 @@ impl<K> BucketKey<K> {
 }
 
 impl<K: fmt::Display> fmt::Display for BucketKey<K> {
+    /// `<scope>:<key>`, after `<layer>:` for a layer not called [`DEFAULT_LAYER`].
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.in_default_layer() {
+            write!(f, "{}:", self.layer())?;
+        }
         write!(f, "{}:{}", self.scope(), self.key)
     }
 }
@@ -355,11 +404,15 @@ impl<K: fmt::Debug> fmt::Debug for BucketKey<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BucketKey")
             .field("key", &self.key)
+            .field("layer", &self.layer)
             .field("level", &self.level)
             .field("limit", &self.limit)
             .finish()
     }
 }
+
+/// A global bucket's names: its layer's, its level's (none at the first) and its limit's.
+pub(crate) type BucketNames = (Name, Option<Name>, Name);
 
 /// A local bucket's identity on one host: a key, its level's index and the limit's index in
 /// the key's quota. Indices, not names, so the hot path needs no quota to find a bucket.

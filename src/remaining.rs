@@ -87,11 +87,12 @@ where
         let Some((level_name, quota)) = self.level_quota(id.level, &id.key) else {
             return;
         };
+        let store_up = self.health.is_up(now);
         for (slot, (name, limit)) in (0..).zip(quota.slots_iter()) {
             id.slot = slot;
             let view = self
                 .local
-                .peek_bucket(id, |bucket| bucket.view(now, &limit))
+                .peek_bucket(id, |bucket| bucket.view(now, &limit, store_up))
                 .unwrap_or_else(|| View::full(&limit));
             out.push(Remaining::new(name, level_name, limit, view));
         }
@@ -119,7 +120,7 @@ where
         };
         let mut out = Vec::with_capacity(quota.len());
         for (name, limit) in quota.slots_iter() {
-            let bucket = BucketKey::from_parts(key.clone(), level_name, name);
+            let bucket = BucketKey::from_parts(key.clone(), self.config.layer, level_name, name);
             let level = self.global.level(&bucket, &limit).await?;
             let view = View {
                 tokens: level.tokens.min(limit.capacity()),

@@ -452,8 +452,12 @@ pub(crate) fn insert_ratelimit_fields<K>(headers: &mut http::HeaderMap, rejectio
 }
 
 /// The seconds an empty bucket of `limit` takes to fill, rounded up: `RateLimit-Policy`'s `w`.
+/// Computed exactly (a `Duration` of microseconds saturates for the largest limits), then
+/// capped at the largest Structured Field integer.
 fn window_secs(limit: &Limit) -> u64 {
-    ceil_secs(limit.time_to_accrue(limit.capacity()))
+    let micros = u128::from(limit.capacity()) * limit.refill_period().as_micros();
+    let secs = micros.div_ceil(u128::from(limit.refill_amount()) * 1_000_000);
+    sf_integer(u64::try_from(secs).unwrap_or(u64::MAX))
 }
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -525,6 +529,20 @@ mod tests {
         }
         let (policy, state) = fields(&[a, c]);
         assert_eq!(policy, r#""default";q=100;w=60, "default";q=10;w=172800"#);
+        // A limit at 1/s whose fill time overflows a microsecond count: `w` is the true fill
+        // time, so a client reads the rate `q/w` as 1/s (a saturated count read 54/s).
+        let large = Limit::per_second(1).burst(100_000_000_000_000).unwrap();
+        assert_eq!(window_secs(&large), 100_000_000_000_000);
+        // Past the largest Structured Field integer, `q` and `w` are capped alike: still 1/s.
+        let huge = Limit::per_second(1).burst(Limit::MAX_CAPACITY).unwrap();
+        assert_eq!(
+            fields(&[remaining(None, "default", huge)]).0,
+            r#""default";q=999999999999999;w=999999999999999"#
+        );
+        let slow = Limit::per(1, Limit::MAX_PERIOD)
+            .burst(Limit::MAX_CAPACITY)
+            .unwrap();
+        assert_eq!(window_secs(&slow), SF_INTEGER_MAX);
         assert_eq!(state, r#""default";r=1234567;t=2, "default";r=1234567;t=2"#);
     }
 

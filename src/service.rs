@@ -5,7 +5,6 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures_util::future::BoxFuture;
 use tower_service::Service;
 
 use crate::clock::{Clock, MonotonicClock};
@@ -18,7 +17,7 @@ use crate::local::memory::MemoryLocalStore;
 use crate::quota::{BucketKey, LeaseKey};
 use crate::response::{DefaultRejection, OnRejection, Rejection, RejectionReason};
 use crate::stats::ThrottleStats;
-use crate::throttle::{Check, Throttle};
+use crate::throttle::{Admitted, Check, Decision, Throttle};
 
 /// Throttles requests to the inner service per key; made by
 /// [`HierarchicalThrottleLayer`](crate::HierarchicalThrottleLayer).
@@ -182,7 +181,10 @@ where
             Check::Admit => match keys {
                 Some(keys) => {
                     let (annotate, settle) = (self.annotates(), self.settles());
-                    let admission = self.throttle.admission(keys, cost, annotate, settle);
+                    let leased = Admitted::LEASED;
+                    let admission = self
+                        .throttle
+                        .admission(keys, cost, leased, annotate, settle);
                     self.admitted(request, admission)
                 }
                 None => ResponseFuture::called(self.inner.call(request)),
@@ -228,7 +230,7 @@ where
     #[inline(never)]
     fn park(
         &mut self,
-        decision: BoxFuture<'static, Result<(), Rejection<K>>>,
+        decision: Decision<K>,
         request: Req,
         keys: Option<LevelKeys<K>>,
         cost: u64,
@@ -243,9 +245,15 @@ where
                 (decided, _) => decided,
             };
             match decided {
-                Ok(()) => Ok(match keys {
-                    Some(keys) => throttle.admission(keys, cost, annotate, settle),
-                    None => Admission::default(),
+                Ok(admitted) => Ok(match keys {
+                    Some(keys) => {
+                        let admitted = throttle.count_admitted(admitted, cost);
+                        throttle.admission(keys, cost, admitted, annotate, settle)
+                    }
+                    None => {
+                        throttle.count_admitted(admitted, cost);
+                        Admission::default()
+                    }
                 }),
                 Err(rejection) if throttle.config.shadow => {
                     Ok(throttle.admit_in_shadow(&rejection, annotate))
@@ -292,8 +300,8 @@ where
         if key.is_some() {
             return Ok(key);
         }
-        self.throttle.stats.missing_key.incr();
-        tracing::debug!(policy = ?self.policy.missing_key_name(), "request without a throttle key");
+        self.throttle
+            .note_missing_key(self.policy.missing_key_name());
         match &self.policy.missing_key {
             MissingKey::Reject => Err(Rejection::new(None, RejectionReason::MissingKey)),
             MissingKey::RejectWith { status, message } => {

@@ -1,10 +1,12 @@
 //! Costs known after the response: a request is charged its cost up front, and its response
-//! may correct it. A refund goes back into this host's lease (the tokens were leased to it, and
-//! are usable again or handed back when the lease expires); a further charge is taken from the
-//! lease, and what the lease lacks from the global bucket, into debt if need be, so later
+//! may correct it. A refund goes back into this host's lease, only the lease that gave the
+//! tokens (the tokens were leased to it, and are usable again or handed back when the lease
+//! expires); a further charge is taken from the lease, and what the lease lacks from the
+//! global bucket, into debt if need be (at most a capacity, in one call per bucket), so later
 //! requests wait or are refused until the debt is paid.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -12,12 +14,13 @@ use futures_util::future::BoxFuture;
 use crate::clock::Clock;
 use crate::future::{Admission, Settled, Settling};
 use crate::global::{GlobalStore, TokenRequest};
+use crate::limit::Limit;
 use crate::local::LocalStore;
-use crate::quota::{BucketKey, LeaseKey};
+use crate::quota::{BucketKey, LeaseKey, Name, Quota};
 use crate::remaining::Remaining;
 use crate::response::{OnRejection, Rejection};
 use crate::stats::Counter;
-use crate::throttle::{Throttle, TimedOut};
+use crate::throttle::{Admitted, Throttle, TimedOut};
 
 /// A rejection handler with a settle hook: made by
 /// [`Builder::settle`](crate::Builder::settle). It answers rejections and admitted responses
@@ -61,19 +64,39 @@ where
 }
 
 /// Tokens used beyond the leases that the global store has not taken yet: counted as
-/// uncharged when the charge ends without them (failed, timed out, or dropped with its
-/// response).
+/// uncharged when the charge ends without them (failed, timed out, skipped during a back-off,
+/// beyond what one call can take, or dropped with its response).
 struct Uncharged<'a> {
     counter: &'a Counter,
-    tokens: u64,
+    tokens: AtomicU64,
+}
+
+impl Uncharged<'_> {
+    fn charged(&self, tokens: u64) {
+        self.tokens.fetch_sub(tokens, Ordering::Relaxed);
+    }
 }
 
 impl Drop for Uncharged<'_> {
     fn drop(&mut self) {
-        if self.tokens > 0 {
-            self.counter.add(self.tokens);
+        let tokens = *self.tokens.get_mut();
+        if tokens > 0 {
+            self.counter.add(tokens);
         }
     }
+}
+
+/// A key's buckets a request drew on at one level: the first's id and the key's quota there
+/// when the request was admitted, so that settling reaches the buckets that gave the tokens
+/// even if the key changed tiers since.
+pub(crate) type Drawn<K> = (LeaseKey<K>, Quota);
+
+/// What a bucket is owed beyond its lease: its id, the limit's name and shape, and the tokens.
+struct Owed<K> {
+    id: LeaseKey<K>,
+    name: Name,
+    limit: Limit,
+    tokens: u64,
 }
 
 /// What settling leaves to do: nothing, or charging debt to the global store.
@@ -86,15 +109,14 @@ where
     L: LocalStore<LeaseKey<K>>,
     C: Clock,
 {
-    /// What follows a request of `cost` admitted on `keys` (first buckets of their levels):
-    /// the state of its limits when `annotate`, and when `settle`, correcting its cost from
-    /// its response first. A request admitted while the store was down may have been admitted
-    /// by the failure policy, not from a lease: it gets no refund (its tokens may never have
-    /// been taken), only further charges.
+    /// What follows a request of `cost` admitted on `keys` (first buckets of their levels) as
+    /// `admitted`: the state of its limits when `annotate`, and when `settle`, correcting its
+    /// cost from its response first, on the buckets it drew on (their quotas are read now).
     pub(crate) fn admission(
         self: &Arc<Self>,
         mut keys: Vec<LeaseKey<K>>,
         cost: u64,
+        admitted: Admitted,
         annotate: bool,
         settle: bool,
     ) -> Admission {
@@ -104,14 +126,13 @@ where
                 settle: None,
             };
         }
-        let from_lease = self.admits_from_leases();
+        let drawn: Vec<Drawn<K>> = keys
+            .iter()
+            .filter_map(|id| Some((id.clone(), self.quota(id.level, &id.key)?)))
+            .collect();
         let throttle = self.clone();
         let finish = move |actual: u64| {
-            let charge = match from_lease || actual > cost {
-                true => throttle.settle_cost(&mut keys, cost, actual),
-                false => None,
-            };
-            let Some(charge) = charge else {
+            let Some(charge) = throttle.settle_cost(&drawn, cost, actual, admitted) else {
                 return Settled::Done(throttle.remaining(&mut keys, annotate));
             };
             Settled::Charging(Box::pin(async move {
@@ -128,13 +149,6 @@ where
         }
     }
 
-    /// Whether a request admitted now took its tokens from a lease: yes while the store is up,
-    /// or when the failure policy never admits without one.
-    pub(crate) fn admits_from_leases(&self) -> bool {
-        self.health.is_up(self.now())
-            || matches!(self.config.failure_policy, crate::FailurePolicy::Reject)
-    }
-
     /// The state of the limits of `keys` when `annotate`.
     fn remaining(&self, keys: &mut [LeaseKey<K>], annotate: bool) -> Vec<Remaining> {
         match annotate {
@@ -143,104 +157,129 @@ where
         }
     }
 
-    /// Corrects a request charged `charged` tokens on every bucket of `keys` (first buckets of
-    /// their levels) to `actual`: refunds into the leases at once; further charges from the
-    /// leases at once, and what they lack from the global buckets by the returned future.
+    /// Corrects a request charged `charged` tokens on every bucket it `drew` on, admitted as
+    /// `admitted`, to `actual`. A refund goes at once into each lease that gave the tokens: not
+    /// into a bucket the failure policy decided (it gave none), nor into a lease that now holds
+    /// another limit's tokens (the key changed tiers); those refunds are forfeited. A further
+    /// charge is taken from the leases at once, and what they lack from the global buckets by
+    /// the returned future.
     pub(crate) fn settle_cost(
         self: &Arc<Self>,
-        keys: &mut [LeaseKey<K>],
+        drawn: &[Drawn<K>],
         charged: u64,
         actual: u64,
+        admitted: Admitted,
     ) -> Charge {
-        if actual == charged {
+        if actual == charged || admitted.in_shadow() {
             return None;
         }
         let mut owed = Vec::new();
-        for id in keys.iter_mut() {
-            let Some(slots) = self.level_quota(id.level, &id.key).map(|(_, q)| q.slots()) else {
-                continue;
-            };
-            for slot in 0..slots {
+        let (mut refunded, mut forfeited) = (0u64, 0u64);
+        for (first, quota) in drawn {
+            let mut id = first.clone();
+            for (slot, (name, limit)) in (0..).zip(quota.slots_iter()) {
                 id.slot = slot;
                 if actual < charged {
-                    self.local
-                        .with_bucket(id, |b| b.give_back(charged - actual));
+                    let refund = charged - actual;
+                    let into_lease = admitted.leased(id.level, slot)
+                        && self.local.with_bucket(&id, |b| {
+                            let ours = b.holds_tokens_of(name);
+                            if ours {
+                                b.give_back(refund);
+                            }
+                            ours
+                        });
+                    match into_lease {
+                        true => refunded = refunded.saturating_add(refund),
+                        false => forfeited = forfeited.saturating_add(refund),
+                    }
                     continue;
                 }
                 let more = actual - charged;
-                let taken = self.local.with_bucket(id, |b| b.take_up_to(more));
+                let taken = self
+                    .local
+                    .with_bucket(&id, |b| match b.holds_tokens_of(name) {
+                        true => b.take_up_to(more),
+                        false => 0,
+                    });
                 if taken < more {
-                    owed.push((id.clone(), more - taken));
+                    let tokens = more - taken;
+                    let id = id.clone();
+                    owed.push(Owed {
+                        id,
+                        name,
+                        limit,
+                        tokens,
+                    });
                 }
             }
-            id.slot = 0;
         }
-        if actual < charged {
-            self.stats.tokens_refunded.add(charged - actual);
-        }
+        self.stats.tokens_refunded.add(refunded);
+        self.stats.tokens_forfeited.add(forfeited);
         if owed.is_empty() {
             return None;
         }
         let throttle = self.clone();
         Some(Box::pin(async move {
-            let mut uncharged = Uncharged {
+            let uncharged = Uncharged {
                 counter: &throttle.stats.tokens_uncharged,
-                tokens: owed.iter().map(|(_, tokens)| tokens).sum(),
+                tokens: AtomicU64::new(owed.iter().fold(0, |sum, o| sum.saturating_add(o.tokens))),
             };
-            for (id, tokens) in owed {
-                uncharged.tokens -= throttle.charge_debt(&id, tokens).await;
-            }
+            let charges = owed.iter().map(|owed| async {
+                uncharged.charged(throttle.charge_debt(owed).await);
+            });
+            futures_util::future::join_all(charges).await;
         }))
     }
 
-    /// Takes `tokens` a host used beyond its lease from bucket `id`'s global bucket, into debt
-    /// if need be (reserving them ahead of the refill), in calls of at most a capacity each;
-    /// returns how many the store took (all, unless it failed).
-    async fn charge_debt(&self, id: &LeaseKey<K>, tokens: u64) -> u64 {
-        let Some(bucket) = self.resolve(id) else {
-            // The key's quota no longer has this limit: nothing to charge.
-            return tokens;
+    /// Takes the tokens a host used beyond its lease from their global bucket, into debt if
+    /// need be (reserving them ahead of the refill): one call, of at most a capacity, and none
+    /// while the store is backing off. Returns how many the store took.
+    async fn charge_debt(&self, owed: &Owed<K>) -> u64 {
+        let sent_at = self.now();
+        if !self.health.is_up(sent_at) {
+            return 0;
+        }
+        let limit = &owed.limit;
+        let chunk = owed.tokens.min(limit.capacity());
+        // At least one token, so that the answer tells when the next is due (as a fetch's
+        // does); the rest reserved ahead of the refill, far enough for the whole chunk,
+        // whatever is owed already.
+        let request = TokenRequest {
+            min: 1,
+            want: chunk,
+            max_delay: limit.time_to_accrue(chunk) + Duration::from_secs(1),
         };
-        let mut taken = 0;
-        let key = BucketKey::from_parts(id.key.clone(), bucket.level, bucket.name);
-        while taken < tokens {
-            let chunk = (tokens - taken).min(bucket.limit.capacity());
-            // At least one token, so that the answer tells when the next is due (as a fetch's
-            // does); the rest reserved ahead of the refill.
-            let request = TokenRequest {
-                min: 1,
-                want: chunk,
-                // Far enough for the whole chunk, whatever is owed already.
-                max_delay: bucket.limit.time_to_accrue(chunk) + Duration::from_secs(1),
-            };
-            self.stats.global_calls.incr();
-            let call = self.global.acquire(&key, &bucket.limit, request);
-            let sent_at = self.now();
-            let charged = match tokio::time::timeout(self.config.store_timeout, call).await {
-                Ok(Ok(grant)) => {
-                    self.health.succeeded();
-                    let now = self.now();
-                    self.local
-                        .with_bucket(id, |b| b.note_global(&grant, sent_at, now, &bucket.limit));
-                    grant.granted + grant.reserved
+        self.stats.global_calls.incr();
+        let key = self.global_key(&owed.id, owed.name);
+        let call = self.global.acquire(&key, limit, request);
+        match tokio::time::timeout(self.config.store_timeout, call).await {
+            Ok(Ok(grant)) => {
+                self.store_answered();
+                let now = self.now();
+                // What the answer says of its bucket, for the lease of that bucket only, and
+                // only while its limit is the one the answer was computed with (the key may
+                // have moved to another tier, or its limit changed, since it was admitted).
+                let current = self.resolve(&owed.id);
+                if current.is_some_and(|c| c.name == owed.name && c.limit == *limit) {
+                    self.local.with_bucket(&owed.id, |b| {
+                        if b.holds_tokens_of(owed.name) {
+                            b.note_global(&grant, sent_at, now, limit);
+                        }
+                    });
                 }
-                Ok(Err(error)) => {
-                    self.stats.global_errors.incr();
-                    self.store_failed(sent_at, self.now(), &error);
-                    0
-                }
-                Err(_) => {
-                    self.stats.global_timeouts.incr();
-                    self.store_failed(sent_at, self.now(), &TimedOut(self.config.store_timeout));
-                    0
-                }
-            };
-            taken += charged;
-            if charged < chunk {
-                tracing::debug!(tokens, taken, "settle could not charge the global store");
-                break;
+                grant.granted.saturating_add(grant.reserved)
+            }
+            Ok(Err(error)) => {
+                self.stats.global_errors.incr();
+                self.store_failed(sent_at, self.now(), &error);
+                0
+            }
+            Err(_) => {
+                self.stats.global_timeouts.incr();
+                self.store_failed(sent_at, self.now(), &TimedOut(self.config.store_timeout));
+                0
             }
         }
-        taken
     }
 }

@@ -1,11 +1,13 @@
 //! Shaping: a throttled request may wait for its tokens instead of being refused.
 //!
-//! Waiters queue per key and host, in arrival order: only the first of a key's queue checks
-//! the buckets, and it sleeps until its tokens are due (the exact time a refusal names), so
-//! nothing polls. Each attempt is an ordinary decision of the engine, so shaping never admits
-//! more than policing would: the fleet's limit holds whatever waits. A waiter holds no tokens
-//! while it waits, so one that goes away (cancelled, timed out by the client) gives nothing
-//! back and leaves its place to the next.
+//! Waiters queue per refusing bucket (its level and key) and host, in arrival order: only the
+//! first of a queue checks the buckets, and it sleeps until its tokens are due (the exact time
+//! a refusal names), so nothing polls, and users waiting on their tenant's tokens wake one at a
+//! time. Each attempt is an ordinary decision of the engine, so shaping never admits more than
+//! policing would: the fleet's limit holds whatever waits. A waiter holds no tokens while it
+//! waits, so one that goes away (cancelled, timed out by the client) gives nothing back and
+//! leaves its place to the next. No wait outlasts its own `max`: not even behind a reservation
+//! that holds its queue's turn and is never polled again.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -15,15 +17,13 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
-
 use crate::clock::Clock;
 use crate::global::GlobalStore;
 use crate::local::LocalStore;
 use crate::quota::{BucketKey, LeaseKey};
 use crate::response::{Rejection, RejectionReason};
 use crate::sync::lock;
-use crate::throttle::{Check, Throttle};
+use crate::throttle::{Admitted, Check, Decision, Throttle};
 
 /// What a request that finds too few tokens does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -74,14 +74,11 @@ const DEFAULT_QUEUE: usize = 128;
 #[must_use = "a reservation waits for its tokens only when awaited"]
 pub struct Reservation<K> {
     delay: Duration,
-    admitted: BoxFuture<'static, Result<(), Rejection<K>>>,
+    admitted: Decision<K>,
 }
 
 impl<K> Reservation<K> {
-    pub(crate) fn new(
-        delay: Duration,
-        admitted: BoxFuture<'static, Result<(), Rejection<K>>>,
-    ) -> Self {
+    pub(crate) fn new(delay: Duration, admitted: Decision<K>) -> Self {
         Self { delay, admitted }
     }
 
@@ -94,7 +91,7 @@ impl<K> Reservation<K> {
 }
 
 impl<K> Future for Reservation<K> {
-    type Output = Result<(), Rejection<K>>;
+    type Output = Result<Admitted, Rejection<K>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.admitted.as_mut().poll(cx)
@@ -110,7 +107,7 @@ impl<K> std::fmt::Debug for Reservation<K> {
 }
 
 /// Tokens a reservation admitted at once took from each of its key's limits: given back if it
-/// is dropped before it is awaited.
+/// is dropped before it is awaited (only into the leases that gave them).
 struct Taken<K, G, L, C>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -122,6 +119,7 @@ where
     id: LeaseKey<K>,
     cost: u64,
     at_once: bool,
+    admitted: Admitted,
     used: bool,
 }
 
@@ -150,7 +148,7 @@ where
             return;
         }
         let slots = self.throttle.resolve(&self.id).map_or(1, |b| b.slots);
-        for slot in 0..slots {
+        for slot in (0..slots).filter(|&slot| self.admitted.leased(self.id.level, slot)) {
             self.id.slot = slot;
             match self.at_once {
                 true => self.throttle.undo(&self.id, self.cost),
@@ -160,9 +158,12 @@ where
     }
 }
 
-/// The waiting requests of every key with some, on this host.
+/// A queue's identity: the refusing bucket's level (its name; none at the first) and key.
+type QueueKey<K> = (Option<&'static str>, K);
+
+/// The waiting requests of every refusing bucket with some, on this host.
 pub(crate) struct Shaper<K> {
-    queues: Mutex<HashMap<K, Queue>>,
+    queues: Mutex<HashMap<QueueKey<K>, Queue>>,
 }
 
 impl<K> Shaper<K> {
@@ -181,21 +182,42 @@ impl<K> Default for Shaper<K> {
     }
 }
 
-/// One key's waiters: the turn they take in arrival order (tokio's mutex is fair), how many
-/// there are and the tokens they need.
+/// One queue's waiters: the turn they take in arrival order, how many there are and the
+/// tokens they need.
 struct Queue {
-    turn: Arc<tokio::sync::Mutex<()>>,
+    turn: Arc<Turn>,
     waiting: usize,
     tokens: u64,
 }
 
-/// A place in a key's queue, left when dropped (admitted, refused or gone away).
+/// A queue's turn, taken in arrival order (tokio's mutex is fair). The holder's deadline is
+/// kept beside it, so that those behind never wait on a holder past its own: a reservation
+/// polled once and then kept unpolled holds the turn until it is dropped.
+#[derive(Default)]
+struct Turn {
+    lock: tokio::sync::Mutex<()>,
+    holder_until: Mutex<Option<tokio::time::Instant>>,
+}
+
+/// The turn while held: its holder's deadline is cleared when it is given up.
+struct Held<'a> {
+    turn: &'a Turn,
+    _guard: tokio::sync::MutexGuard<'a, ()>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        *lock(&self.turn.holder_until) = None;
+    }
+}
+
+/// A place in a queue, left when dropped (admitted, refused or gone away).
 pub(crate) struct Place<K: Hash + Eq> {
     shaper: Arc<Shaper<K>>,
-    key: K,
+    key: QueueKey<K>,
     cost: u64,
-    /// The key's turn, to wait for.
-    turn: Arc<tokio::sync::Mutex<()>>,
+    /// The queue's turn, to wait for.
+    turn: Arc<Turn>,
     /// When the tokens are expected, counting those the requests ahead need.
     pub(crate) due_in: Duration,
     /// The latest it may be admitted.
@@ -228,20 +250,22 @@ where
         matches!(self.config.shaping, Shaping::Wait { .. })
     }
 
-    /// Whether `refusal` may wait rather than be refused now.
+    /// Whether `refusal` may wait rather than be refused now (never in shadow mode, which
+    /// neither waits nor refuses).
     pub(crate) fn may_wait(&self, refusal: &Rejection<K>) -> bool {
-        self.shapes() && refusal.reason == RejectionReason::Throttled
+        self.shapes() && !self.config.shadow && refusal.reason == RejectionReason::Throttled
     }
 
-    /// Waits, in `keys[0]`'s queue, until the request of `cost` on `keys` is admitted, or
-    /// refuses it: at once when its tokens are due later than the wait allows (counting those
-    /// the requests ahead of it need) or the queue is full, or when the wait runs out.
+    /// Waits, in the refusing bucket's queue, until the request of `cost` on `keys` is
+    /// admitted, or refuses it: at once when its tokens are due later than the wait allows
+    /// (counting those the requests ahead of it need) or the queue is full, or when the wait
+    /// runs out.
     pub(crate) async fn wait_for_tokens(
         self: &Arc<Self>,
         keys: &[LeaseKey<K>],
         cost: u64,
         refusal: Rejection<K>,
-    ) -> Result<(), Rejection<K>> {
+    ) -> Result<Admitted, Rejection<K>> {
         let Shaping::Wait { max, queue } = self.config.shaping else {
             return Err(refusal);
         };
@@ -253,22 +277,34 @@ where
     }
 
     /// Waits for `place`'s turn, then until the request of `cost` on `keys` is admitted, or
-    /// its wait runs out.
+    /// its wait runs out (then counted as a shaped refusal).
     pub(crate) async fn take_turn(
         self: &Arc<Self>,
-        place: Place<K>,
+        mut place: Place<K>,
         keys: &[LeaseKey<K>],
         cost: u64,
-    ) -> Result<(), Rejection<K>> {
-        let _turn = place.turn.lock().await;
+    ) -> Result<Admitted, Rejection<K>> {
+        let waited = self.wait_turn_and_tokens(&mut place, keys, cost).await;
+        if waited.is_err() {
+            self.stats.shaped_refusals.incr();
+        }
+        waited
+    }
+
+    async fn wait_turn_and_tokens(
+        self: &Arc<Self>,
+        place: &mut Place<K>,
+        keys: &[LeaseKey<K>],
+        cost: u64,
+    ) -> Result<Admitted, Rejection<K>> {
+        let Some(_turn) = place.wait_turn().await else {
+            // Its wait ran out behind others: decided now, on what the buckets hold now.
+            return self.decide_now(keys, cost).await;
+        };
         loop {
-            let refusal = match self.check_keys(keys, cost) {
-                Check::Admit => return Ok(()),
-                Check::Wait(decision) => match decision.await {
-                    Ok(()) => return Ok(()),
-                    Err(refusal) => refusal,
-                },
-                Check::Reject(refusal) => *refusal,
+            let refusal = match self.decide_now(keys, cost).await {
+                Ok(admitted) => return Ok(admitted),
+                Err(refusal) => refusal,
             };
             let wait = refusal.retry_after.unwrap_or_default();
             if refusal.reason != RejectionReason::Throttled
@@ -280,32 +316,50 @@ where
         }
     }
 
-    /// A reservation admitted at once on bucket `id`'s key (its tokens taken `at_once` from
-    /// the leases, or after a batch): they go back if it is dropped without being awaited.
+    /// Decides a request of `cost` on `keys` as it stands: at once, or after one batch.
+    async fn decide_now(
+        self: &Arc<Self>,
+        keys: &[LeaseKey<K>],
+        cost: u64,
+    ) -> Result<Admitted, Rejection<K>> {
+        match self.check_keys(keys, cost) {
+            Check::Admit => Ok(Admitted::LEASED),
+            Check::Wait(decision) => decision.await,
+            Check::Reject(refusal) => Err(*refusal),
+        }
+    }
+
+    /// A reservation admitted (`admitted`) at once on bucket `id`'s key (its tokens taken
+    /// `at_once` from the leases, or after a batch): they go back if it is dropped without
+    /// being awaited.
     pub(crate) fn admitted_reservation(
         self: &Arc<Self>,
         id: LeaseKey<K>,
         cost: u64,
         at_once: bool,
+        admitted: Admitted,
     ) -> Reservation<K> {
         let taken = Taken {
             throttle: self.clone(),
             id,
             cost,
             at_once,
+            admitted,
             used: false,
         };
         Reservation::new(
             Duration::ZERO,
             Box::pin(async move {
+                let admitted = taken.throttle.count_admitted(admitted, cost);
                 taken.keep();
-                Ok(())
+                Ok(admitted)
             }),
         )
     }
 
-    /// Takes a place in `key`'s queue for a request that may wait up to `max`, or refuses it
-    /// at once.
+    /// Takes a place in the queue of the bucket that refused a request of `cost` (its level
+    /// and key, `key` when the refusal names none), for a request that may wait up to `max`,
+    /// or refuses it at once.
     pub(crate) fn queue_up(
         &self,
         key: &K,
@@ -314,8 +368,12 @@ where
         bound: usize,
         refusal: Rejection<K>,
     ) -> Result<Place<K>, Rejection<K>> {
+        let key = (
+            refusal.level,
+            refusal.key.clone().unwrap_or_else(|| key.clone()),
+        );
         let mut queues = lock(&self.shaper.queues);
-        let (waiting, ahead) = queues.get(key).map_or((0, 0), |q| (q.waiting, q.tokens));
+        let (waiting, ahead) = queues.get(&key).map_or((0, 0), |q| (q.waiting, q.tokens));
         let own = refusal.retry_after.unwrap_or_default();
         // The tokens of the requests ahead come first, at the refusing limit's rate.
         let due = own
@@ -332,15 +390,42 @@ where
             tokens: 0,
         });
         queue.waiting += 1;
-        queue.tokens += cost;
+        queue.tokens = queue.tokens.saturating_add(cost);
         self.stats.shaped_waits.incr();
+        let now = tokio::time::Instant::now();
         Ok(Place {
             shaper: self.shaper.clone(),
-            key: key.clone(),
+            key,
             cost,
             turn: queue.turn.clone(),
             due_in: due,
-            deadline: tokio::time::Instant::now() + max,
+            deadline: now + max,
         })
+    }
+}
+
+impl<K: Hash + Eq + Clone> Place<K> {
+    /// Waits for the queue's turn until this place's deadline. `None` when the deadline came
+    /// first; the turn is not waited for past its holder's own deadline (a holder past it
+    /// holds it without using it), and then the place goes on without it.
+    async fn wait_turn(&self) -> Option<Option<Held<'_>>> {
+        loop {
+            let holder_until = *lock(&self.turn.holder_until);
+            let give_up = holder_until.map_or(self.deadline, |h| h.min(self.deadline));
+            match tokio::time::timeout_at(give_up, self.turn.lock.lock()).await {
+                Ok(guard) => {
+                    *lock(&self.turn.holder_until) = Some(self.deadline);
+                    let held = Held {
+                        turn: &self.turn,
+                        _guard: guard,
+                    };
+                    return Some(Some(held));
+                }
+                Err(_) if tokio::time::Instant::now() >= self.deadline => return None,
+                // The same holder, past its deadline: go on without the turn.
+                Err(_) if *lock(&self.turn.holder_until) == holder_until => return Some(None),
+                Err(_) => {}
+            }
+        }
     }
 }

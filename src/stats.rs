@@ -47,8 +47,16 @@ pub struct ThrottleStats {
     pub tokens_uncharged: u64,
     /// Tokens the global store dispensed to this host (granted now or reserved ahead).
     pub tokens_leased: u64,
-    /// Requests that queued to wait for their tokens ([`Shaping::Wait`](crate::Shaping)). Each
-    /// check while they wait is counted above as a decision of its own.
+    /// Tokens admitted by the [`FailurePolicy`](crate::FailurePolicy) without a lease (summed
+    /// over the buckets it decided): use the global store never dispensed.
+    pub tokens_unleased: u64,
+    /// Tokens neither used nor handed back: a lease (or a grant, or a refund) of a global
+    /// bucket the key no longer draws on after it changed tiers, and refunds of tokens the
+    /// failure policy admitted (they were never leased). Never given to another bucket.
+    pub tokens_forfeited: u64,
+    /// Requests that queued to wait for their tokens ([`Shaping::Wait`](crate::Shaping)). The
+    /// checks they make while they wait are not counted above: a waiting request is counted
+    /// once, when it is admitted or refused.
     pub shaped_waits: u64,
     /// Requests refused at once by [`Shaping::Wait`](crate::Shaping): their tokens were due
     /// later than the wait allows, or their key's queue was full.
@@ -87,6 +95,8 @@ counters!(
     tokens_refunded,
     tokens_uncharged,
     tokens_leased,
+    tokens_unleased,
+    tokens_forfeited,
     shaped_waits,
     shaped_refusals,
 );
@@ -148,15 +158,22 @@ impl Counter {
         self.add(1);
     }
 
+    /// Adds `n`, saturating: token counts can be as large as a settled cost (up to
+    /// `u64::MAX`), and a counter must never wrap to a small number.
     pub(crate) fn add(&self, n: u64) {
-        let stripe = STRIPE.with(|s| *s);
-        self.stripes[stripe].0.fetch_add(n, Ordering::Relaxed);
+        let stripe = &self.stripes[STRIPE.with(|s| *s)].0;
+        if n < 1 << 32 && stripe.load(Ordering::Relaxed) < u64::MAX >> 1 {
+            stripe.fetch_add(n, Ordering::Relaxed);
+            return;
+        }
+        let _ = stripe.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            Some(v.saturating_add(n))
+        });
     }
 
-    fn get(&self) -> u64 {
-        self.stripes
-            .iter()
-            .map(|s| s.0.load(Ordering::Relaxed))
-            .sum()
+    pub(crate) fn get(&self) -> u64 {
+        self.stripes.iter().fold(0u64, |sum, s| {
+            sum.saturating_add(s.0.load(Ordering::Relaxed))
+        })
     }
 }

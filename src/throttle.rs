@@ -25,7 +25,7 @@ use crate::clock::{Clock, micros};
 use crate::failure::FailurePolicy;
 use crate::global::GlobalStore;
 use crate::limit::Limit;
-use crate::local::{FetchOutcome, Hit, LocalStore, Miss, Settled, Verdict, Waiter};
+use crate::local::{FetchOutcome, Hit, LocalBucket, LocalStore, Miss, Settled, Verdict, Waiter};
 use crate::quota::{BucketKey, LeaseKey, Name, Quota};
 use crate::response::{Rejection, RejectionReason};
 use crate::stats::{Stats, ThrottleStats};
@@ -33,11 +33,88 @@ use crate::sync::lock;
 
 /// The decision for one request.
 pub(crate) enum Check<K> {
+    /// Admitted with leased tokens.
     Admit,
     // Boxed, so that an admission (the common case) is a small value, returned in registers
     // through the hot path's calls rather than copied.
     Reject(Box<Rejection<K>>),
-    Wait(BoxFuture<'static, Result<(), Rejection<K>>>),
+    /// Decided later (after a batch), or by the failure policy (a ready future: rare).
+    Wait(Decision<K>),
+}
+
+/// A decision that comes later.
+pub(crate) type Decision<K> = BoxFuture<'static, Result<Admitted, Rejection<K>>>;
+
+/// How a use of a key was admitted: from tokens leased by the global store, or, on some of
+/// its buckets, by the [`FailurePolicy`] while the store could not be asked. It travels with
+/// the use, so that settling it never refunds into a lease tokens the lease never gave.
+///
+/// Returned by [`HierarchicalThrottleLayer::acquire`](crate::HierarchicalThrottleLayer::acquire)
+/// and handed back to [`settle`](crate::HierarchicalThrottleLayer::settle).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Admitted {
+    /// Bit `level * 16 + slot` set for each bucket the failure policy decided.
+    by_policy: u128,
+    /// Admitted in shadow mode: it took nothing, and has nothing to settle.
+    shadow: bool,
+}
+
+impl Admitted {
+    /// Every bucket admitted with leased tokens.
+    pub(crate) const LEASED: Self = Self {
+        by_policy: 0,
+        shadow: false,
+    };
+
+    /// Served in shadow mode instead of refused.
+    pub(crate) const SHADOW: Self = Self {
+        by_policy: u128::MAX,
+        shadow: true,
+    };
+
+    /// Bucket `id` admitted by the failure policy.
+    fn by_policy<K>(id: &LeaseKey<K>) -> Self {
+        Self {
+            by_policy: 1 << Self::bit(id.level, id.slot),
+            shadow: false,
+        }
+    }
+
+    fn bit(level: u8, slot: u8) -> u32 {
+        (u32::from(level) * 16 + u32::from(slot)).min(127)
+    }
+
+    /// The buckets of both.
+    pub(crate) fn and(self, other: Self) -> Self {
+        Self {
+            by_policy: self.by_policy | other.by_policy,
+            shadow: self.shadow || other.shadow,
+        }
+    }
+
+    /// Whether it was served in shadow mode, taking nothing.
+    pub(crate) fn in_shadow(&self) -> bool {
+        self.shadow
+    }
+
+    /// Buckets the failure policy decided (none in shadow mode, which took nothing).
+    fn policy_buckets(&self) -> u32 {
+        match self.shadow {
+            true => 0,
+            false => self.by_policy.count_ones(),
+        }
+    }
+
+    /// Whether every bucket the use drew on admitted it with leased tokens (`false` when the
+    /// failure policy decided any of them: a refund then goes nowhere).
+    pub fn from_leases(&self) -> bool {
+        self.by_policy == 0
+    }
+
+    /// Whether the bucket at `level` and `slot` admitted it with leased tokens.
+    pub(crate) fn leased(&self, level: u8, slot: u8) -> bool {
+        self.by_policy & (1 << Self::bit(level, slot)) == 0
+    }
 }
 
 impl<K> Check<K> {
@@ -86,6 +163,8 @@ pub(crate) struct Config {
     pub(crate) retry_jitter: Duration,
     /// The layer's name, a label on its metrics.
     pub(crate) name: std::sync::Arc<str>,
+    /// The layer's name in its global buckets' identities.
+    pub(crate) layer: Name,
 }
 
 /// Random delays for refusals' waits: a seeded hash of a counter, spread evenly enough for
@@ -123,7 +202,21 @@ pub(crate) struct Throttle<K, G, L, C> {
     pub(crate) waiting_for_batches: AtomicU64,
     pub(crate) shaper: Arc<crate::shaping::Shaper<K>>,
     /// Tokens to hand back: evicted leases, and hand-backs the store did not take.
-    returns: Mutex<Vec<(LeaseKey<K>, u64)>>,
+    returns: Mutex<Vec<Return<K>>>,
+    /// When a request without a key was last logged at warn (clock micros; 0: never).
+    missing_key_warned_at: AtomicU64,
+    /// Where the global store is, for logs.
+    store_location: String,
+    /// Keeps this layer's name registered with its global store while it lives.
+    pub(crate) registration: Option<Arc<()>>,
+}
+
+/// Leased tokens on their way back to the global bucket that dispensed them (the limit whose
+/// name's [id](Name::id) is `dispenser`; 0 when the lease did not know it).
+pub(crate) struct Return<K> {
+    id: LeaseKey<K>,
+    dispenser: u32,
+    tokens: u64,
 }
 
 impl<K, G, L, C> Throttle<K, G, L, C>
@@ -142,7 +235,6 @@ where
         config: Config,
     ) -> Self {
         Self {
-            global,
             local,
             clock,
             levels,
@@ -156,6 +248,10 @@ where
             waiting_for_batches: AtomicU64::new(0),
             shaper: Arc::default(),
             returns: Mutex::default(),
+            missing_key_warned_at: AtomicU64::new(0),
+            store_location: global.location(),
+            registration: None,
+            global,
         }
     }
 
@@ -191,8 +287,9 @@ where
         })
     }
 
-    fn global_key(id: &LeaseKey<K>, r: &Resolved) -> BucketKey<K> {
-        BucketKey::from_parts(id.key.clone(), r.level, r.name)
+    pub(crate) fn global_key(&self, id: &LeaseKey<K>, limit: Name) -> BucketKey<K> {
+        let level = self.levels.get(usize::from(id.level)).and_then(|l| l.name);
+        BucketKey::from_parts(id.key.clone(), self.config.layer, level, limit)
     }
 
     pub(crate) fn now(&self) -> u64 {
@@ -283,12 +380,9 @@ where
         let deadline = now.saturating_add(micros(self.config.store_timeout));
         // Made only for a request that waits: a refusal allocates nothing.
         let mut verdict = None;
-        let shape = bucket.shape();
+        let mut forfeited = 0;
         let miss = self.local.with_bucket(id, |b| {
-            if id.slot == 0 {
-                b.set_slots(bucket.slots);
-            }
-            b.reshape(shape);
+            forfeited = self.serve(id, &bucket, b);
             self.stats.admitted_local.add(b.take_uncounted());
             b.miss(cost, now, interval, &limit, store_up, || {
                 let (waiter, receiver) = Waiter::new(cost, deadline);
@@ -296,18 +390,21 @@ where
                 waiter
             })
         });
+        self.stats.tokens_forfeited.add(forfeited);
         let check = match miss {
             Miss::Admitted => {
                 self.stats.admitted_local.incr();
                 Check::Admit
             }
             Miss::Throttled { until } => {
-                self.stats.rejected_cached.incr();
+                if self.counts_throttled() {
+                    self.stats.rejected_cached.incr();
+                }
                 tracing::debug!(cost, "throttled by the throttled-key cache");
                 Check::reject(bucket.throttled(id, until.saturating_sub(now)))
             }
             Miss::StoreDown => match self.decide_on_failure(id, cost, &bucket) {
-                Ok(()) => Check::Admit,
+                Ok(admitted) => Check::Wait(Box::pin(std::future::ready(Ok(admitted)))),
                 Err(rejection) => Check::reject(rejection),
             },
             Miss::Joined | Miss::StartFetch => {
@@ -363,11 +460,21 @@ where
         self.local.with_bucket(id, |b| b.give_back(cost));
     }
 
+    /// Tells bucket `b` (of `id`) the limit it serves now, `bucket`: a first bucket learns how
+    /// many limits its key has, and a lease of another global bucket (the key changed tiers)
+    /// is forfeited. Returns the tokens forfeited.
+    fn serve(&self, id: &LeaseKey<K>, bucket: &Resolved, b: &mut LocalBucket) -> u64 {
+        if id.slot == 0 {
+            b.set_slots(bucket.slots);
+        }
+        b.reshape(bucket.name, bucket.shape())
+    }
+
     /// Waits for the verdict of the fetch the request was queued for.
     async fn wait(
         mut pending: PendingVerdict<K, G, L, C>,
         bucket: Resolved,
-    ) -> Result<(), Rejection<K>> {
+    ) -> Result<Admitted, Rejection<K>> {
         // A fetch always settles its waiters, even when its task dies; a closed channel is
         // taken as a failed fetch all the same.
         let verdict = (&mut pending.verdict).await.unwrap_or(Verdict::Failed);
@@ -375,14 +482,20 @@ where
         match verdict {
             Verdict::Admitted => {
                 this.stats.admitted_after_fetch.incr();
-                Ok(())
+                Ok(Admitted::LEASED)
             }
             Verdict::Throttled { until } => {
-                this.stats.rejected_global.incr();
+                if this.counts_throttled() {
+                    this.stats.rejected_global.incr();
+                }
                 tracing::debug!(cost, "throttled by the global store");
+                // Named after the limit the batch was settled with: it may have changed while
+                // the request waited.
+                let bucket = this.resolve(id).unwrap_or(bucket);
                 Err(bucket.throttled(id, until.saturating_sub(this.now())))
             }
             Verdict::Failed => this.decide_on_failure(id, cost, &bucket),
+            Verdict::Unlimited => Ok(Admitted::LEASED),
         }
     }
 
@@ -403,23 +516,29 @@ where
     }
 
     /// Asks the global store for bucket `id`'s next batch.
-    async fn fetch(&self, id: &LeaseKey<K>) -> (FetchOutcome, Option<Limit>) {
+    async fn fetch(&self, id: &LeaseKey<K>) -> FetchOutcome {
         // Let requests already scheduled join this batch before it is sized.
         tokio::task::yield_now().await;
         let Some(bucket) = self.resolve(id) else {
-            return (FetchOutcome::Failed, None);
+            // The key's quota no longer has this limit: settling finds that too.
+            return FetchOutcome::Skipped;
         };
         let limit = bucket.limit;
         let now = self.now();
         let interval = self.interval(now);
-        let plan = self
-            .local
-            .with_bucket(id, |b| b.plan(now, interval, &limit));
+        // Every batch reads the key's quota afresh: a limit changed at run time applies from
+        // the next batch, even on a lease that never runs dry.
+        let mut forfeited = 0;
+        let plan = self.local.with_bucket(id, |b| {
+            forfeited = self.serve(id, &bucket, b);
+            b.plan(now, interval, &limit)
+        });
+        self.stats.tokens_forfeited.add(forfeited);
         let Some(plan) = plan else {
-            return (FetchOutcome::Skipped, Some(limit));
+            return FetchOutcome::Skipped;
         };
         if !self.health.is_up(now) {
-            return (FetchOutcome::Failed, Some(limit));
+            return FetchOutcome::Failed;
         }
         let batch = self.batch_size(&limit, plan.needed, &plan.demand);
         let request = plan.request(batch, self.config.max_reservation);
@@ -433,7 +552,7 @@ where
             reserved = tracing::field::Empty,
             latency_us = tracing::field::Empty,
         );
-        let key = Self::global_key(id, &bucket);
+        let key = self.global_key(id, bucket.name);
         let call = self.global.acquire(&key, &limit, request);
         let answer = tokio::time::timeout(self.config.store_timeout, call)
             .instrument(span.clone())
@@ -448,7 +567,7 @@ where
             span.record("reserved", grant.reserved);
         }
         let _entered = span.enter();
-        let outcome = match answer {
+        match answer {
             Ok(Ok(grant)) => {
                 tracing::debug!(
                     want = request.want,
@@ -456,10 +575,12 @@ where
                     ready_in = ?grant.ready_in,
                     "global acquire"
                 );
-                self.health.succeeded();
+                self.store_answered();
                 FetchOutcome::Granted {
                     grant,
                     sent_at: now,
+                    from: bucket.name,
+                    shape: bucket.shape(),
                 }
             }
             Ok(Err(error)) => {
@@ -478,8 +599,7 @@ where
                 self.store_failed(now, answered, &TimedOut(self.config.store_timeout));
                 FetchOutcome::Failed
             }
-        };
-        (outcome, Some(limit))
+        }
     }
 
     /// The batch policy's answer; a policy that panics asks for what the waiters need.
@@ -497,26 +617,40 @@ where
     }
 
     /// Takes in `outcome` for bucket `id` and delivers the verdicts, then hands back what the
-    /// lease cannot hold and starts the next fetch if requests still wait. Without a limit (the
-    /// key's quota lost it) the waiters go to the failure policy.
-    fn settle(self: &Arc<Self>, id: &LeaseKey<K>, outcome: &FetchOutcome, limit: Option<&Limit>) {
+    /// lease cannot hold and starts the next fetch if requests still wait. The limit is read
+    /// again: one changed while the call was under way makes its answer's times stale (and
+    /// another name, its tokens another bucket's). Without a limit (the key's quota lost it)
+    /// the waiters pass: nothing is left to enforce.
+    fn settle(self: &Arc<Self>, id: &LeaseKey<K>, outcome: &FetchOutcome) {
         let now = self.now();
         if let FetchOutcome::Granted { grant, .. } = outcome {
             self.stats
                 .tokens_leased
                 .add(grant.granted.saturating_add(grant.reserved));
         }
+        let bucket = self.resolve(id);
+        let mut forfeited = 0;
+        let (settled, dispenser) = self.local.with_bucket(id, |b| {
+            let settled = match &bucket {
+                Some(bucket) => {
+                    forfeited = self.serve(id, bucket, b);
+                    b.settle(outcome, now, self.interval(now), &bucket.limit)
+                }
+                None => b.drop_limit(),
+            };
+            (settled, b.dispenser())
+        });
+        self.stats.tokens_forfeited.add(forfeited);
         let Settled {
             verdicts,
             excess,
+            forfeited,
             refetch,
-        } = self.local.with_bucket(id, |b| match limit {
-            Some(limit) => b.settle(outcome, now, limit),
-            None => b.fail_fetch(),
-        });
+        } = settled;
+        self.stats.tokens_forfeited.add(forfeited);
         self.deliver(id, verdicts);
         if excess > 0 {
-            self.defer_return(id.clone(), excess);
+            self.defer_return(id.clone(), dispenser, excess);
         }
         if refetch {
             self.start_fetch(id.clone());
@@ -543,8 +677,18 @@ where
         id: &LeaseKey<K>,
         cost: u64,
         bucket: &Resolved,
-    ) -> Result<(), Rejection<K>> {
+    ) -> Result<Admitted, Rejection<K>> {
         self.stats.fallback_decisions.incr();
+        self.apply_failure_policy(id, cost, bucket)
+            .map(|()| Admitted::by_policy(id))
+    }
+
+    fn apply_failure_policy(
+        &self,
+        id: &LeaseKey<K>,
+        cost: u64,
+        bucket: &Resolved,
+    ) -> Result<(), Rejection<K>> {
         let now = self.now();
         let until_probe = self.health.down_until().saturating_sub(now).max(1);
         let limit = &bucket.limit;
@@ -591,35 +735,45 @@ where
             waiting += b.waiting() as u64;
             let tokens = b.take_expired(now, ttl, interval);
             if tokens > 0 {
-                returns.push((id.clone(), tokens));
+                returns.push(Return {
+                    id: id.clone(),
+                    dispenser: b.dispenser(),
+                    tokens,
+                });
             }
         });
         self.waiting_for_batches.store(waiting, Ordering::Relaxed);
         stream::iter(returns)
-            .for_each_concurrent(CONCURRENT_RETURNS, |(id, tokens)| async move {
-                self.hand_back(id, tokens).await;
-            })
+            .for_each_concurrent(CONCURRENT_RETURNS, |back| self.hand_back(back))
             .await;
     }
 
-    /// Hands `tokens` of bucket `id` back to the global store, or keeps them for a later sweep
-    /// if the store is backing off or refused them. Tokens of a hand-back that may have reached
-    /// the store are never sent twice: they are counted as lost.
-    async fn hand_back(&self, id: LeaseKey<K>, tokens: u64) {
+    /// Hands leased tokens back to the global bucket that dispensed them, or keeps them for a
+    /// later sweep if the store is backing off or refused them. Tokens of a hand-back that may
+    /// have reached the store are never sent twice: they are counted as lost. Tokens of a
+    /// bucket the key no longer draws on are forfeited (the limit that would take them back
+    /// is not known any more).
+    async fn hand_back(&self, back: Return<K>) {
         let now = self.now();
         if !self.health.is_up(now) {
-            self.defer_return(id, tokens);
+            lock(&self.returns).push(back);
             return;
         }
-        let Some(bucket) = self.resolve(&id) else {
-            // The key's quota no longer has this limit: its bucket is not used any more.
+        let Return {
+            id,
+            dispenser,
+            tokens,
+        } = back;
+        let bucket = self.resolve(&id);
+        let Some(bucket) = bucket.filter(|b| dispenser == 0 || dispenser == b.name.id()) else {
+            self.stats.tokens_forfeited.add(tokens);
             return;
         };
-        let key = Self::global_key(&id, &bucket);
+        let key = self.global_key(&id, bucket.name);
         let call = self.global.release(&key, &bucket.limit, tokens);
         match tokio::time::timeout(self.config.store_timeout, call).await {
             Ok(Ok(())) => {
-                self.health.succeeded();
+                self.store_answered();
                 self.stats.tokens_returned.add(tokens);
             }
             Ok(Err(error)) => {
@@ -628,7 +782,7 @@ where
                 if self.global.may_have_applied(&error) {
                     self.stats.tokens_lost.add(tokens);
                 } else {
-                    self.defer_return(id, tokens);
+                    self.defer_return(id, dispenser, tokens);
                 }
             }
             Err(_) => {
@@ -639,14 +793,66 @@ where
         }
     }
 
-    /// A call sent at `sent_at` failed at `failed_at`: the store's back-off steps.
+    /// A call sent at `sent_at` failed at `failed_at`: the store's back-off steps. Logged at
+    /// warn once when the store goes down (not once per call), naming the layer and the store.
     pub(crate) fn store_failed(&self, sent_at: u64, failed_at: u64, error: &dyn std::fmt::Display) {
-        self.health
-            .failed(sent_at, failed_at, self.config.max_backoff, error);
+        let went_down = self
+            .health
+            .failed(sent_at, failed_at, self.config.max_backoff);
+        if went_down {
+            tracing::warn!(
+                layer = %self.config.name,
+                store = %self.store_location,
+                %error,
+                policy = ?self.config.failure_policy,
+                "the global store failed; the failure policy decides until it answers"
+            );
+        }
     }
 
-    fn defer_return(&self, id: LeaseKey<K>, tokens: u64) {
-        lock(&self.returns).push((id, tokens));
+    /// A call was answered: the store is up (logged when it was down).
+    pub(crate) fn store_answered(&self) {
+        if self.health.succeeded() {
+            tracing::info!(
+                layer = %self.config.name,
+                store = %self.store_location,
+                "the global store answers again"
+            );
+        }
+    }
+
+    /// Counts a request without a key, and logs it at warn: the first, then at most one a
+    /// minute, so that a key closure that never finds its key (a mistyped header name) shows.
+    pub(crate) fn note_missing_key(&self, policy: &str) {
+        self.stats.missing_key.incr();
+        // Stamped one past the clock, so that 0 means never.
+        let stamp = self.now().saturating_add(1);
+        let last = self.missing_key_warned_at.load(Ordering::Relaxed);
+        let due = last == 0 || stamp.saturating_sub(last) >= MISSING_KEY_WARNING_EVERY;
+        let claimed = due
+            && self
+                .missing_key_warned_at
+                .compare_exchange(last, stamp, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok();
+        if claimed {
+            tracing::warn!(
+                layer = %self.config.name,
+                policy,
+                without_key_so_far = self.stats.missing_key.get(),
+                "a request had no throttle key: is the key closure reading what clients send? \
+                 (logged at most once a minute; each one is counted in stats().missing_key)"
+            );
+        } else {
+            tracing::debug!(policy, "request without a throttle key");
+        }
+    }
+
+    fn defer_return(&self, id: LeaseKey<K>, dispenser: u32, tokens: u64) {
+        lock(&self.returns).push(Return {
+            id,
+            dispenser,
+            tokens,
+        });
     }
 
     /// Counts the requests served by evicted buckets, and keeps their leases for the next sweep.
@@ -660,7 +866,12 @@ where
             self.stats.admitted_local.add(bucket.take_uncounted());
             let tokens = bucket.take_all_leased();
             if tokens > 0 {
-                returns.push((id, tokens));
+                let dispenser = bucket.dispenser();
+                returns.push(Return {
+                    id,
+                    dispenser,
+                    tokens,
+                });
             }
         }
     }
@@ -694,7 +905,43 @@ where
 }
 
 impl<K, G, L, C> Throttle<K, G, L, C> {
+    /// A use of `cost` tokens is admitted, finally, as `admitted`: counts the tokens the
+    /// failure policy admitted without a lease (once the use is sure to go ahead, so that one
+    /// refused by another bucket, or dropped, counts nothing).
+    pub(crate) fn count_admitted(&self, admitted: Admitted, cost: u64) -> Admitted {
+        let buckets = u64::from(admitted.policy_buckets());
+        if buckets > 0 {
+            self.stats.tokens_unleased.add(cost.saturating_mul(buckets));
+        }
+        admitted
+    }
+
     /// Counts and logs a refusal that shadow mode turns into an admission.
+    fn count_shadow(&self, rejection: &Rejection<K>) {
+        self.stats.shadow_admitted.incr();
+        tracing::debug!(reason = %rejection.reason, "shadow mode: served a use it would refuse");
+    }
+
+    /// A refusal for a use outside a tower service: finished on its way to the caller, or in
+    /// shadow mode turned into an admission that took nothing.
+    pub(crate) fn finish_or_shadow(
+        &self,
+        mut rejection: Rejection<K>,
+    ) -> Result<Admitted, Rejection<K>> {
+        if self.config.shadow {
+            self.count_shadow(&rejection);
+            return Ok(Admitted::SHADOW);
+        }
+        self.finish_refusal(&mut rejection);
+        Err(rejection)
+    }
+
+    /// Whether a throttled refusal is counted where it is made: not when it goes on to wait for
+    /// its tokens (shaping counts a waiting request once, when its wait ends).
+    pub(crate) fn counts_throttled(&self) -> bool {
+        self.config.shadow || matches!(self.config.shaping, crate::Shaping::Refuse)
+    }
+
     /// A refusal on its way to the client: counted once, by its limit and reason, and its wait
     /// given the configured random delay.
     pub(crate) fn finish_refusal(&self, rejection: &mut Rejection<K>) {
@@ -719,8 +966,7 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
         rejection: &Rejection<K>,
         annotate: bool,
     ) -> crate::future::Admission {
-        self.stats.shadow_admitted.incr();
-        tracing::debug!(reason = %rejection.reason, "shadow mode: served a request it would refuse");
+        self.count_shadow(rejection);
         let remaining = crate::remaining::Remaining::of_refusal(rejection).filter(|_| annotate);
         crate::future::Admission {
             remaining: remaining.into_iter().collect(),
@@ -787,9 +1033,9 @@ where
     C: Clock,
 {
     async fn run(mut self) {
-        let (outcome, limit) = self.throttle.fetch(&self.id).await;
+        let outcome = self.throttle.fetch(&self.id).await;
         self.settled = true;
-        self.throttle.settle(&self.id, &outcome, limit.as_ref());
+        self.throttle.settle(&self.id, &outcome);
     }
 }
 
@@ -888,8 +1134,8 @@ impl std::fmt::Display for TimedOut {
 
 impl Resolved {
     /// A fingerprint of the limit's name and shape.
-    fn shape(&self) -> u64 {
-        KEY_HASH.hash_one((self.name, self.level, self.limit))
+    fn shape(&self) -> u32 {
+        KEY_HASH.hash_one((self.name, self.level, self.limit)) as u32
     }
     fn rejection<K: Clone>(
         &self,
@@ -929,6 +1175,9 @@ pub(crate) struct StoreHealth {
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 
+/// How often a request without a key is logged at warn, at most (micros).
+const MISSING_KEY_WARNING_EVERY: u64 = 60_000_000;
+
 impl StoreHealth {
     pub(crate) fn is_up(&self, now: u64) -> bool {
         now >= self.down_until.load(Ordering::Relaxed)
@@ -938,32 +1187,32 @@ impl StoreHealth {
         self.down_until.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn succeeded(&self) {
-        if self.down_until.load(Ordering::Relaxed) != 0 {
-            let mut failures = lock(&self.failures);
-            if *failures > 0 {
-                tracing::info!("the global store answers again");
-            }
-            *failures = 0;
-            self.down_until.store(0, Ordering::Relaxed);
+    /// A call was answered; `true` when the store was down until then.
+    pub(crate) fn succeeded(&self) -> bool {
+        if self.down_until.load(Ordering::Relaxed) == 0 {
+            return false;
         }
+        let mut failures = lock(&self.failures);
+        let was_down = *failures > 0;
+        *failures = 0;
+        self.down_until.store(0, Ordering::Relaxed);
+        was_down
     }
 
-    /// A call sent at `sent_at` failed at `now` with `error`. Logged at warn once when the store
-    /// goes down, not once per call.
-    fn failed(&self, sent_at: u64, now: u64, max_backoff: Duration, error: &dyn std::fmt::Display) {
+    /// A call sent at `sent_at` failed at `now`; `true` when the store goes down with it (the
+    /// first failure since it last answered).
+    fn failed(&self, sent_at: u64, now: u64, max_backoff: Duration) -> bool {
         let mut failures = lock(&self.failures);
         if sent_at < self.down_until.load(Ordering::Relaxed) {
-            return;
+            return false;
         }
-        if *failures == 0 {
-            tracing::warn!(%error, "the global store failed; the failure policy decides until it answers");
-        }
+        let went_down = *failures == 0;
         let backoff = FIRST_BACKOFF
             .saturating_mul(1 << (*failures).min(16))
             .min(max_backoff);
         *failures = failures.saturating_add(1);
         self.down_until
             .store(now.saturating_add(micros(backoff)), Ordering::Relaxed);
+        went_down
     }
 }

@@ -31,7 +31,10 @@ async fn acquire_and_requests_draw_on_the_same_buckets() {
     let mut host = layer.layer(backend());
 
     assert_eq!(send(&mut host, "a", 2).await, Outcome::Served);
-    assert_eq!(layer.acquire(key("a"), 1).await, Ok(()));
+    assert_eq!(
+        layer.acquire(key("a"), 1).await.map(|a| a.from_leases()),
+        Ok(true)
+    );
     let refused = layer
         .acquire(key("a"), 1)
         .await
@@ -54,7 +57,10 @@ async fn acquire_and_requests_draw_on_the_same_buckets() {
     assert_eq!((stats.rejected_global, stats.rejected_cached), (0, 2));
 
     // Another key is limited on its own.
-    assert_eq!(layer.acquire(key("b"), 3).await, Ok(()));
+    assert_eq!(
+        layer.acquire(key("b"), 3).await.map(|a| a.from_leases()),
+        Ok(true)
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -69,11 +75,14 @@ async fn acquire_waits_for_a_batch_when_the_host_holds_no_tokens() {
     let mut first = layer.acquire(key("a"), 1);
     let polled = poll_fn(|cx| Poll::Ready(Pin::new(&mut first).poll(cx))).await;
     assert!(polled.is_pending(), "the batch comes from the global store");
-    assert_eq!(first.await, Ok(()));
+    assert_eq!(first.await.map(|a| a.from_leases()), Ok(true));
 
     let mut second = layer.acquire(key("a"), 1);
     let polled = poll_fn(|cx| Poll::Ready(Pin::new(&mut second).poll(cx))).await;
-    assert_eq!(polled, Poll::Ready(Ok(())), "served from the batch at once");
+    assert!(
+        matches!(polled, Poll::Ready(Ok(a)) if a.from_leases()),
+        "served from the batch at once"
+    );
     assert_eq!(layer.stats().global_calls, 1);
 }
 

@@ -60,7 +60,13 @@ async fn every_limit_must_admit_and_the_refusal_names_the_limit_with_the_longest
     assert_eq!(refused.limit_name, Some("per-minute"));
     assert_eq!(refused.retry_after, Some(Duration::from_secs(18)));
     clock.advance(Duration::from_secs(18));
-    assert_eq!(layer.acquire("u1".to_owned(), 1).await, Ok(()));
+    assert_eq!(
+        layer
+            .acquire("u1".to_owned(), 1)
+            .await
+            .map(|a| a.from_leases()),
+        Ok(true)
+    );
     assert_eq!(
         layer
             .acquire("u1".to_owned(), 1)
@@ -89,7 +95,7 @@ async fn tokens_taken_for_a_refused_request_go_back_to_the_other_limits() {
         .global_store(global.clone())
         .build()
         .unwrap();
-    assert_eq!(layer.acquire(7, 1).await, Ok(()));
+    assert_eq!(layer.acquire(7, 1).await.map(|a| a.from_leases()), Ok(true));
     // Each refusal by "small" takes a "large" token and must give it back.
     for _ in 0..50 {
         let refused = layer.acquire(7, 1).await.unwrap_err();
@@ -136,7 +142,10 @@ async fn a_cost_above_any_limits_capacity_is_refused_at_once_naming_it() {
     assert_eq!(refused.limit_name, Some("hourly"));
     assert_eq!(layer.stats().refused_cost, 1);
     // What the refused request took from "burst" stayed there: 50 + 10 fit.
-    assert_eq!(layer.acquire(10, 10).await, Ok(()));
+    assert_eq!(
+        layer.acquire(10, 10).await.map(|a| a.from_leases()),
+        Ok(true)
+    );
     assert_eq!(
         layer.acquire(40, 40).await.unwrap_err().limit_name,
         Some("hourly")
@@ -240,11 +249,11 @@ async fn tiers_choose_a_quota_per_key_and_changes_apply_within_a_lease() {
         .build()
         .unwrap();
     let take = |k: &str| layer.acquire(k.to_owned(), 1);
-    assert_eq!(take("f").await, Ok(()));
-    assert_eq!(take("f").await, Ok(()));
+    assert_eq!(take("f").await.map(|a| a.from_leases()), Ok(true));
+    assert_eq!(take("f").await.map(|a| a.from_leases()), Ok(true));
     assert_eq!(take("f").await.unwrap_err().limit_name, Some("per-minute"));
     for _ in 0..4 {
-        assert_eq!(take("p").await, Ok(()));
+        assert_eq!(take("p").await.map(|a| a.from_leases()), Ok(true));
     }
     let refused = take("p").await.unwrap_err();
     assert_eq!(refused.limit_name, Some("per-day"));
@@ -253,7 +262,7 @@ async fn tiers_choose_a_quota_per_key_and_changes_apply_within_a_lease() {
     // "f" is upgraded: its next lookup gives it the pro quota's buckets.
     tiers.lock().unwrap().insert("f".to_owned(), pro);
     for _ in 0..4 {
-        assert_eq!(take("f").await, Ok(()));
+        assert_eq!(take("f").await.map(|a| a.from_leases()), Ok(true));
     }
     assert_eq!(take("f").await.unwrap_err().limit_name, Some("per-day"));
 }
@@ -314,13 +323,14 @@ async fn a_first_bucket_remade_with_tokens_still_draws_on_every_limit() {
         .unwrap();
 
     // The slow limit's 5 are all taken; then both buckets are evicted.
-    assert_eq!(layer.acquire(7, 5).await, Ok(()));
+    let admitted = layer.acquire(7, 5).await.unwrap();
+    assert!(admitted.from_leases());
     layer.local_store().evict_all();
     // The use cost 4: one token back into each limit's (new) bucket.
-    layer.settle(7, 5, 4).await;
+    layer.settle(7, admitted, 5, 4).await;
     assert_eq!(
-        layer.acquire(7, 1).await,
-        Ok(()),
+        layer.acquire(7, 1).await.map(|a| a.from_leases()),
+        Ok(true),
         "the slow limit's refunded token"
     );
     let refused = layer.acquire(7, 1).await.unwrap_err();

@@ -308,3 +308,36 @@ async fn the_fields_are_valid_structured_fields_for_any_limit() {
         assert!(policy.contains(&format!(";q={q};")), "{policy}");
     }
 }
+
+/// While the store is down and the host decides alone with its share of the limit, the fields
+/// of admitted responses tell what that share holds, not a full bucket.
+#[tokio::test]
+async fn fields_follow_the_fallback_share_while_the_store_is_down() {
+    let clock = ManualClock::new();
+    let store = common::FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
+    store.set(common::Fault::Error);
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(user)
+        .clock(clock.clone())
+        .limit(Limit::per_second(10).burst(200).unwrap())
+        .failure_policy(hierarchical_throttle::FailurePolicy::local_fallback(2).unwrap())
+        .global_store(store)
+        .build()
+        .unwrap();
+    let app = router().layer(layer);
+    let mut left = Vec::new();
+    for _ in 0..101 {
+        let response = call(&app, "/", "u1", None).await;
+        match response.status() {
+            StatusCode::OK => left.push(field(&response, "ratelimit").unwrap()),
+            refused => {
+                assert_eq!(refused, StatusCode::TOO_MANY_REQUESTS);
+                break;
+            }
+        }
+    }
+    // The host's share: 100 of the burst of 200.
+    assert_eq!(left.len(), 100);
+    assert_eq!(left[0], r#""default";r=99;t=1"#);
+    assert_eq!(left[99], r#""default";r=0;t=1"#);
+}

@@ -518,6 +518,97 @@ async fn a_service_starts_while_redis_is_down_and_moves_to_redis_once_it_is_up()
     assert_eq!(stored, 1, "the bucket lives in Redis");
 }
 
+/// The first call of a store opened while Redis is down fails at once with the connection's
+/// error (counted as an error, not as a time-out of the default 50 ms), and the store says
+/// where it is for logs, without the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_opened_while_redis_is_down_fails_at_once_with_its_error() {
+    let port = RedisServer::unused_port();
+    let redis: RedisGlobalStore<String> =
+        RedisGlobalStore::open(&format!("redis://:secret@127.0.0.1:{port}")).expect("a valid url");
+    assert_eq!(redis.location(), format!("redis at 127.0.0.1:{port}"));
+    let clock = ManualClock::new();
+    let layer = host_builder(&clock, Limit::per_hour(3).burst(3).unwrap())
+        .failure_policy(FailurePolicy::Reject)
+        .global_store(redis)
+        .build()
+        .unwrap();
+    let mut host = layer.layer(backend());
+    let started = Instant::now();
+    assert!(matches!(
+        send(&mut host, "k", 1).await,
+        Outcome::Refused(RejectionReason::StoreUnavailable, _)
+    ));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    let stats = layer.stats();
+    assert_eq!((stats.global_errors, stats.global_timeouts), (1, 0));
+}
+
+/// Two layers of other names on one Redis keep their buckets apart: the stricter one neither
+/// clamps nor expires the other's.
+#[tokio::test(flavor = "current_thread")]
+async fn layers_of_other_names_on_one_redis_keep_their_buckets_apart() {
+    let server = RedisServer::start();
+    let redis = store(&server).await;
+    let clock = ManualClock::new();
+    let strict = host_builder(&clock, Limit::per_minute(1).build().unwrap())
+        .name("login")
+        .global_store(redis.clone())
+        .build()
+        .unwrap();
+    let budget = host_builder(&clock, Limit::per_minute(10_000).build().unwrap())
+        .name("llm")
+        .global_store(redis.clone())
+        .build()
+        .unwrap();
+    let unnamed = host_builder(&clock, Limit::per_minute(5).build().unwrap())
+        .global_store(redis.clone())
+        .build()
+        .unwrap();
+    // Same name, other limits, same store: refused at build.
+    assert!(
+        host_builder(&clock, Limit::per_minute(6).build().unwrap())
+            .global_store(redis.clone())
+            .build()
+            .is_err()
+    );
+    let (mut strict, mut budget, mut unnamed) = (
+        strict.layer(backend()),
+        budget.layer(backend()),
+        unnamed.layer(backend()),
+    );
+    assert_eq!(send(&mut strict, "u", 1).await, Outcome::Served);
+    assert!(matches!(
+        send(&mut strict, "u", 1).await,
+        Outcome::Refused(RejectionReason::Throttled, _)
+    ));
+    for _ in 0..10 {
+        assert_eq!(send(&mut budget, "u", 1_000).await, Outcome::Served);
+    }
+    for _ in 0..5 {
+        assert_eq!(send(&mut unnamed, "u", 1).await, Outcome::Served);
+    }
+    let mut conn = raw(&server).await;
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "throttle:{u}:default",
+            "throttle:{u}:llm:default",
+            "throttle:{u}:login:default"
+        ]
+    );
+}
+
 #[tokio::test]
 async fn an_acl_user_limited_to_the_prefix_and_the_scripts_commands_is_enough() {
     let server = RedisServer::start();
@@ -700,7 +791,13 @@ async fn a_sentinel_failover_moves_decisions_to_the_new_primary() {
         .unwrap();
     let bucket_key = "throttle:{tenant}:default";
 
-    assert_eq!(layer.acquire("tenant".to_owned(), 1).await, Ok(()));
+    assert_eq!(
+        layer
+            .acquire("tenant".to_owned(), 1)
+            .await
+            .map(|a| a.from_leases()),
+        Ok(true)
+    );
     assert_eq!(primary.cli(&["hget", bucket_key, "t"]).trim(), "999");
 
     // The sentinel accepts a failover once it has heard from the replica itself.
@@ -727,7 +824,7 @@ async fn a_sentinel_failover_moves_decisions_to_the_new_primary() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         match layer.acquire("tenant".to_owned(), 1).await {
-            Ok(()) => break,
+            Ok(_) => break,
             Err(refusal) => {
                 assert_eq!(
                     refusal.reason,

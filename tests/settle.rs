@@ -2,6 +2,8 @@
 //! endpoint reserving 1,000 tokens and settling to its `x-tokens-used` header, refunds, debt
 //! that later requests pay, every limit and level corrected, and `settle` beside `acquire`.
 
+mod common;
+
 use std::time::Duration;
 
 use axum::Router;
@@ -38,14 +40,6 @@ fn tokens_used(response: &Response<Body>, reserved: u64) -> u64 {
         .get("x-tokens-used")
         .and_then(|used| used.to_str().ok()?.parse().ok())
         .unwrap_or(reserved)
-}
-
-fn app(
-    clock: &ManualClock,
-    global: &MemoryGlobalStore<String, ManualClock>,
-    limit: Limit,
-) -> Router {
-    app_and_layer(clock, global, limit).0
 }
 
 type Layer = HierarchicalThrottleLayer<
@@ -127,17 +121,20 @@ async fn a_response_that_used_more_than_the_bucket_had_leaves_a_debt_later_reque
     let clock = ManualClock::new();
     let global = MemoryGlobalStore::with_clock(clock.clone());
     let limit = Limit::per_minute(1_000).build().unwrap();
-    let app = app(&clock, &global, limit);
+    let (app, layer) = app_and_layer(&clock, &global, limit);
 
-    // 2,500 used against a full bucket of 1,000: 1,500 owed.
+    // 2,500 used against a full bucket of 1,000: 1,500 more than charged. One call takes at
+    // most a capacity into debt: 1,000 owed, the other 500 counted as uncharged.
     assert_eq!(call(&app, "2500").await.status(), StatusCode::OK);
     let bucket = global.peek(&BucketKey::new("k1".to_owned(), "default").unwrap(), &limit);
-    assert_eq!(bucket.owed(), 1_500);
-    // The next 1,000 come once the debt and they have accrued: 2,500 at 1,000 a minute.
+    assert_eq!(bucket.owed(), 1_000);
+    assert_eq!(layer.stats().tokens_uncharged, 500);
+    assert_eq!(layer.stats().global_calls, 2, "one fetch, one charge");
+    // The next 1,000 come once the debt and they have accrued: 2,000 at 1,000 a minute.
     let refused = call(&app, "10").await;
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(refused.headers()["retry-after"], "150");
-    clock.advance(Duration::from_secs(149));
+    assert_eq!(refused.headers()["retry-after"], "120");
+    clock.advance(Duration::from_secs(119));
     assert_eq!(
         call(&app, "10").await.status(),
         StatusCode::TOO_MANY_REQUESTS
@@ -194,10 +191,10 @@ async fn acquire_settles_beside_it() {
         .build()
         .unwrap();
 
-    layer.acquire("job".to_owned(), 600).await.unwrap();
-    layer.settle("job".to_owned(), 600, 100).await;
+    let admitted = layer.acquire("job".to_owned(), 600).await.unwrap();
+    layer.settle("job".to_owned(), admitted, 600, 100).await;
     assert_eq!(layer.remaining(&"job".to_owned())[0].tokens, 900);
-    layer.settle("job".to_owned(), 100, 1_300).await;
+    layer.settle("job".to_owned(), admitted, 100, 1_300).await;
     assert_eq!(layer.remaining(&"job".to_owned())[0].tokens, 0);
     let bucket = global.peek(
         &BucketKey::new("job".to_owned(), "default").unwrap(),
@@ -209,4 +206,157 @@ async fn acquire_settles_beside_it() {
         "what neither the lease nor the bucket had is owed"
     );
     assert_eq!(layer.stats().tokens_refunded, 500);
+}
+
+mod failures {
+    //! Settling beside a failing or slow store, on tokio's paused time.
+
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::routing::get;
+    use hierarchical_throttle::clock::TokioClock;
+    use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
+    use http::{HeaderMap, Request, Response, StatusCode};
+    use tokio::time::Instant;
+    use tower::ServiceExt;
+
+    use super::common::{Fault, FaultyStore};
+
+    type Store = FaultyStore<MemoryGlobalStore<String, TokioClock>>;
+
+    fn store() -> Store {
+        FaultyStore::new(MemoryGlobalStore::with_clock(TokioClock::new()))
+    }
+
+    /// The handler takes `x-wait` ms and reports `x-use` tokens used.
+    async fn handle(headers: HeaderMap) -> Response<Body> {
+        let wait = headers["x-wait"].to_str().unwrap().parse().unwrap();
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        Response::builder()
+            .header("x-tokens-used", headers["x-use"].clone())
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    fn used(response: &Response<Body>, charged: u64) -> u64 {
+        response
+            .headers()
+            .get("x-tokens-used")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(charged)
+    }
+
+    async fn call(app: &Router, used: u64, wait_ms: u64) -> StatusCode {
+        call_as(app, "k", used, wait_ms).await
+    }
+
+    async fn call_as(app: &Router, key: &str, used: u64, wait_ms: u64) -> StatusCode {
+        let request = Request::get("/")
+            .header("x-api-key", key)
+            .header("x-use", used)
+            .header("x-wait", wait_ms)
+            .body(Body::empty())
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        response.status()
+    }
+
+    fn app(
+        store: &Store,
+        limit: Limit,
+        cost: u64,
+    ) -> (Router, impl Fn() -> hierarchical_throttle::ThrottleStats) {
+        let layer = HierarchicalThrottleLayer::builder()
+            .key_ref(|req: &Request<Body>| key::header_str(req, "x-api-key"))
+            .clock(TokioClock::new())
+            .limit(limit)
+            .cost(move |_: &Request<Body>| cost)
+            .settle(used as fn(&Response<Body>, u64) -> u64)
+            .store_timeout(Duration::from_millis(200))
+            .global_store(store.clone())
+            .build()
+            .unwrap();
+        let router = Router::new().route("/", get(handle)).layer(layer.clone());
+        (router, move || layer.stats())
+    }
+
+    /// A request the failure policy admitted took no leased tokens: refunding it would mint
+    /// tokens no store dispensed.
+    #[tokio::test(start_paused = true)]
+    async fn a_refund_of_a_request_the_failure_policy_admitted_mints_nothing() {
+        let store = store();
+        let (app, stats) = app(&store, Limit::per_minute(100).build().unwrap(), 100);
+        store.set(Fault::Error);
+        // Admitted by the host's own fallback bucket; the response comes after the store's
+        // back-off, and says it used nothing.
+        assert_eq!(call(&app, 0, 300).await, StatusCode::OK);
+        assert_eq!(stats().fallback_decisions, 1);
+        assert_eq!(stats().tokens_refunded, 0);
+        assert_eq!(stats().tokens_forfeited, 100);
+        // Back up: the global bucket's 100 serve one request, and nothing more is there.
+        store.set(Fault::None);
+        assert_eq!(call(&app, 100, 0).await, StatusCode::OK);
+        assert_eq!(call(&app, 100, 0).await, StatusCode::TOO_MANY_REQUESTS);
+    }
+
+    /// One bogus usage figure makes one call per bucket, not a loop of calls: what one call
+    /// cannot take into debt (a capacity) is counted as uncharged.
+    #[tokio::test(start_paused = true)]
+    async fn a_huge_settled_cost_makes_one_bounded_call() {
+        let store = store();
+        let (app, stats) = app(&store, Limit::per_second(100).burst(100).unwrap(), 1);
+        for (key, used) in [("k1", 1_000_000), ("k2", u64::MAX)] {
+            let calls = store.acquire_count();
+            let start = Instant::now();
+            assert_eq!(call_as(&app, key, used, 0).await, StatusCode::OK);
+            assert!(store.acquire_count() - calls <= 2, "a fetch and one charge");
+            assert!(start.elapsed() <= Duration::from_millis(200));
+        }
+        assert!(stats().tokens_uncharged >= 1_000_000 - 200);
+        // The fleet owes one capacity: the key's next request waits for it.
+        assert_eq!(
+            call_as(&app, "k1", 1, 0).await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(call_as(&app, "k1", 1, 0).await, StatusCode::OK);
+    }
+
+    /// During an outage, settling responses do not call the store inside its back-off, and
+    /// never wait for one bucket after another.
+    #[tokio::test(start_paused = true)]
+    async fn debt_charges_keep_the_back_off_and_run_side_by_side() {
+        let store = store();
+        let layer = HierarchicalThrottleLayer::builder()
+            .key_ref(|req: &Request<Body>| key::header_str(req, "x-api-key"))
+            .clock(TokioClock::new())
+            .quota(
+                "a: 10/s burst 10; b: 20/s burst 20"
+                    .parse::<hierarchical_throttle::Quota>()
+                    .unwrap(),
+            )
+            .cost(|_: &Request<Body>| 1)
+            .settle(used as fn(&Response<Body>, u64) -> u64)
+            .store_timeout(Duration::from_millis(50))
+            .max_store_backoff(Duration::from_secs(10))
+            .global_store(store.clone())
+            .build()
+            .unwrap();
+        let app = Router::new().route("/", get(handle)).layer(layer.clone());
+        assert_eq!(call(&app, 1, 0).await, StatusCode::OK);
+        // The store hangs: a response that used 500 more waits one time-out for both buckets.
+        store.set(Fault::Hang);
+        let start = Instant::now();
+        assert_eq!(call(&app, 500, 0).await, StatusCode::OK);
+        assert_eq!(start.elapsed(), Duration::from_millis(50));
+        // Now in back-off: the next settles neither call nor wait.
+        let calls = store.acquire_count();
+        let start = Instant::now();
+        assert_eq!(call(&app, 500, 0).await, StatusCode::OK);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(store.acquire_count(), calls);
+        assert!(layer.stats().tokens_uncharged >= 2 * (2 * 499 - 30));
+    }
 }

@@ -226,12 +226,18 @@ async fn acquire_waits_for_its_tokens_too() {
     let layer = layer(drip, Shaping::wait(Duration::from_millis(5)), &global);
     let key = || "job".to_owned();
 
-    assert_eq!(layer.acquire(key(), 1).await, Ok(()));
-    assert_eq!(layer.acquire(key(), 1).await, Ok(()));
+    assert_eq!(
+        layer.acquire(key(), 1).await.map(|a| a.from_leases()),
+        Ok(true)
+    );
+    assert_eq!(
+        layer.acquire(key(), 1).await.map(|a| a.from_leases()),
+        Ok(true)
+    );
     assert_eq!(start.elapsed(), Duration::from_millis(3));
     // Two more at once: the first waits 3 ms, the second would wait 6 ms (> 5): refused now.
     let (a, b) = tokio::join!(layer.acquire(key(), 1), layer.acquire(key(), 1));
-    assert_eq!(a, Ok(()));
+    assert_eq!(a.map(|a| a.from_leases()), Ok(true));
     let refused = b.unwrap_err();
     assert_eq!(refused.retry_after, Some(Duration::from_millis(6)));
     assert_eq!(start.elapsed(), Duration::from_millis(6));
@@ -300,4 +306,119 @@ async fn a_reservation_admitted_at_once_gives_its_tokens_back_when_dropped_unuse
     // The slow limit (2 a minute) is spent now: the next is half a minute away, past `max`.
     let refused = layer.reserve(7, 1, max).await.unwrap_err();
     assert_eq!(refused.limit_name, Some("slow"));
+}
+
+/// Polls `reservation` once, with a waker that is never called: it is then kept, unpolled.
+fn poll_once<F: std::future::Future + Unpin>(future: &mut F) -> std::task::Poll<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    std::pin::Pin::new(future).poll(&mut cx)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_kept_unpolled_never_holds_a_request_past_its_own_wait() {
+    let global = MemoryGlobalStore::with_clock(TokioClock::new());
+    let start = Instant::now();
+    let limit = Limit::per_second(10).burst(1).unwrap();
+    let layer = layer(limit, Shaping::wait(Duration::from_millis(200)), &global);
+    let app = app(&layer);
+    assert_eq!(send(&app, "u1", start).await, Outcome::Served(0));
+
+    // A reservation takes the key's turn, then is kept without being polled again.
+    let mut parked = layer
+        .reserve("u1".to_owned(), 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(poll_once(&mut parked).is_pending());
+    // The request behind it is decided within its own 200 ms, on what the bucket then holds.
+    assert_eq!(send(&app, "u1", start).await, Outcome::Served(200));
+
+    // A holder past its own deadline does not hold up those behind it at all.
+    let mut parked = layer
+        .reserve("u2".to_owned(), 1, Duration::from_millis(10))
+        .await
+        .unwrap();
+    assert_eq!(parked.delay(), Duration::ZERO, "admitted at once");
+    assert!(poll_once(&mut parked).is_ready());
+    let mut parked = layer
+        .reserve("u2".to_owned(), 1, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(poll_once(&mut parked).is_pending());
+    assert_eq!(send(&app, "u2", start).await, Outcome::Served(300));
+    drop(parked);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shadow_mode_never_waits_never_refuses_and_takes_nothing_it_would_refuse() {
+    let global = MemoryGlobalStore::with_clock(TokioClock::new());
+    let start = Instant::now();
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|req: &Request<Body>| key::header_value(req, "x-user"))
+        .clock(TokioClock::new())
+        .limit(Limit::per_second(1).burst(1).unwrap())
+        .shaping(Shaping::wait(Duration::from_secs(1)))
+        .shadow(true)
+        .global_store(global.clone())
+        .build()
+        .unwrap();
+    let app = app(&layer);
+    for _ in 0..3 {
+        assert_eq!(send(&app, "u1", start).await, Outcome::Served(0));
+    }
+    assert_eq!(layer.stats().shadow_admitted, 2);
+    assert_eq!(layer.stats().shaped_waits, 0);
+    // Outside tower too: never an error, never a wait.
+    assert!(layer.acquire("u1".to_owned(), 1).await.is_ok());
+    let reserved = layer
+        .reserve("u1".to_owned(), 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(reserved.delay(), Duration::ZERO);
+    assert!(reserved.await.is_ok());
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(layer.stats().shadow_admitted, 4);
+    // The refused uses took nothing: the bucket is refilled after one second, as after one use.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let probe = layer.remaining(&"u1".to_owned());
+    assert_eq!(probe[0].tokens, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn users_waiting_on_their_tenant_wake_one_at_a_time_and_count_once() {
+    let global = MemoryGlobalStore::with_clock(TokioClock::new());
+    let start = Instant::now();
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|req: &Request<Body>| key::header_value(req, "x-user"))
+        .clock(TokioClock::new())
+        .limit(Limit::per_second(100).burst(100).unwrap())
+        .level(
+            "tenant",
+            |req: &Request<Body>| key::header_value(req, "x-tenant"),
+            Limit::per_second(10).burst(1).unwrap(),
+        )
+        .shaping(Shaping::wait(Duration::from_secs(10)))
+        .global_store(global.clone())
+        .build()
+        .unwrap();
+    let app = app(&layer);
+    let call = |user: usize| {
+        let app = app.clone();
+        async move {
+            let request = Request::get("/")
+                .header("x-user", format!("u{user}"))
+                .header("x-tenant", "acme")
+                .body(Body::empty())
+                .unwrap();
+            let response = app.oneshot(request).await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            start.elapsed().as_millis() as u64
+        }
+    };
+    let mut served = join_all((0..50).map(call)).await;
+    served.sort_unstable();
+    // The tenant's token every 100 ms, in turn: no user's wait is woken for another's token.
+    assert_eq!(served, (0..50).map(|i| i * 100).collect::<Vec<_>>());
+    let stats = layer.stats();
+    assert_eq!((stats.rejected_cached, stats.rejected_global), (0, 0));
+    assert_eq!((stats.shaped_waits, stats.shaped_refusals), (49, 0));
 }

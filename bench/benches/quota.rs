@@ -59,7 +59,7 @@ fn bench(c: &mut Criterion) {
             .unwrap();
         for &k in &keys {
             let warm = runtime.block_on(layer.acquire(k, 1));
-            assert_eq!(warm, Ok(()), "every key holds tokens before measuring");
+            assert!(warm.is_ok(), "every key holds tokens before measuring");
         }
         group.bench_function(format!("acquire, {limits} limit(s)"), |b| {
             b.iter(|| {

@@ -9,9 +9,10 @@ use hashbrown::hash_table::Entry;
 
 use crate::bucket::{FullAt, TokenBucket};
 use crate::clock::{Clock, MonotonicClock, micros};
-use crate::global::{BucketLevel, GlobalStore, Grant, TokenRequest};
+use crate::error::ConfigError;
+use crate::global::{BucketLevel, GlobalStore, Grant, LayerRegistry, TokenRequest};
 use crate::limit::Limit;
-use crate::quota::{BucketKey, Name};
+use crate::quota::{BucketKey, BucketNames};
 use crate::sync::{lock, shard_index};
 
 const SHARD_BITS: u32 = 6;
@@ -28,9 +29,14 @@ const SHARDS: usize = 1 << SHARD_BITS;
 /// its bucket has refilled, and a flood of distinct keys holds at most the keys whose buckets
 /// are still refilling.
 ///
-/// A bucket costs about 50 bytes (with `u64` keys; see `BENCHMARKS.md`): the store keeps only
-/// the key and the instant its bucket is full again ([`FullAt`]), in one table per level and
-/// limit name.
+/// A bucket costs about 50 bytes (with `u64` keys; see `BENCHMARKS.md`), plus its key's own
+/// bytes: the store keeps only the key and the instant its bucket is full again ([`FullAt`]),
+/// in one table per layer, level and limit name. The store holds at most
+/// [`DEFAULT_MAX_BUCKETS`] buckets by default ([`with_max_buckets`](Self::with_max_buckets)):
+/// beyond, it forgets the buckets nearest to full first (an eighth of a shard at a time), so a
+/// flood of distinct keys (a per-day limit sprayed with a million keys) cannot grow it without
+/// bound. A forgotten bucket starts full again: each can admit what it lacked then, at most
+/// the few tokens a nearly full bucket lacks while the store holds fewer keys than the bound.
 ///
 /// When a key's limit changes (a key moved to another tier), its bucket keeps the time until
 /// it is full again (between limits of the same window, the same share of the capacity), never
@@ -56,9 +62,16 @@ pub struct MemoryGlobalStore<K, C = MonotonicClock> {
 #[derive(Debug)]
 struct Inner<K, C> {
     shards: Box<[Mutex<Shard<K>>]>,
+    /// The most buckets a shard holds.
+    shard_bound: usize,
     hasher: foldhash::fast::RandomState,
     clock: C,
+    layers: LayerRegistry,
 }
+
+/// The most buckets a [`MemoryGlobalStore`] holds unless told otherwise: twice the keys of the
+/// default local store.
+pub const DEFAULT_MAX_BUCKETS: usize = 200_000;
 
 #[derive(Debug)]
 struct Shard<K> {
@@ -69,7 +82,7 @@ struct Shard<K> {
 /// The buckets of one limit at one level.
 #[derive(Debug)]
 struct Table<K> {
-    names: (Option<Name>, Name),
+    names: BucketNames,
     buckets: HashTable<(K, FullAt)>,
     /// Buckets full again beyond the clock's range (limits that refill over hundreds of
     /// thousands of years), kept whole with their limit. Almost always empty.
@@ -77,7 +90,7 @@ struct Table<K> {
 }
 
 impl<K> Shard<K> {
-    fn table(&mut self, names: (Option<Name>, Name)) -> &mut Table<K> {
+    fn table(&mut self, names: BucketNames) -> &mut Table<K> {
         let index = match self.tables.iter().position(|t| t.names == names) {
             Some(index) => index,
             None => {
@@ -92,7 +105,7 @@ impl<K> Shard<K> {
         &mut self.tables[index]
     }
 
-    fn find(&self, names: (Option<Name>, Name)) -> Option<&Table<K>> {
+    fn find(&self, names: BucketNames) -> Option<&Table<K>> {
         self.tables.iter().find(|t| t.names == names)
     }
 
@@ -101,6 +114,41 @@ impl<K> Shard<K> {
             .iter()
             .map(|t| t.buckets.len() + t.far.len())
             .sum()
+    }
+
+    /// Brings the shard back under `bound` buckets once it is past it: forgets those full at
+    /// `now`, then, if that is not enough, the eighth nearest to full (buckets full beyond the
+    /// clock's range last).
+    fn make_room(&mut self, now: u64, bound: usize)
+    where
+        K: Eq,
+    {
+        if self.len() <= bound {
+            return;
+        }
+        for table in &mut self.tables {
+            table.forget_full(now);
+        }
+        let len = self.len();
+        if len <= bound {
+            return;
+        }
+        let mut full_at: Vec<u64> = self
+            .tables
+            .iter()
+            .flat_map(|t| t.buckets.iter().map(|(_, at)| at.micros()))
+            .collect();
+        if full_at.is_empty() {
+            for table in &mut self.tables {
+                table.far.clear();
+            }
+            return;
+        }
+        let nth = (len / 8).min(full_at.len() - 1);
+        let (_, &mut threshold, _) = full_at.select_nth_unstable(nth);
+        for table in &mut self.tables {
+            table.buckets.retain(|(_, at)| at.micros() > threshold);
+        }
     }
 }
 
@@ -176,7 +224,7 @@ fn take_out<K: Eq, V>(table: &mut HashTable<(K, V)>, hash: u64, key: &K) {
 }
 
 impl<K> MemoryGlobalStore<K> {
-    /// A store on the [`MonotonicClock`].
+    /// A store on the [`MonotonicClock`], holding at most [`DEFAULT_MAX_BUCKETS`] buckets.
     pub fn new() -> Self {
         Self::with_clock(MonotonicClock::new())
     }
@@ -205,14 +253,38 @@ impl<K, C> Clone for MemoryGlobalStore<K, C> {
 impl<K, C> MemoryGlobalStore<K, C> {
     /// A store refilled by `clock` (a [`ManualClock`](crate::clock::ManualClock) in tests).
     pub fn with_clock(clock: C) -> Self {
+        Self::build(clock, DEFAULT_MAX_BUCKETS)
+    }
+
+    /// This store (not yet shared with a clone) holding at most `max` buckets (64 to 1
+    /// billion); see the type's docs for what happens beyond.
+    pub fn with_max_buckets(self, max: usize) -> Result<Self, ConfigError> {
+        if !(SHARDS..=1_000_000_000).contains(&max) {
+            return Err(ConfigError::InvalidSetting {
+                setting: "MemoryGlobalStore::with_max_buckets",
+                expected: "64 to 1,000,000,000 buckets",
+            });
+        }
+        match Arc::try_unwrap(self.inner) {
+            Ok(inner) => Ok(Self::build(inner.clock, max)),
+            Err(_) => Err(ConfigError::InvalidSetting {
+                setting: "MemoryGlobalStore::with_max_buckets",
+                expected: "a store not cloned yet",
+            }),
+        }
+    }
+
+    fn build(clock: C, max: usize) -> Self {
         let shards = (0..SHARDS)
             .map(|_| Mutex::new(Shard { tables: Vec::new() }))
             .collect();
         Self {
             inner: Arc::new(Inner {
                 shards,
+                shard_bound: max.div_ceil(SHARDS),
                 hasher: foldhash::fast::RandomState::default(),
                 clock,
+                layers: LayerRegistry::new(),
             }),
         }
     }
@@ -249,6 +321,7 @@ where
         let out = f(&mut bucket, now);
         let hasher = |k: &K| self.inner.hasher.hash_one(k);
         table.put(hash, key.key(), &bucket, limit, now, hasher);
+        shard.make_room(now, self.inner.shard_bound);
         out
     }
 }
@@ -319,6 +392,14 @@ where
         std::future::ready(Ok(BucketLevel::of(&bucket, limit, now)))
     }
 
+    fn layers(&self) -> Option<&LayerRegistry> {
+        Some(&self.inner.layers)
+    }
+
+    fn location(&self) -> String {
+        "memory".to_owned()
+    }
+
     /// Forgets every bucket that has refilled, one shard (of 64) locked at a time.
     fn maintain(&self) {
         let now = micros(self.inner.clock.now());
@@ -378,5 +459,50 @@ mod tests {
         clock.advance(day);
         store.maintain();
         assert!(store.is_empty(), "a bucket full again is forgotten");
+    }
+
+    /// A flood of distinct keys of a per-day limit: the store stays within its bound, and
+    /// forgets the buckets nearest to full first.
+    #[test]
+    fn a_key_flood_stays_within_the_bound_and_forgets_the_fullest_first() {
+        let clock = ManualClock::new();
+        let store = MemoryGlobalStore::<u64, ManualClock>::with_clock(clock.clone())
+            .with_max_buckets(6_400)
+            .unwrap();
+        let limit = Limit::per_day(100).build().unwrap();
+        let take = |key: u64, tokens: u64| {
+            let bucket = BucketKey::new(key, "daily").unwrap();
+            let grant = store.acquire(&bucket, &limit, TokenRequest::now(1, tokens));
+            futures_util::FutureExt::now_or_never(grant)
+                .unwrap()
+                .unwrap()
+        };
+        // Heavy users first: their buckets are far from full.
+        for key in 0..100 {
+            take(key, 90);
+        }
+        for key in 100..100_000 {
+            take(key, 1);
+        }
+        assert!(store.len() <= 6_400, "{} buckets", store.len());
+        for key in 0..100 {
+            let bucket = BucketKey::new(key, "daily").unwrap();
+            assert_eq!(
+                store.peek(&bucket, &limit).tokens(),
+                10,
+                "a heavy user is kept"
+            );
+        }
+        assert!(
+            MemoryGlobalStore::<u64>::new()
+                .with_max_buckets(10)
+                .is_err()
+        );
+        let shared = MemoryGlobalStore::<u64>::new();
+        let _clone = shared.clone();
+        assert!(
+            shared.with_max_buckets(1_000).is_err(),
+            "a shared store keeps its bound"
+        );
     }
 }

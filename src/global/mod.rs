@@ -3,7 +3,9 @@
 //! A [`GlobalStore`] dispenses batches of tokens to hosts and takes back tokens they did not
 //! use. It refills lazily by its own clock, so hosts' clocks never matter.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::limit::Limit;
@@ -129,4 +131,45 @@ pub trait GlobalStore<K>: Send + Sync + 'static {
     /// Housekeeping, called by a layer's background sweeper every half lease time whether or
     /// not requests come (for example, forgetting buckets that have refilled). Default: none.
     fn maintain(&self) {}
+
+    /// The layers built on this store in this process, so that a second layer of the same name
+    /// with other limits is refused at build (their buckets would collide). Default: none
+    /// kept; a store of your own may hold a [`LayerRegistry`] and return it.
+    fn layers(&self) -> Option<&LayerRegistry> {
+        None
+    }
+
+    /// Where the store is, for logs: an address (never a password). Default: its type's name.
+    fn location(&self) -> String {
+        std::any::type_name::<Self>().to_owned()
+    }
+}
+
+/// The live layers built on one global store in this process, by name, each with a
+/// fingerprint of its limits: see [`GlobalStore::layers`]. Clones of a store share one.
+#[derive(Debug, Default)]
+pub struct LayerRegistry {
+    layers: Mutex<HashMap<&'static str, (u64, Weak<()>)>>,
+}
+
+impl LayerRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a layer called `layer` whose limits have `fingerprint`: the returned token
+    /// keeps the registration while the layer lives. `None` when another live layer of that
+    /// name has other limits.
+    pub(crate) fn register(&self, layer: &'static str, fingerprint: u64) -> Option<Arc<()>> {
+        let mut layers = crate::sync::lock(&self.layers);
+        if let Some((known, alive)) = layers.get(layer)
+            && let Some(token) = alive.upgrade()
+        {
+            return (*known == fingerprint).then_some(token);
+        }
+        let token = Arc::new(());
+        layers.insert(layer, (fingerprint, Arc::downgrade(&token)));
+        Some(token)
+    }
 }

@@ -12,7 +12,7 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
 use crate::clock::{Clock, micros};
 use crate::error::ConfigError;
-use crate::global::{BucketLevel, GlobalStore, Grant, TokenRequest};
+use crate::global::{BucketLevel, GlobalStore, Grant, LayerRegistry, TokenRequest};
 use crate::limit::Limit;
 use crate::quota::BucketKey;
 
@@ -43,6 +43,9 @@ use crate::quota::BucketKey;
 /// form a hash tag that keeps each bucket on one cluster slot.
 pub struct RedisGlobalStore<K> {
     connection: Connection,
+    /// Where it connects, for logs (no password).
+    location: Arc<str>,
+    layers: Arc<LayerRegistry>,
     scripts: Arc<Scripts>,
     prefix: Arc<[u8]>,
     now_override: Option<Arc<dyn Fn() -> u64 + Send + Sync>>,
@@ -100,16 +103,23 @@ struct LazyConnection {
 }
 
 impl LazyConnection {
+    /// The connection, made now if it is not yet: one attempt, so a Redis that is down answers
+    /// at once with its error (a refused connection), not with the layer's time-out.
     async fn manager(&self) -> Result<ConnectionManager, RedisError> {
         let manager = self
             .manager
             .get_or_try_init(|| {
-                self.client
-                    .get_connection_manager_with_config(manager_config())
+                let config = manager_config().set_number_of_retries(0);
+                self.client.get_connection_manager_with_config(config)
             })
             .await?;
         Ok(manager.clone())
     }
+}
+
+/// Where `client` connects: its address, without credentials.
+fn client_location(client: &redis::Client) -> String {
+    format!("redis at {}", client.get_connection_info().addr())
 }
 
 /// One retry inside the manager: the throttle has its own time-out, back-off and policy.
@@ -156,6 +166,8 @@ impl<K> Clone for RedisGlobalStore<K> {
     fn clone(&self) -> Self {
         Self {
             connection: self.connection.clone(),
+            location: self.location.clone(),
+            layers: self.layers.clone(),
             scripts: self.scripts.clone(),
             prefix: self.prefix.clone(),
             now_override: self.now_override.clone(),
@@ -174,6 +186,7 @@ impl<K> fmt::Debug for RedisGlobalStore<K> {
         };
         f.debug_struct("RedisGlobalStore")
             .field("connection", &mode)
+            .field("location", &self.location)
             .field("prefix", &String::from_utf8_lossy(&self.prefix))
             .finish_non_exhaustive()
     }
@@ -196,10 +209,11 @@ impl<K> RedisGlobalStore<K> {
     /// [`connect`](Self::connect) with a client you built, for example with
     /// `redis::Client::build_with_tls` and your own certificate authority.
     pub async fn connect_client(client: redis::Client) -> Result<Self, RedisError> {
+        let location = client_location(&client);
         let manager = client
             .get_connection_manager_with_config(manager_config())
             .await?;
-        Ok(Self::from_connection_manager(manager))
+        Ok(Self::from_connection_manager(manager).at(location))
     }
 
     /// A store on a single Redis that connects on first use, not now: a service whose Redis
@@ -217,10 +231,12 @@ impl<K> RedisGlobalStore<K> {
     /// ```
     pub fn open(url: &str) -> Result<Self, RedisError> {
         let client = redis::Client::open(url)?;
-        Ok(Self::new(Connection::Lazy(Arc::new(LazyConnection {
+        let location = client_location(&client);
+        let lazy = Connection::Lazy(Arc::new(LazyConnection {
             client,
             manager: tokio::sync::OnceCell::new(),
-        }))))
+        }));
+        Ok(Self::new(lazy).at(location))
     }
 
     /// A store on the primary of the Redis set `service` (Sentinel's `master` name) that the
@@ -246,13 +262,19 @@ impl<K> RedisGlobalStore<K> {
         I: IntoIterator<Item = T>,
         T: redis::IntoConnectionInfo,
     {
+        let sentinels: Vec<_> = sentinels
+            .into_iter()
+            .map(|s| s.into_connection_info())
+            .collect::<Result<_, _>>()?;
+        let addresses: Vec<String> = sentinels.iter().map(|s| s.addr().to_string()).collect();
+        let location = format!("primary `{service}` of sentinels {}", addresses.join(", "));
         let client = redis::sentinel::SentinelClient::build(
-            sentinels.into_iter().collect(),
+            sentinels,
             service.to_owned(),
             None,
             redis::sentinel::SentinelServerType::Master,
         )?;
-        Ok(Self::from_sentinel_client(client))
+        Ok(Self::from_sentinel_client(client).at(location))
     }
 
     /// A store on the primary that an existing Sentinel client finds (for credentials or TLS
@@ -270,10 +292,15 @@ impl<K> RedisGlobalStore<K> {
         I: IntoIterator<Item = T>,
         T: redis::IntoConnectionInfo,
     {
+        let nodes: Vec<_> = nodes
+            .into_iter()
+            .map(|n| n.into_connection_info())
+            .collect::<Result<_, _>>()?;
+        let addresses: Vec<String> = nodes.iter().map(|n| n.addr().to_string()).collect();
+        let location = format!("cluster of {}", addresses.join(", "));
         let client = redis::cluster::ClusterClient::new(nodes)?;
-        Ok(Self::from_cluster_connection(
-            client.get_async_connection().await?,
-        ))
+        let connection = client.get_async_connection().await?;
+        Ok(Self::from_cluster_connection(connection).at(location))
     }
 
     /// A store on an existing connection manager.
@@ -287,7 +314,14 @@ impl<K> RedisGlobalStore<K> {
     }
 
     fn new(connection: Connection) -> Self {
+        let location = match connection {
+            Connection::Cluster(_) => "a Redis Cluster",
+            Connection::Sentinel(_) => "a primary found through Sentinel",
+            Connection::Single(_) | Connection::Lazy(_) => "a Redis",
+        };
         Self {
+            location: Arc::from(location),
+            layers: Arc::default(),
             connection,
             scripts: Arc::new(Scripts {
                 acquire: LuaScript::new(ACQUIRE),
@@ -300,8 +334,15 @@ impl<K> RedisGlobalStore<K> {
         }
     }
 
-    /// Puts this store's buckets under `prefix` (default `throttle:`), to keep several limits
-    /// apart in one Redis. A prefix with `{` or `}` is an error: it would change the hash tag.
+    /// This store, said to be at `location` in logs.
+    fn at(mut self, location: String) -> Self {
+        self.location = Arc::from(location);
+        self
+    }
+
+    /// Puts this store's buckets under `prefix` (default `throttle:`), to keep several
+    /// deployments apart in one Redis (layers of one deployment are kept apart by their
+    /// [names](crate::Builder::name)). A prefix with `{` or `}` is an error: it would change the hash tag.
     pub fn with_prefix(mut self, prefix: &str) -> Result<Self, ConfigError> {
         if prefix.contains(['{', '}']) {
             return Err(ConfigError::InvalidSetting {
@@ -323,8 +364,10 @@ impl<K> RedisGlobalStore<K> {
 }
 
 impl<K: RedisKey> RedisGlobalStore<K> {
-    /// The Redis key holding bucket `key`: `<prefix>{<key>}:<scope>`, such as
-    /// `throttle:{user-1}:per-second` or `throttle:{acme}:tenant/per-day`.
+    /// The Redis key holding bucket `key`: `<prefix>{<key>}:<scope>` for the layer called
+    /// `default`, such as `throttle:{user-1}:per-second` or `throttle:{acme}:tenant/per-day`,
+    /// and `<prefix>{<key>}:<layer>:<scope>` for another, such as
+    /// `throttle:{user-1}:api:per-second`.
     pub fn redis_key(&self, key: &BucketKey<K>) -> Vec<u8> {
         let bytes = key.key().key_bytes();
         let scope = key.scope();
@@ -340,7 +383,12 @@ impl<K: RedisKey> RedisGlobalStore<K> {
         }
         out.push(b'}');
         out.push(b':');
-        // Scopes are ASCII letters, digits and `-_./`: nothing to encode.
+        // Names are ASCII letters, digits and `-_.` (`/` in scopes): nothing to encode, and
+        // no `:`, so a layer's part never reads as a scope.
+        if !key.in_default_layer() {
+            out.extend_from_slice(key.layer().as_bytes());
+            out.push(b':');
+        }
         out.extend_from_slice(scope.as_bytes());
         out
     }
@@ -446,6 +494,14 @@ where
             next_in: std::time::Duration::from_micros(next_in),
             full_in: std::time::Duration::from_micros(full_in),
         })
+    }
+
+    fn layers(&self) -> Option<&LayerRegistry> {
+        Some(&self.layers)
+    }
+
+    fn location(&self) -> String {
+        self.location.to_string()
     }
 
     /// A refused connection, an error reply (the scripts write only once they cannot fail) or

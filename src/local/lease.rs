@@ -9,6 +9,7 @@ use crate::bucket::{FullAt, TokenBucket};
 use crate::clock::micros;
 use crate::global::{Grant, TokenRequest};
 use crate::limit::Limit;
+use crate::quota::Name;
 
 /// One key's state on one host. Its fields are the throttle's; a
 /// [`LocalStore`](crate::local::LocalStore) only keeps it.
@@ -44,19 +45,22 @@ pub struct LocalBucket {
 struct Cold {
     /// Requests waiting for the batch being fetched, in arrival order.
     waiters: Vec<Waiter>,
-    /// When the last batch became usable (clock micros).
+    /// When the lease was last seen in use, or filled from empty (clock micros): it is handed
+    /// back once unused for the lease time-to-live, whatever it reserves meanwhile.
     leased_at: u64,
     demand: DemandHistory,
     /// The global bucket holds no whole token before then (clock micros): requests the lease
     /// cannot serve are refused until then without a global call.
     next_token_at: u64,
-    /// Tokens reserved ahead of the global refill: usable from `pending_due` on.
-    pending: u64,
-    pending_due: u64,
+    /// Tokens reserved ahead of the global refill, each tranche usable once due.
+    reserved: Reserved,
     /// The host-local bucket used while the global store is unavailable (boxed: rarely there).
     fallback: Option<Box<Fallback>>,
-    /// Which limit (name and shape) this bucket was last used for.
-    shape: u64,
+    /// Which limit (a hash of its name and shape) this bucket was last used for.
+    shape: u32,
+    /// The global bucket whose tokens the lease holds (its limit's name's [id](Name::id); 0
+    /// while unknown): only it may take them back, or be refunded into them.
+    dispenser: u32,
     /// Whole tokens the global bucket held at its last answer, and when that came (clock
     /// micros): what the host estimates the fleet has left from. [`NO_ANSWER`] before any
     /// answer (a sentinel, not an `Option`: it keeps this state in a smaller allocation).
@@ -74,10 +78,10 @@ impl Cold {
         leased_at: 0,
         demand: DemandHistory::new(),
         next_token_at: 0,
-        pending: 0,
-        pending_due: 0,
+        reserved: Reserved::NONE,
         fallback: None,
         shape: 0,
+        dispenser: 0,
         global_left: NO_ANSWER,
         global_seen_at: 0,
         quiet_at: 0,
@@ -86,15 +90,115 @@ impl Cold {
     /// Whether dropping this state at `now` (in demand interval `interval`) loses nothing.
     fn is_idle(&self, now: u64, interval: u64) -> bool {
         self.waiters.is_empty()
-            && self.pending == 0
+            && self.reserved.is_empty()
             && self.fallback.as_ref().is_none_or(|f| f.is_full_at(now))
             && now >= self.quiet_at
             && self.demand.is_idle(interval)
     }
 }
 
+/// Tokens reserved ahead of the global refill, in tranches by when each falls due (clock
+/// micros), earliest first: a later reservation never delays an earlier one, so tokens
+/// reserved while the store is slower than a token interval are used as each falls due.
+struct Reserved {
+    // A boxed slice, not a `Vec`: the state stays in its allocation class, and tranches are
+    // added and released once per batch at most. `None` when empty.
+    tranches: Option<Box<[(u64, u64)]>>,
+}
+
+/// Tranches kept apart; beyond, the latest two merge (the later due wins, so nothing is used
+/// early).
+const MAX_TRANCHES: usize = 8;
+
+impl Reserved {
+    const NONE: Self = Self { tranches: None };
+
+    fn all(&self) -> &[(u64, u64)] {
+        self.tranches.as_deref().unwrap_or(&[])
+    }
+
+    fn set(&mut self, tranches: Vec<(u64, u64)>) {
+        self.tranches = (!tranches.is_empty()).then(|| tranches.into_boxed_slice());
+    }
+
+    fn is_empty(&self) -> bool {
+        self.tranches.is_none()
+    }
+
+    fn total(&self) -> u64 {
+        self.all()
+            .iter()
+            .fold(0u64, |sum, &(_, tokens)| sum.saturating_add(tokens))
+    }
+
+    /// When the last tranche falls due (0 when none is reserved).
+    fn last_due(&self) -> u64 {
+        self.all().last().map_or(0, |&(due, _)| due)
+    }
+
+    fn add(&mut self, due: u64, tokens: u64) {
+        let mut tranches = self.all().to_vec();
+        let at = tranches.partition_point(|&(d, _)| d <= due);
+        match at.checked_sub(1).map(|i| &mut tranches[i]) {
+            Some((d, held)) if *d == due => *held = held.saturating_add(tokens),
+            _ => tranches.insert(at, (due, tokens)),
+        }
+        if tranches.len() > MAX_TRANCHES
+            && let Some((due, tokens)) = tranches.pop()
+            && let Some(last) = tranches.last_mut()
+        {
+            *last = (due, last.1.saturating_add(tokens));
+        }
+        self.set(tranches);
+    }
+
+    /// Tokens due by `now`, without taking them.
+    fn due_by(&self, now: u64) -> u64 {
+        self.all()
+            .iter()
+            .take_while(|&&(due, _)| due <= now)
+            .fold(0u64, |sum, &(_, tokens)| sum.saturating_add(tokens))
+    }
+
+    /// Takes out the tranches due by `now`: their tokens, and when the last of them fell due.
+    fn take_due(&mut self, now: u64) -> (u64, u64) {
+        let n = self.all().partition_point(|&(due, _)| due <= now);
+        if n == 0 {
+            return (0, 0);
+        }
+        let taken = self.all()[..n]
+            .iter()
+            .fold((0u64, 0), |(sum, _), &(due, tokens)| {
+                (sum.saturating_add(tokens), due)
+            });
+        let rest = self.all()[n..].to_vec();
+        self.set(rest);
+        taken
+    }
+
+    /// When the tranches hold `tokens` in all (the last one's due when they never do).
+    fn covering(&self, tokens: u64) -> u64 {
+        let mut sum = 0u64;
+        for &(due, held) in self.all() {
+            sum = sum.saturating_add(held);
+            if sum >= tokens {
+                return due;
+            }
+        }
+        self.last_due()
+    }
+
+    fn take_all(&mut self) -> u64 {
+        let all = self.total();
+        self.tranches = None;
+        all
+    }
+}
+
 /// A host's own bucket for a key while the global store is unavailable.
 struct Fallback {
+    /// The host's share of the limit that the bucket follows.
+    share: Limit,
     bucket: TokenBucket,
     /// When it is full again if nothing more is taken (`None`: beyond the clock's range):
     /// from then on it is the same as no bucket, which starts full.
@@ -104,6 +208,30 @@ struct Fallback {
 impl Fallback {
     fn is_full_at(&self, now: u64) -> bool {
         self.full_at.is_some_and(|at| at.is_full_at(now))
+    }
+
+    /// The limit or the expected fleet changed: a bucket of the new `share`, holding what the
+    /// old one held at `now` (at most the new capacity).
+    fn reshare(&mut self, share: &Limit, now: u64) {
+        let mut old = self.bucket;
+        old.refill(&self.share, now);
+        let lacking = share.capacity().saturating_sub(old.tokens());
+        self.share = *share;
+        self.bucket = TokenBucket::full(share, now);
+        self.bucket.take(share, now, lacking, lacking);
+        self.full_at = self.bucket.full_at(share);
+    }
+
+    /// What this host can admit alone: `lease` tokens leased before the store went down, and
+    /// this bucket's, within `limit`'s capacity.
+    fn view(&self, lease: u64, now: u64, limit: &Limit) -> View {
+        let level = crate::global::BucketLevel::of(&self.bucket, &self.share, now);
+        let tokens = lease.saturating_add(level.tokens).min(limit.capacity());
+        View {
+            tokens,
+            next_in: micros(level.next_in),
+            full_in: micros(level.full_in),
+        }
     }
 }
 
@@ -139,7 +267,7 @@ impl std::fmt::Debug for LocalBucket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalBucket")
             .field("tokens", &self.tokens)
-            .field("pending", &self.cold().pending)
+            .field("reserved", &self.cold().reserved.total())
             .field("next_token_at", &self.cold().next_token_at)
             .field("fetching", &self.fetching)
             .field("waiters", &self.cold().waiters.len())
@@ -196,6 +324,8 @@ pub(crate) enum Verdict {
     Throttled { until: u64 },
     /// The global store failed: the failure policy decides.
     Failed,
+    /// The key's quota no longer has this limit: nothing to enforce (no tokens taken).
+    Unlimited,
 }
 
 /// The hot path's answer.
@@ -247,8 +377,14 @@ impl Plan {
 /// How a fetch ended.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum FetchOutcome {
-    /// The store, asked at `sent_at` (clock micros), answered `grant`.
-    Granted { grant: Grant, sent_at: u64 },
+    /// The store, asked at `sent_at` (clock micros) for tokens of the limit called `from`,
+    /// of shape `shape` (see [`LocalBucket::reshape`]), answered `grant`.
+    Granted {
+        grant: Grant,
+        sent_at: u64,
+        from: Name,
+        shape: u32,
+    },
     /// Nothing was asked: the key is throttled or the lease is full.
     Skipped,
     /// The call failed, timed out, was not made (the store is backing off) or never finished.
@@ -262,6 +398,9 @@ pub(crate) struct Settled {
     pub(crate) verdicts: Vec<(Waiter, Verdict)>,
     /// Tokens beyond capacity (the limit was lowered), to hand back.
     pub(crate) excess: u64,
+    /// Tokens of another global bucket than the fetch's (the key changed tiers while it was
+    /// under way): neither usable nor handed back.
+    pub(crate) forfeited: u64,
     /// Requests are still waiting: the caller starts another fetch.
     pub(crate) refetch: bool,
 }
@@ -277,7 +416,7 @@ impl LocalBucket {
 
     /// Tokens leased to this host and not used yet, including those reserved ahead.
     pub fn leased_tokens(&self) -> u64 {
-        self.tokens.saturating_add(self.cold().pending)
+        self.tokens.saturating_add(self.cold().reserved.total())
     }
 
     /// Requests waiting for the batch being fetched.
@@ -360,6 +499,12 @@ impl LocalBucket {
         self.tokens = self.tokens.saturating_add(tokens);
     }
 
+    /// Undoes the fetch ahead a [`take_leased`](Self::take_leased) asked for
+    /// ([`Hit::AdmittedStartFetch`]), when that take is undone before the fetch is started.
+    pub(crate) fn cancel_fetch_ahead(&mut self) {
+        self.fetching = false;
+    }
+
     /// Undoes a [`take_leased`](Self::take_leased) of `cost` for a request another of its
     /// buckets refused: the tokens stay in the lease, and the request is not counted.
     pub(crate) fn undo_take(&mut self, cost: u64) {
@@ -367,15 +512,45 @@ impl LocalBucket {
         self.uncounted = self.uncounted.saturating_sub(1);
     }
 
-    /// Tells the bucket which limit it serves (a hash of its name and shape). When that changed
-    /// (a key moved to another tier, a limit was raised or lowered), what the bucket knew of
-    /// the old global bucket no longer holds: it forgets that the key was throttled.
-    pub(crate) fn reshape(&mut self, shape: u64) {
-        if self.cold().shape != shape {
-            let cold = self.cold_mut();
-            cold.shape = shape;
-            cold.next_token_at = 0;
+    /// Tells the bucket which limit it serves: its `name` and `shape` (a hash of its name and
+    /// shape). When the shape changed (a limit was raised or lowered), what the bucket knew of
+    /// the global bucket no longer holds: it forgets that the key was throttled. When the name
+    /// changed (the key moved to another tier), the lease holds another global bucket's tokens,
+    /// which this limit may not use: they are taken out, reserved ones too, and returned as
+    /// forfeited.
+    pub(crate) fn reshape(&mut self, name: Name, shape: u32) -> u64 {
+        let cold = self.cold();
+        if cold.shape == shape && cold.dispenser == name.id() {
+            return 0;
         }
+        let moved = !self.holds_tokens_of(name);
+        let forfeited = match moved {
+            true => {
+                self.low_water = 0;
+                self.take_all_leased()
+            }
+            false => 0,
+        };
+        let cold = self.cold_mut();
+        if moved {
+            cold.global_left = NO_ANSWER;
+            cold.quiet_at = 0;
+        }
+        cold.shape = shape;
+        cold.next_token_at = 0;
+        cold.dispenser = name.id();
+        forfeited
+    }
+
+    /// Whether the lease holds tokens of the global bucket called `name` (or of no known one:
+    /// tokens put back into a bucket that had shed its state).
+    pub(crate) fn holds_tokens_of(&self, name: Name) -> bool {
+        matches!(self.cold().dispenser, 0) || self.cold().dispenser == name.id()
+    }
+
+    /// The global bucket whose tokens the lease holds ([`Name::id`]; 0 when unknown).
+    pub(crate) fn dispenser(&self) -> u32 {
+        self.cold().dispenser
     }
 
     /// How many limits the key's quota has; 0 while unknown (a bucket made by a give-back,
@@ -401,15 +576,16 @@ impl LocalBucket {
     /// bucket's level at its last answer and what it has refilled since (none while it is
     /// known to be short). Other hosts may have taken some of it since: an estimate, the best
     /// a host has without asking.
-    pub(crate) fn view(&self, now: u64, limit: &Limit) -> View {
+    ///
+    /// While the store is down (`store_up` false) and this host decides alone with its own
+    /// fallback bucket, the view is the lease plus that bucket: what this host can still admit.
+    pub(crate) fn view(&self, now: u64, limit: &Limit, store_up: bool) -> View {
         let capacity = limit.capacity();
         let cold = self.cold();
-        let due = if now >= cold.pending_due {
-            cold.pending
-        } else {
-            0
-        };
-        let lease = self.tokens.saturating_add(due);
+        let lease = self.tokens.saturating_add(cold.reserved.due_by(now));
+        if let (false, Some(fallback)) = (store_up, &cold.fallback) {
+            return fallback.view(lease, now, limit);
+        }
         let short = now < cold.next_token_at;
         let global = match cold.global_left {
             NO_ANSWER => capacity,
@@ -445,38 +621,48 @@ impl LocalBucket {
         u64::from(std::mem::take(&mut self.uncounted))
     }
 
-    fn record_demand(&mut self, interval: u64) {
+    /// Records the tokens served since the clock was last read for this key as demand of
+    /// `interval`: a lease that served any was in use at `now`.
+    fn record_demand(&mut self, now: u64, interval: u64) {
         let tokens = u64::from(std::mem::take(&mut self.unrecorded));
-        self.cold_mut().demand.record(interval, tokens);
-    }
-
-    /// Moves tokens reserved ahead into the lease once they are due.
-    fn release_pending(&mut self, now: u64) {
-        if self.cold().pending > 0 && now >= self.cold().pending_due {
-            let cold = self.cold_mut();
-            let pending = std::mem::take(&mut cold.pending);
-            cold.leased_at = cold.pending_due;
-            self.tokens = self.tokens.saturating_add(pending);
-            self.low_water = half(pending);
+        let cold = self.cold_mut();
+        cold.demand.record(interval, tokens);
+        if tokens > 0 {
+            cold.leased_at = now;
         }
     }
 
+    /// Moves the tranches reserved ahead into the lease once they are due. A lease filled from
+    /// empty starts its life then; one that still held tokens keeps its age, so that a lease
+    /// nothing uses is handed back even while the host keeps reserving.
+    fn release_pending(&mut self, now: u64) {
+        let Some(cold) = self.cold.as_deref_mut() else {
+            return;
+        };
+        let (tokens, due) = cold.reserved.take_due(now);
+        if tokens == 0 {
+            return;
+        }
+        if self.tokens == 0 {
+            cold.leased_at = due;
+        }
+        self.tokens = self.tokens.saturating_add(tokens);
+        self.low_water = half(tokens);
+    }
+
     /// When a request of `cost` tokens that the lease cannot serve at `now` can be: when the
-    /// tokens reserved ahead are due, or when the global bucket has refilled what they lack.
+    /// tranches reserved ahead hold what it lacks, or when the global bucket has refilled what
+    /// they all lack.
     fn due(&self, cost: u64, now: u64, limit: &Limit) -> u64 {
         let (held, cold) = (self.leased_tokens(), self.cold());
         if cost <= held {
-            return cold.pending_due;
+            return cold.reserved.covering(cost.saturating_sub(self.tokens));
         }
         // The global bucket's first token is due at `next_token_at`, the rest at its rate.
         let more = cost - held;
         let rest = micros(limit.time_to_accrue(more - 1));
         let refilled = cold.next_token_at.max(now).saturating_add(rest);
-        if cold.pending > 0 {
-            refilled.max(cold.pending_due)
-        } else {
-            refilled
-        }
+        refilled.max(cold.reserved.last_due())
     }
 
     /// A request of `cost` found too few tokens at `now`: serve it if reserved tokens have
@@ -494,7 +680,7 @@ impl LocalBucket {
     ) -> Miss {
         self.release_pending(now);
         let admitted = self.take(cost);
-        self.record_demand(interval);
+        self.record_demand(now, interval);
         if admitted {
             return Miss::Admitted;
         }
@@ -522,7 +708,7 @@ impl LocalBucket {
     /// is throttled, or the lease is full).
     pub(crate) fn plan(&mut self, now: u64, interval: u64, limit: &Limit) -> Option<Plan> {
         self.release_pending(now);
-        self.record_demand(interval);
+        self.record_demand(now, interval);
         self.cold_mut().waiters.retain(|w| !w.is_gone());
         let needed = self
             .cold()
@@ -555,16 +741,38 @@ impl LocalBucket {
     /// left to the failure policy when the fetch failed, kept for another batch while the
     /// global bucket is not known to be short and their deadline has not passed, or refused
     /// with the time their tokens are due.
-    pub(crate) fn settle(&mut self, outcome: &FetchOutcome, now: u64, limit: &Limit) -> Settled {
+    /// The tokens it serves are recorded as demand of `interval`, in use at `now`.
+    pub(crate) fn settle(
+        &mut self,
+        outcome: &FetchOutcome,
+        now: u64,
+        interval: u64,
+        limit: &Limit,
+    ) -> Settled {
         let mut settled = Settled::default();
         match *outcome {
             FetchOutcome::Failed => return self.fail_fetch(),
             // Nothing asked: the key is throttled (its waiters are refused below), or the lease
             // was full (refunds can fill it) and is less so once it has served them.
             FetchOutcome::Skipped => {}
-            FetchOutcome::Granted { grant, sent_at } => {
+            // Tokens of the bucket the key left while the fetch was under way: not this one's.
+            FetchOutcome::Granted { grant, from, .. } if !self.holds_tokens_of(from) => {
+                settled.forfeited = grant.granted.saturating_add(grant.reserved);
+            }
+            FetchOutcome::Granted {
+                grant,
+                sent_at,
+                from,
+                shape,
+            } => {
+                self.cold_mut().dispenser = from.id();
                 self.take_grant(&grant, sent_at, now, limit);
                 settled.excess = self.shed_excess(limit);
+                if self.cold().shape != shape {
+                    // The limit changed while the call was under way: the answer's times are
+                    // the old limit's, so the key is not known to be short.
+                    self.cold_mut().next_token_at = 0;
+                }
             }
         }
         self.fetching = false;
@@ -592,19 +800,29 @@ impl LocalBucket {
             self.fetching = true;
             settled.refetch = true;
         }
+        if self.unrecorded > 0 {
+            self.record_demand(now, interval);
+        }
         settled
     }
 
     /// Ends the fetch in flight as failed: every waiting request goes to the failure policy,
     /// and the next request starts a new fetch.
     pub(crate) fn fail_fetch(&mut self) -> Settled {
+        self.end_fetch(Verdict::Failed)
+    }
+
+    /// Ends the fetch in flight for a limit the key's quota no longer has: every waiting
+    /// request passes, taking nothing.
+    pub(crate) fn drop_limit(&mut self) -> Settled {
+        self.end_fetch(Verdict::Unlimited)
+    }
+
+    fn end_fetch(&mut self, verdict: Verdict) -> Settled {
         self.fetching = false;
         Settled {
             verdicts: self.cold.as_mut().map_or_else(Vec::new, |cold| {
-                cold.waiters
-                    .drain(..)
-                    .map(|w| (w, Verdict::Failed))
-                    .collect()
+                cold.waiters.drain(..).map(|w| (w, verdict)).collect()
             }),
             ..Settled::default()
         }
@@ -616,17 +834,17 @@ impl LocalBucket {
         // bucket could already admit it.
         self.note_global(grant, sent_at, now, limit);
         if grant.granted > 0 {
+            if self.tokens == 0 {
+                self.cold_mut().leased_at = now;
+            }
             self.tokens = self.tokens.saturating_add(grant.granted);
-            self.cold_mut().leased_at = now;
             self.low_water = half(grant.granted);
         }
         if grant.reserved > 0 {
             // From the time the answer came, so that reserved tokens are never used before the
             // global bucket has refilled them.
             let due = now.saturating_add(micros(grant.ready_in));
-            let cold = self.cold_mut();
-            cold.pending = cold.pending.saturating_add(grant.reserved);
-            cold.pending_due = cold.pending_due.max(due);
+            self.cold_mut().reserved.add(due, grant.reserved);
         }
     }
 
@@ -637,13 +855,16 @@ impl LocalBucket {
         excess
     }
 
-    /// Takes the leased tokens out if the lease is older than `ttl` micros and no batch is in
-    /// flight or reserved, so they can be handed back; and drops the slow path's state once it
-    /// holds nothing any more (at `now`, in demand interval `interval`).
+    /// Takes the usable leased tokens out if the lease has not been used for `ttl` micros, so
+    /// they can be handed back: whether or not a batch is in flight or tokens are reserved
+    /// ahead (those stay, and age once due). Drops the slow path's state once it holds nothing
+    /// any more (at `now`, in demand interval `interval`).
     pub(crate) fn take_expired(&mut self, now: u64, ttl: u64, interval: u64) -> u64 {
         self.release_pending(now);
-        let cold = self.cold();
-        if self.fetching || cold.pending > 0 || now.saturating_sub(cold.leased_at) < ttl {
+        if self.unrecorded > 0 {
+            self.record_demand(now, interval);
+        }
+        if now.saturating_sub(self.cold().leased_at) < ttl {
             return 0;
         }
         self.low_water = 0;
@@ -655,10 +876,10 @@ impl LocalBucket {
     /// Drops the slow path's state when it holds nothing: the bucket then reads exactly as it
     /// did (see [`Cold::is_idle`]).
     fn shed_if_idle(&mut self, now: u64, interval: u64) {
-        if self.cold.is_none() {
+        if self.cold.is_none() || self.fetching {
             return;
         }
-        self.record_demand(interval);
+        self.record_demand(now, interval);
         if self.cold().is_idle(now, interval) {
             self.cold = None;
         }
@@ -672,11 +893,8 @@ impl LocalBucket {
 
     /// Takes every leased token out, reserved ones included: the bucket is being dropped.
     pub(crate) fn take_all_leased(&mut self) -> u64 {
-        let pending = self
-            .cold
-            .as_mut()
-            .map_or(0, |c| std::mem::take(&mut c.pending));
-        std::mem::take(&mut self.tokens).saturating_add(pending)
+        let reserved = self.cold.as_mut().map_or(0, |c| c.reserved.take_all());
+        std::mem::take(&mut self.tokens).saturating_add(reserved)
     }
 
     /// Takes `cost` from this host's own fallback bucket, shaped `share`. Returns the wait
@@ -684,10 +902,14 @@ impl LocalBucket {
     pub(crate) fn take_fallback(&mut self, share: &Limit, now: u64, cost: u64) -> u64 {
         let fallback = self.cold_mut().fallback.get_or_insert_with(|| {
             Box::new(Fallback {
+                share: *share,
                 bucket: TokenBucket::full(share, now),
                 full_at: None,
             })
         });
+        if fallback.share != *share {
+            fallback.reshare(share, now);
+        }
         let taken = fallback.bucket.take(share, now, cost, cost);
         fallback.full_at = fallback.bucket.full_at(share);
         if taken.granted >= cost {
@@ -737,6 +959,8 @@ mod tests {
                 refill_in: Duration::from_millis(refill_in_ms),
             },
             sent_at: 0,
+            from: Name::intern("default"),
+            shape: 0,
         }
     }
 
@@ -754,7 +978,11 @@ mod tests {
     fn a_view_adds_the_lease_to_the_global_level_and_its_refill_since() {
         let limit = limit(); // 10 per second, burst 10
         let mut b = LocalBucket::default();
-        assert_eq!(b.view(0, &limit), View::full(&limit), "never asked: full");
+        assert_eq!(
+            b.view(0, &limit, true),
+            View::full(&limit),
+            "never asked: full"
+        );
         let answer = FetchOutcome::Granted {
             grant: Grant {
                 granted: 4,
@@ -764,24 +992,26 @@ mod tests {
                 refill_in: Duration::ZERO,
             },
             sent_at: 0,
+            from: Name::intern("default"),
+            shape: 0,
         };
-        b.settle(&answer, 0, &limit);
+        b.settle(&answer, 0, 0, &limit);
         b.take_leased(2);
-        let view = b.view(0, &limit);
+        let view = b.view(0, &limit, true);
         assert_eq!(view.tokens, 2 + 3);
         assert_eq!(view.next_in, 100_000, "one token every 100 ms");
         assert_eq!(view.full_in, 500_000);
         // 250 ms later the global bucket has refilled two more.
-        assert_eq!(b.view(250_000, &limit).tokens, 7);
-        assert_eq!(b.view(2_000_000, &limit), View::full(&limit));
+        assert_eq!(b.view(250_000, &limit, true).tokens, 7);
+        assert_eq!(b.view(2_000_000, &limit, true), View::full(&limit));
     }
 
     #[test]
     fn a_view_of_a_key_known_short_counts_only_the_lease_until_tokens_are_due() {
         let limit = limit();
         let mut b = LocalBucket::default();
-        b.settle(&grant(1, 0, 0, 300), 0, &limit);
-        let view = b.view(100_000, &limit);
+        b.settle(&grant(1, 0, 0, 300), 0, 0, &limit);
+        let view = b.view(100_000, &limit, true);
         assert_eq!((view.tokens, view.next_in), (1, 200_000));
         assert_eq!(
             view.full_in,
@@ -789,11 +1019,11 @@ mod tests {
             "then 8 more at 10 per second"
         );
         assert_eq!(
-            b.view(300_000, &limit).tokens,
+            b.view(300_000, &limit, true).tokens,
             2,
             "the global bucket's first token"
         );
-        assert_eq!(b.view(400_000, &limit).tokens, 3);
+        assert_eq!(b.view(400_000, &limit, true).tokens, 3);
     }
 
     #[test]
@@ -818,7 +1048,7 @@ mod tests {
     fn a_batch_serves_waiters_in_arrival_order_and_keeps_the_rest() {
         let mut b = LocalBucket::default();
         let _rx: Vec<_> = [3, 1, 2].iter().map(|&c| queue(&mut b, c, 0).1).collect();
-        let settled = b.settle(&grant(8, 0, 0, 0), 0, &limit());
+        let settled = b.settle(&grant(8, 0, 0, 0), 0, 0, &limit());
         let expected = vec![
             (3, Verdict::Admitted),
             (1, Verdict::Admitted),
@@ -834,7 +1064,7 @@ mod tests {
         let mut b = LocalBucket::default();
         let _rx: Vec<_> = [2, 1, 3].iter().map(|&c| queue(&mut b, c, 0).1).collect();
         // Two tokens were there; the next is due 100 ms after the call was sent.
-        let settled = b.settle(&grant(2, 0, 0, 100), 5_000, &limit());
+        let settled = b.settle(&grant(2, 0, 0, 100), 5_000, 0, &limit());
         // The first fits; the second does not (the first took both); the third needs 3 more
         // from the global bucket: the first at 100 ms, two more at 100 ms each.
         assert_eq!(
@@ -857,7 +1087,7 @@ mod tests {
         let mut b = LocalBucket::default();
         let (_, _rx) = queue(&mut b, 1, 0);
         // Refused now, but 5 tokens reserved: due 300 ms after the answer came (at 1 ms).
-        let settled = b.settle(&grant(0, 5, 300, 400), 1_000, &limit());
+        let settled = b.settle(&grant(0, 5, 300, 400), 1_000, 0, &limit());
         assert_eq!(
             verdicts(&settled),
             vec![(1, Verdict::Throttled { until: 301_000 })]
@@ -884,7 +1114,7 @@ mod tests {
         let (_, _a) = queue(&mut b, 1, 0);
         b.plan(0, 0, &limit());
         let (_, _b) = queue(&mut b, 1, 0);
-        let settled = b.settle(&grant(1, 0, 0, 0), 0, &limit());
+        let settled = b.settle(&grant(1, 0, 0, 0), 0, 0, &limit());
         assert_eq!(verdicts(&settled), vec![(1, Verdict::Admitted)]);
         assert!(settled.refetch && b.is_fetching());
         assert_eq!(b.plan(0, 0, &limit()).map(|p| p.needed), Some(1));
@@ -895,10 +1125,10 @@ mod tests {
         let mut b = LocalBucket::default();
         let (_, _rx) = queue(&mut b, 5, 0);
         for now in [0, DEADLINE - 1] {
-            let settled = b.settle(&grant(1, 0, 0, 0), now, &limit());
+            let settled = b.settle(&grant(1, 0, 0, 0), now, 0, &limit());
             assert!(settled.refetch && settled.verdicts.is_empty());
         }
-        let settled = b.settle(&grant(1, 0, 0, 0), DEADLINE, &limit());
+        let settled = b.settle(&grant(1, 0, 0, 0), DEADLINE, 0, &limit());
         // Three tokens held; the global bucket's next is due now, the one after 100 ms later.
         assert_eq!(
             verdicts(&settled),
@@ -916,7 +1146,7 @@ mod tests {
     fn a_failed_fetch_leaves_every_waiter_to_the_failure_policy() {
         let mut b = LocalBucket::default();
         let _rx: Vec<_> = [1, 1].iter().map(|&c| queue(&mut b, c, 0).1).collect();
-        let settled = b.settle(&FetchOutcome::Failed, 0, &limit());
+        let settled = b.settle(&FetchOutcome::Failed, 0, 0, &limit());
         assert_eq!(
             verdicts(&settled),
             vec![(1, Verdict::Failed), (1, Verdict::Failed)]
@@ -933,7 +1163,7 @@ mod tests {
         let (_, _stays) = queue(&mut b, 1, 0);
         drop(gone);
         assert_eq!(b.plan(0, 0, &limit()).map(|p| p.needed), Some(1));
-        let settled = b.settle(&grant(5, 0, 0, 0), 0, &limit());
+        let settled = b.settle(&grant(5, 0, 0, 0), 0, 0, &limit());
         assert_eq!(verdicts(&settled), vec![(1, Verdict::Admitted)]);
         assert_eq!(b.leased_tokens(), 4);
     }
@@ -950,7 +1180,7 @@ mod tests {
     fn the_lease_runs_low_once_per_batch() {
         let mut b = LocalBucket::default();
         let (_, _rx) = queue(&mut b, 1, 0);
-        b.settle(&grant(8, 0, 0, 0), 0, &limit());
+        b.settle(&grant(8, 0, 0, 0), 0, 0, &limit());
         // 7 left, low water 4: the fourth hit leaves 3 and asks for one prefetch.
         let hits: Vec<_> = (0..5).map(|_| b.take_leased(1)).collect();
         assert_eq!(
@@ -970,10 +1200,10 @@ mod tests {
     fn a_lowered_limit_sheds_what_the_lease_holds_beyond_it() {
         let mut b = LocalBucket::default();
         let (_, _rx) = queue(&mut b, 1, 0);
-        b.settle(&grant(10, 0, 0, 0), 0, &limit());
+        b.settle(&grant(10, 0, 0, 0), 0, 0, &limit());
         let (_, _rx) = queue(&mut b, 20, 0);
         let lower = Limit::per_second(4).burst(4).unwrap();
-        let settled = b.settle(&grant(1, 0, 0, 0), 0, &lower);
+        let settled = b.settle(&grant(1, 0, 0, 0), 0, 0, &lower);
         assert_eq!(settled.excess, 6);
         assert_eq!(b.leased_tokens(), 4);
     }
@@ -994,7 +1224,7 @@ mod tests {
             b.plan(0, 0, &limit).is_none(),
             "a full lease asks for nothing"
         );
-        let settled = b.settle(&FetchOutcome::Skipped, 0, &limit);
+        let settled = b.settle(&FetchOutcome::Skipped, 0, 0, &limit);
         let verdicts: Vec<_> = settled.verdicts.iter().map(|(_, v)| *v).collect();
         assert_eq!(verdicts, [Verdict::Admitted, Verdict::Admitted]);
         assert!(settled.refetch, "the third waits for a batch");
@@ -1006,7 +1236,7 @@ mod tests {
     fn leases_expire_unless_a_batch_is_in_flight_or_reserved() {
         let mut b = LocalBucket::default();
         let (_, _rx) = queue(&mut b, 1, 0);
-        b.settle(&grant(6, 0, 0, 0), 0, &limit());
+        b.settle(&grant(6, 0, 0, 0), 0, 0, &limit());
         assert_eq!(b.take_expired(1_999_999, 2_000_000, 1), 0);
         assert_eq!(b.take_expired(2_000_000, 2_000_000, 2), 5);
         assert_eq!(b.leased_tokens(), 0);
@@ -1024,17 +1254,17 @@ mod tests {
         );
         let (_, _rx) = queue(&mut b, 1, 0);
         // Four granted, one to the waiter; the global bucket is left empty, full at 1 s.
-        b.settle(&grant(4, 0, 0, 0), 0, &limit);
+        b.settle(&grant(4, 0, 0, 0), 0, 0, &limit);
         assert!(b.holds_cold_state());
         assert_eq!(b.take_expired(2 * SECOND, 2 * SECOND, 2), 3);
-        // The token served is recorded as interval 2's demand, which the window holds until
-        // interval 18.
-        assert_eq!(b.take_expired(17 * SECOND, 2 * SECOND, 17), 0);
+        // The token served is recorded when it was served, as interval 0's demand, which the
+        // window holds until interval 16.
+        assert_eq!(b.take_expired(15 * SECOND, 2 * SECOND, 15), 0);
         assert!(b.holds_cold_state(), "demand is left in the window");
-        assert_eq!(b.take_expired(18 * SECOND, 2 * SECOND, 18), 0);
+        assert_eq!(b.take_expired(16 * SECOND, 2 * SECOND, 16), 0);
         assert!(!b.holds_cold_state(), "nothing left to keep");
-        assert_eq!(b.view(18 * SECOND, &limit), View::full(&limit));
-        assert_eq!(b.known_short(1, 18 * SECOND, &limit), None);
+        assert_eq!(b.view(16 * SECOND, &limit, true), View::full(&limit));
+        assert_eq!(b.known_short(1, 16 * SECOND, &limit), None);
     }
 
     #[test]
@@ -1043,14 +1273,14 @@ mod tests {
         // Throttled: the global bucket's next token is due at 30 s.
         let mut b = LocalBucket::default();
         let (_, _rx) = queue(&mut b, 1, 0);
-        b.settle(&grant(0, 0, 0, 30_000), 0, &limit);
+        b.settle(&grant(0, 0, 0, 30_000), 0, 0, &limit);
         assert_eq!(b.take_expired(29 * SECOND, 2 * SECOND, 29), 0);
         assert!(b.holds_cold_state(), "the key is throttled until 30 s");
         assert_eq!(b.known_short(1, 29 * SECOND, &limit), Some(30 * SECOND));
         // Its first token comes at 30 s, the bucket is full nine tenths of a second later.
         b.take_expired(30 * SECOND + 899_999, 2 * SECOND, 30);
         assert!(b.holds_cold_state(), "the fleet estimate is short of full");
-        assert!(b.view(30 * SECOND + 899_999, &limit).tokens < limit.capacity());
+        assert!(b.view(30 * SECOND + 899_999, &limit, true).tokens < limit.capacity());
         b.take_expired(30 * SECOND + 900_000, 2 * SECOND, 30);
         assert!(!b.holds_cold_state());
 
@@ -1076,7 +1306,7 @@ mod tests {
         // Tokens reserved ahead, or a lease not yet expired, are kept.
         let mut b = LocalBucket::default();
         let (_, _rx) = queue(&mut b, 1, 0);
-        b.settle(&grant(1, 2, 40_000, 0), 0, &limit);
+        b.settle(&grant(1, 2, 40_000, 0), 0, 0, &limit);
         assert_eq!(b.take_expired(20 * SECOND, 2 * SECOND, 20), 0);
         assert!(b.holds_cold_state(), "reserved tokens are held");
         assert_eq!(b.leased_tokens(), 2);

@@ -271,10 +271,14 @@ where
             Some(Hit::Admitted) => {}
             Some(Hit::AdmittedStartFetch) => fetch |= 1 << slot,
             Some(Hit::Short) | None => {
-                // Put back what the limits between took: the slow path decides them.
+                // Put back what the limits between took, and the fetches ahead they asked
+                // for (none will be started): the slow path decides them.
                 for undone in 1..slot {
                     if let Some(b) = slot_bucket(table, group, first, undone) {
                         b.undo_take(cost);
+                        if fetch & 1 << undone != 0 {
+                            b.cancel_fetch_ahead();
+                        }
                     }
                 }
                 return GroupHit::First(hit, slots);
@@ -493,6 +497,44 @@ mod tests {
             store.take_group(&LeaseKey::new(2, 0, 0), 1),
             GroupHit::First(Hit::Short, 0)
         ));
+    }
+
+    /// A limit added at run time was short while the one before it ran low: its fetch ahead,
+    /// asked for and then put back with its tokens, must not stay marked as under way (no one
+    /// would start it, and every request after would wait for it).
+    #[test]
+    fn a_fetch_ahead_put_back_with_its_tokens_is_not_left_marked() {
+        use crate::global::Grant;
+        use crate::local::FetchOutcome;
+        let store = MemoryLocalStore::<u64>::new();
+        let id = |slot| LeaseKey::new(1, 0, slot);
+        let limit = crate::Limit::per_second(100).build().unwrap();
+        let batch = |granted| FetchOutcome::Granted {
+            grant: Grant {
+                granted,
+                reserved: 0,
+                ready_in: std::time::Duration::ZERO,
+                remaining: 50,
+                refill_in: std::time::Duration::ZERO,
+            },
+            sent_at: 0,
+            from: crate::quota::Name::intern("default"),
+            shape: 0,
+        };
+        store.with_bucket(&id(0), |b| {
+            b.settle(&batch(100), 0, 0, &limit);
+            b.set_slots(3);
+        });
+        // Slot 1 holds 10, so taking 6 runs it below half its batch.
+        store.with_bucket(&id(1), |b| b.settle(&batch(10), 0, 0, &limit));
+        store.with_bucket(&id(2), |_| ());
+        assert!(matches!(
+            store.take_group(&id(0), 6),
+            GroupHit::First(Hit::Admitted, 3)
+        ));
+        let (tokens, fetching) =
+            store.with_bucket(&id(1), |b| (b.leased_tokens(), b.is_fetching()));
+        assert_eq!((tokens, fetching), (10, false));
     }
 
     #[test]

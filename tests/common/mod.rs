@@ -73,6 +73,21 @@ where
         key: Some(key.to_owned()),
         cost,
     };
+    send_job(service, job).await
+}
+
+/// Sends a job without a key, costing 1.
+pub async fn send_without_key<S>(service: &mut S) -> Outcome
+where
+    S: Service<Job, Response = Outcome, Error = Infallible>,
+{
+    send_job(service, Job { key: None, cost: 1 }).await
+}
+
+async fn send_job<S>(service: &mut S, job: Job) -> Outcome
+where
+    S: Service<Job, Response = Outcome, Error = Infallible>,
+{
     match service.ready().await {
         Ok(ready) => match ready.call(job).await {
             Ok(outcome) => outcome,
@@ -187,6 +202,8 @@ pub struct FaultyStore<G> {
     inner: G,
     mode: Arc<AtomicU8>,
     delay_micros: Arc<AtomicU64>,
+    /// Up to this much more delay, varying from call to call (deterministically).
+    spread_micros: Arc<AtomicU64>,
     pub acquires: Arc<Mutex<Vec<TokenRequest>>>,
     pub releases: Arc<AtomicU64>,
 }
@@ -216,6 +233,7 @@ impl<G> FaultyStore<G> {
             inner,
             mode: Arc::new(AtomicU8::new(Fault::None as u8)),
             delay_micros: Arc::default(),
+            spread_micros: Arc::default(),
             acquires: Arc::default(),
             releases: Arc::default(),
         }
@@ -231,8 +249,22 @@ impl<G> FaultyStore<G> {
             .store(delay.as_micros() as u64, Ordering::SeqCst);
     }
 
+    /// Every answer comes between `min` and `max` late, varying from call to call.
+    pub fn delay_between(&self, min: Duration, max: Duration) {
+        self.delay(min);
+        self.spread_micros
+            .store((max - min).as_micros() as u64, Ordering::SeqCst);
+    }
+
     fn delayed(&self) -> Duration {
-        Duration::from_micros(self.delay_micros.load(Ordering::SeqCst))
+        let spread = self.spread_micros.load(Ordering::SeqCst);
+        let calls = self.acquires.lock().unwrap().len() as u64;
+        // A fixed, well-spread sequence: the same delays in every run.
+        let extra = match spread {
+            0 => 0,
+            spread => calls.wrapping_mul(0x9E37_79B9_7F4A_7C15) % (spread + 1),
+        };
+        Duration::from_micros(self.delay_micros.load(Ordering::SeqCst) + extra)
     }
 
     fn fault(&self) -> u8 {
@@ -256,11 +288,16 @@ impl<K: Sync, G: GlobalStore<K>> GlobalStore<K> for FaultyStore<G> {
         self.acquires.lock().unwrap().push(request);
         let fault = self.fault();
         let delay = self.delayed();
-        let call = self.inner.acquire(key, limit, request);
         async move {
             tokio::time::sleep(delay).await;
+            // The store is asked only when it does not fail first (a store may do its work
+            // when called, before its future is awaited).
             match fault {
-                0 => Ok(call.await.map_err(|_| StoreDown)?),
+                0 => Ok(self
+                    .inner
+                    .acquire(key, limit, request)
+                    .await
+                    .map_err(|_| StoreDown)?),
                 1 => Err(StoreDown),
                 _ => std::future::pending().await,
             }
@@ -275,13 +312,15 @@ impl<K: Sync, G: GlobalStore<K>> GlobalStore<K> for FaultyStore<G> {
     ) -> impl Future<Output = Result<(), StoreDown>> + Send {
         let fault = self.fault();
         let delay = self.delayed();
-        let call = self.inner.release(key, limit, tokens);
         let releases = self.releases.clone();
         async move {
             tokio::time::sleep(delay).await;
             match fault {
                 0 => {
-                    call.await.map_err(|_| StoreDown)?;
+                    self.inner
+                        .release(key, limit, tokens)
+                        .await
+                        .map_err(|_| StoreDown)?;
                     releases.fetch_add(tokens, Ordering::SeqCst);
                     Ok(())
                 }
