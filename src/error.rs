@@ -55,8 +55,8 @@ impl fmt::Display for ConfigError {
             ),
             Self::CapacityTooLarge(c) => write!(
                 f,
-                "a limit's capacity must be at most {}, got {c}",
-                crate::Limit::MAX_CAPACITY
+                "a limit's capacity must be at most 2^53 - 1 ({}), got {c}",
+                (1u64 << 53) - 1
             ),
             Self::RateNotExact { amount, period } => write!(
                 f,

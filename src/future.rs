@@ -9,10 +9,12 @@ use futures_util::future::BoxFuture;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::layer::RequestPolicy;
+use crate::policy::RequestPolicy;
+use crate::rejection::Rejection;
 use crate::remaining::Remaining;
-use crate::response::{OnRejection, Rejection};
+use crate::response::OnRejection;
 use crate::throttle::Admitted;
+use crate::throttle::{Admission, Corrected};
 
 pin_project! {
     /// Response future of [`HierarchicalThrottle`](crate::HierarchicalThrottle): the inner
@@ -75,35 +77,6 @@ struct Charging<Res, Req, K, R> {
 
 /// A waiting request's decision: admitted, with what follows its response, or refused.
 pub(crate) type Decision<K> = BoxFuture<'static, Result<Admission, Rejection<K>>>;
-
-/// What follows an admitted request's response: settling its cost, then adding the state of
-/// its limits.
-#[derive(Default)]
-pub(crate) struct Admission {
-    /// The state of its limits to add (when not settling: settling reads them afterwards).
-    pub(crate) remaining: Vec<Remaining>,
-    pub(crate) settle: Option<Settling>,
-}
-
-impl Admission {
-    fn is_plain(&self) -> bool {
-        self.remaining.is_empty() && self.settle.is_none()
-    }
-}
-
-/// A request's cost to correct from its response: what it was charged, and what corrects it
-/// to the real cost.
-pub(crate) struct Settling {
-    pub(crate) charged: u64,
-    pub(crate) finish: Box<dyn FnOnce(u64) -> Settled + Send>,
-}
-
-/// A corrected cost: the state of the request's limits to add now, or once the global store
-/// has taken what the leases lacked.
-pub(crate) enum Settled {
-    Done(Vec<Remaining>),
-    Charging(BoxFuture<'static, Vec<Remaining>>),
-}
 
 /// An admission with the policy that adds to its response.
 pub(crate) struct After<Req, K, R> {
@@ -288,8 +261,8 @@ impl<Req, K, R> After<Req, K, R> {
         if let Some(settling) = self.admission.settle.take() {
             let actual = self.policy.on_rejection.settle(&response, settling.charged);
             match (settling.finish)(actual) {
-                Settled::Done(remaining) => self.admission.remaining = remaining,
-                Settled::Charging(charge) => return Err((charge, response)),
+                Corrected::Done(remaining) => self.admission.remaining = remaining,
+                Corrected::Charging(charge) => return Err((charge, response)),
             }
         }
         self.annotate(&mut response);

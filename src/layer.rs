@@ -1,4 +1,4 @@
-//! The layer and its builder.
+//! The layer: what every service it wraps shares, and the uses of keys outside a tower service.
 
 use std::fmt;
 use std::hash::Hash;
@@ -7,21 +7,17 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use crate::batch::{BatchPolicy, MAX_DEMAND_INTERVALS, WeightedDemand};
 use crate::clock::{Clock, MonotonicClock};
-use crate::error::ConfigError;
-use crate::failure::FailurePolicy;
 use crate::future::Acquire;
 use crate::global::GlobalStore;
-use crate::key::{BorrowKey, BorrowedKey, KeyFn, KeyReader, MissingKey};
-use crate::limit::Limit;
 use crate::local::LocalStore;
 use crate::local::memory::MemoryLocalStore;
-use crate::quota::{BucketKey, LeaseKey, Name, Quota};
+use crate::policy::RequestPolicy;
+use crate::quota::{BucketKey, LeaseKey};
 use crate::response::DefaultRejection;
 use crate::service::HierarchicalThrottle;
 use crate::stats::ThrottleStats;
-use crate::throttle::{Admitted, Check, Config, Decision, Level, QuotaSource, Throttle};
+use crate::throttle::{Admitted, Check, Decision, MAX_SETTING, Throttle};
 
 /// Applies hierarchical token-bucket throttling to requests, per key, across a fleet.
 ///
@@ -44,30 +40,6 @@ pub struct HierarchicalThrottleLayer<
     pub(crate) policy: Arc<RequestPolicy<Req, K, R>>,
 }
 
-/// How a request becomes keys and a cost, and a rejection a response.
-pub(crate) struct RequestPolicy<Req, K, R> {
-    pub(crate) key: KeyReader<Req, K>,
-    /// The key closures of the levels after the first.
-    pub(crate) levels: Box<[KeyFn<Req, K>]>,
-    pub(crate) cost: Option<CostFn<Req>>,
-    pub(crate) missing_key: MissingKey<K>,
-    pub(crate) on_rejection: R,
-}
-
-impl<Req, K, R> RequestPolicy<Req, K, R> {
-    pub(crate) fn cost(&self, request: &Req) -> u64 {
-        self.cost.as_ref().map_or(1, |cost| cost(request))
-    }
-
-    pub(crate) fn missing_key_name(&self) -> &'static str {
-        match self.missing_key {
-            MissingKey::Reject | MissingKey::RejectWith { .. } => "reject",
-            MissingKey::Admit => "admit",
-            MissingKey::UseKey(_) => "use a shared key",
-        }
-    }
-}
-
 impl<Req, K, G, L, C, R> Clone for HierarchicalThrottleLayer<Req, K, G, L, C, R> {
     fn clone(&self) -> Self {
         Self {
@@ -82,55 +54,6 @@ impl<Req, K, G, L, C, R> fmt::Debug for HierarchicalThrottleLayer<Req, K, G, L, 
         f.debug_struct("HierarchicalThrottleLayer")
             .field("config", &self.throttle.config)
             .finish_non_exhaustive()
-    }
-}
-
-impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
-    /// Starts a builder. Set the key first, then the limit and the global store:
-    ///
-    /// ```
-    /// use axum::{Router, body::Body, routing::get};
-    /// use http::Request;
-    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
-    ///
-    /// let layer = HierarchicalThrottleLayer::builder()
-    ///     .key_ref(|req: &Request<Body>| key::header_bytes(req, "x-api-key"))
-    ///     .limit(Limit::per_second(100).burst(200)?)
-    ///     .global_store(MemoryGlobalStore::new())
-    ///     .build()?;
-    /// let app: Router = Router::new().route("/", get(|| async { "hi" })).layer(layer);
-    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
-    /// ```
-    pub fn builder() -> Builder<Unset, Unset, Unset, Unset, MonotonicClock, DefaultRejection> {
-        Builder {
-            // Until `key` is set the builder cannot build: `Unset` is not a key.
-            key: KeyReader::Owned(Box::new(|_| None)),
-            cost: None,
-            quota: None,
-            levels: Vec::new(),
-            missing_key: MissingKey::Reject,
-            global: Unset,
-            local: Unset,
-            clock: MonotonicClock::new(),
-            on_rejection: DefaultRejection::default(),
-            batch: Box::new(WeightedDemand),
-            config: Config {
-                store_timeout: Duration::from_millis(50),
-                lease_ttl: Duration::from_secs(2),
-                demand_interval: Duration::from_secs(1),
-                demand_intervals: 10,
-                failure_policy: FailurePolicy::default(),
-                max_backoff: Duration::from_secs(1),
-                max_reservation: Duration::from_millis(100),
-                shadow: false,
-                ratelimit_fields: true,
-                shaping: crate::Shaping::Refuse,
-                retry_jitter: Duration::ZERO,
-                name: Arc::from(crate::quota::DEFAULT_LAYER),
-                layer: Name::intern(crate::quota::DEFAULT_LAYER),
-            },
-            error: None,
-        }
     }
 }
 
@@ -154,7 +77,7 @@ where
     /// [`Rejection`](crate::Rejection) a request would get, `Ok` how the use was
     /// [`Admitted`](crate::Admitted) (keep it to [`settle`](Self::settle) the use). The
     /// returned future is ready at once when the host's leased tokens cover `cost`. In
-    /// [shadow mode](Builder::shadow) it never refuses.
+    /// [shadow mode](crate::Builder::shadow) it never refuses.
     ///
     /// ```
     /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
@@ -176,7 +99,7 @@ where
     /// With [`Shaping::Wait`](crate::Shaping) it waits for its tokens as requests do.
     ///
     /// It draws on every limit of `key`'s quota at the layer's first level (further
-    /// [levels](Builder::level) have their own keys, which a bare key does not carry).
+    /// [levels](crate::Builder::level) have their own keys, which a bare key does not carry).
     #[inline]
     pub fn acquire(&self, key: K, cost: u64) -> Acquire<K> {
         if self.throttle.shapes() {
@@ -219,7 +142,7 @@ where
     /// [`delay`](crate::Reservation::delay); awaiting it waits in the key's queue on this host
     /// and admits the use once its tokens are there; dropping it gives its place up. `Err` if
     /// the tokens are due later than `max` (at most an hour) or the key's queue is full (the
-    /// [`shaping`](Builder::shaping) queue bound, 128 by default), with the `Rejection` a
+    /// [`shaping`](crate::Builder::shaping) queue bound, 128 by default), with the `Rejection` a
     /// request would get.
     ///
     /// The tokens are taken when due, not set aside now: another host may take them first,
@@ -227,7 +150,7 @@ where
     /// fleet admit more than its limit. A reservation with no delay has taken its tokens
     /// already (it was admitted at once): dropped without being awaited, it gives them back,
     /// as Go's `Reservation.Cancel` does. Awaited, it resolves to how the use was
-    /// [`Admitted`](crate::Admitted). In [shadow mode](Builder::shadow) it is never refused
+    /// [`Admitted`](crate::Admitted). In [shadow mode](crate::Builder::shadow) it is never refused
     /// and never waits.
     ///
     /// ```
@@ -331,7 +254,7 @@ where
     }
 
     /// Corrects a use of `key` that [`acquire`](Self::acquire) admitted as `admitted`, charged
-    /// `charged` tokens, to what it really cost, `actual`, as [`Builder::settle`] does for
+    /// `charged` tokens, to what it really cost, `actual`, as [`Builder::settle`](crate::Builder::settle) does for
     /// responses: a refund goes into this host's leases, only into those that gave the tokens
     /// (none when the failure policy admitted the use, or in shadow mode); a further charge is
     /// taken from them and from the global buckets, into debt if need be (at most a capacity
@@ -412,604 +335,4 @@ impl<S, Req, K, G, L, C, R> Layer<S> for HierarchicalThrottleLayer<Req, K, G, L,
     fn layer(&self, inner: S) -> Self::Service {
         HierarchicalThrottle::from_parts(inner, self.throttle.clone(), self.policy.clone())
     }
-}
-
-/// The longest duration any setting accepts: longer ones are configuration errors, so no time
-/// arithmetic can overflow at request time.
-const MAX_SETTING: Duration = Duration::from_secs(3600);
-
-/// A builder setting not given yet.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Unset;
-
-type CostFn<Req> = Box<dyn Fn(&Req) -> u64 + Send + Sync>;
-
-/// The most levels a layer has, its first included.
-pub const MAX_LEVELS: usize = 8;
-
-/// Where the first level's quotas come from, as set on the builder.
-enum QuotaSetting<K> {
-    Fixed(Quota),
-    PerKey(Box<dyn Fn(&K) -> Quota + Send + Sync>),
-}
-
-/// A further level, as set on the builder.
-struct LevelSetting<Req, K> {
-    name: Name,
-    key: KeyFn<Req, K>,
-    quota: QuotaSource<K>,
-}
-
-/// Builds a [`HierarchicalThrottleLayer`]. Setters consume and return the builder; invalid
-/// values are reported by [`build`](Self::build).
-#[must_use = "call .build() to make the layer"]
-pub struct Builder<Req, K, G, L, C, R> {
-    key: KeyReader<Req, K>,
-    cost: Option<CostFn<Req>>,
-    quota: Option<QuotaSetting<K>>,
-    levels: Vec<LevelSetting<Req, K>>,
-    missing_key: MissingKey<K>,
-    global: G,
-    local: L,
-    clock: C,
-    on_rejection: R,
-    batch: Box<dyn BatchPolicy>,
-    config: Config,
-    error: Option<ConfigError>,
-}
-
-impl<Req, K, G, L, C, R> fmt::Debug for Builder<Req, K, G, L, C, R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let quota = match &self.quota {
-            Some(QuotaSetting::Fixed(quota)) => Some(quota.to_string()),
-            Some(QuotaSetting::PerKey(_)) => Some("per key".to_owned()),
-            None => None,
-        };
-        f.debug_struct("Builder")
-            .field("quota", &quota)
-            .field("levels", &self.levels.len())
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<C, R> Builder<Unset, Unset, Unset, Unset, C, R> {
-    /// How a request becomes its throttle key: `None` when it has none (see
-    /// [`missing_key`](Builder::missing_key)).
-    ///
-    /// For a key read from the request as it is (a header, the path), prefer
-    /// [`key_ref`](Self::key_ref), which borrows it.
-    pub fn key<Req, K, F>(self, key: F) -> Builder<Req, K, Unset, MemoryLocalStore<K>, C, R>
-    where
-        F: Fn(&Req) -> Option<K> + Send + Sync + 'static,
-    {
-        self.with_key(KeyReader::Owned(Box::new(key)))
-    }
-
-    /// How a request's throttle key is borrowed from it: `Some(&[u8])` for a
-    /// [`CompactKey`](crate::key::CompactKey), `Some(&str)` for a `String`, `Some(&T)` for a
-    /// `T` (see [`BorrowedKey`](crate::key::BorrowedKey)); `None` when it has none (see
-    /// [`missing_key`](Builder::missing_key)).
-    ///
-    /// With the default local store, a request that the host's leased tokens admit finds its
-    /// bucket by the borrowed key and never makes the owned one: no allocation per request.
-    /// The key is made only when the request goes further (a batch to fetch, a
-    /// refusal to explain, the `RateLimit` fields or levels to read), by calling the closure
-    /// again: it must find the same key in the same request (it does, unless it reads
-    /// something other than the request).
-    ///
-    /// Pass the closure here directly, or a `fn`: a closure first kept in a variable does not
-    /// borrow its result from its argument, and is refused.
-    ///
-    /// ```
-    /// use axum::body::Body;
-    /// use http::{HeaderName, Request};
-    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
-    ///
-    /// // Parsed once, so that no request parses or hashes the name's text.
-    /// const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-    ///
-    /// let layer = HierarchicalThrottleLayer::builder()
-    ///     .key_ref(|req: &Request<Body>| key::header_bytes(req, &API_KEY))
-    ///     .limit(Limit::per_second(100).burst(200)?)
-    ///     .global_store(MemoryGlobalStore::new())
-    ///     .build()?;
-    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
-    /// ```
-    pub fn key_ref<Req, Q, F>(
-        self,
-        key: F,
-    ) -> Builder<Req, Q::Key, Unset, MemoryLocalStore<Q::Key>, C, R>
-    where
-        F: for<'r> Fn(&'r Req) -> Option<&'r Q> + Send + Sync + 'static,
-        Q: BorrowedKey + ?Sized + 'static,
-        Q::Key: 'static,
-    {
-        self.with_key(KeyReader::Borrowed(Box::new(BorrowKey::new(key))))
-    }
-
-    fn with_key<Req, K>(
-        self,
-        key: KeyReader<Req, K>,
-    ) -> Builder<Req, K, Unset, MemoryLocalStore<K>, C, R> {
-        Builder {
-            key,
-            cost: None,
-            quota: match self.quota {
-                Some(QuotaSetting::Fixed(quota)) => Some(QuotaSetting::Fixed(quota)),
-                _ => None,
-            },
-            levels: Vec::new(),
-            missing_key: MissingKey::Reject,
-            global: Unset,
-            local: MemoryLocalStore::new(),
-            clock: self.clock,
-            on_rejection: self.on_rejection,
-            batch: self.batch,
-            config: self.config,
-            error: self.error,
-        }
-    }
-}
-
-impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
-    /// The limits every key gets, all of which a request must satisfy: a [`Limit`] or a
-    /// [`Quota`] of several named limits (`100/s` **and** `100000/day`).
-    ///
-    /// ```
-    /// use axum::body::Body;
-    /// use http::Request;
-    /// use hierarchical_throttle::{HierarchicalThrottleLayer, MemoryGlobalStore, Quota, key};
-    ///
-    /// let layer = HierarchicalThrottleLayer::builder()
-    ///     .key_ref(|req: &Request<Body>| key::header_str(req, "x-api-key"))
-    ///     .quota("per-second: 100/s burst 200; per-day: 100000/day".parse::<Quota>()?)
-    ///     .global_store(MemoryGlobalStore::new())
-    ///     .build()?;
-    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
-    /// ```
-    pub fn quota(mut self, quota: impl Into<Quota>) -> Self {
-        self.quota = Some(QuotaSetting::Fixed(quota.into()));
-        self
-    }
-
-    /// The limit every key gets: a [`Quota`] of one limit called
-    /// [`default`](crate::quota::DEFAULT_NAME).
-    pub fn limit(self, limit: Limit) -> Self {
-        self.quota(limit)
-    }
-
-    /// How long one call to the global store may take; past it, the call counts as failed and
-    /// the [`failure_policy`](Self::failure_policy) decides the requests that waited for it.
-    /// A slow store that answers in time never hands a request to the failure policy.
-    /// Default: 50 ms; 1 ms to 1 hour.
-    pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.check_duration(timeout, "store_timeout");
-        self.config.store_timeout = timeout;
-        self
-    }
-
-    /// How far ahead of the global bucket's refill a host may reserve tokens when the bucket is
-    /// empty (Go's `ReserveN` with a maximum future reserve): the host holds its share of the
-    /// next tokens, and uses them once due, instead of asking again for every token. Requests
-    /// are refused meanwhile with the exact time their tokens are due, so this changes how
-    /// often hosts call the store when a key is over its limit, never what is admitted.
-    /// Default: 100 ms; zero turns reservations off; at most 1 hour.
-    pub fn max_reservation(mut self, ahead: Duration) -> Self {
-        self.check(ahead <= MAX_SETTING, "max_reservation", "at most 1 hour");
-        self.config.max_reservation = ahead;
-        self
-    }
-
-    /// The layer's name: part of its global buckets' identities, so that layers sharing a
-    /// global store (one Redis for several services, or several layers of one app) never
-    /// share buckets; and the `layer` label of its metrics. Give every layer that shares a
-    /// store a name of its own, and the same layer the same name on every host of a fleet
-    /// (hosts share buckets by it). Names follow [`Quota`]'s rules (1 to 64 ASCII letters,
-    /// digits, `-`, `_` or `.`). Default: [`default`](crate::quota::DEFAULT_LAYER).
-    ///
-    /// In one process, a layer built on a store that another live layer of the same name uses
-    /// with other limits is refused at [`build`](Self::build): their buckets would collide.
-    pub fn name(mut self, name: &str) -> Self {
-        match Name::new(name) {
-            Ok(layer) => {
-                self.config.layer = layer;
-                self.config.name = Arc::from(name);
-            }
-            Err(error) => {
-                self.error.get_or_insert(error);
-            }
-        }
-        self
-    }
-
-    /// Shadow mode (a dry run): every decision is made, counted and logged as usual, but no
-    /// request is refused; those that would have been are served and counted in
-    /// [`ThrottleStats::shadow_admitted`](crate::ThrottleStats). For rolling a limit out on live
-    /// traffic before enforcing it. Default: off.
-    pub fn shadow(mut self, on: bool) -> Self {
-        self.config.shadow = on;
-        self
-    }
-
-    /// Whether admitted responses carry `RateLimit-Policy` and `RateLimit` (one item per limit
-    /// the request drew on, at every level), as refusals always do. It costs reading each
-    /// limit's state and formatting two fields per response; turn it off when clients do not
-    /// read them. Only a rejection handler that writes them
-    /// ([`OnRejection::on_admitted`](crate::OnRejection::on_admitted), as
-    /// [`DefaultRejection`](crate::DefaultRejection) does) adds anything. Default: on.
-    pub fn ratelimit_fields(mut self, on: bool) -> Self {
-        self.config.ratelimit_fields = on;
-        self
-    }
-
-    /// Whether a throttled request is refused at once ([`Shaping::Refuse`](crate::Shaping),
-    /// the default: policing) or waits for its tokens ([`Shaping::wait`](crate::Shaping::wait):
-    /// shaping), in arrival order per key and host, up to a bound.
-    ///
-    /// A waiting request holds no tokens: each time its tokens are due it is decided like any
-    /// other request, so waiting never admits more than refusing would, fleet-wide; if other
-    /// hosts took the tokens first it sleeps until the next are due, until its wait runs out.
-    /// A request that arrives when its key's lease holds tokens is served at once, ahead of
-    /// those waiting. Waits sleep on tokio's timer: in tests, use a clock that follows it
-    /// ([`TokioClock`](crate::clock::TokioClock)) with paused time.
-    ///
-    /// `max` is at most 1 hour, `queue` at least 1.
-    pub fn shaping(mut self, shaping: crate::Shaping) -> Self {
-        if let crate::Shaping::Wait { max, queue } = shaping {
-            self.check(max <= MAX_SETTING, "shaping", "a wait of at most 1 hour");
-            self.check(queue >= 1, "shaping", "a queue of at least 1 request");
-        }
-        self.config.shaping = shaping;
-        self
-    }
-
-    /// Adds a random delay of up to `max` to every refusal's `retry_after` (so `Retry-After`,
-    /// `RateLimit`'s `t` and gRPC's `RetryInfo`), so that clients refused together do not all
-    /// come back at the same instant. A client waiting the longer time is never refused for
-    /// waiting too little. Default: none; at most 1 hour.
-    pub fn retry_after_jitter(mut self, max: Duration) -> Self {
-        self.check(max <= MAX_SETTING, "retry_after_jitter", "at most 1 hour");
-        self.config.retry_jitter = max;
-        self
-    }
-
-    /// What to do when the global store fails or times out. Default:
-    /// [`FailurePolicy::LocalFallback`] with one expected host (see [`FailurePolicy`]).
-    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.config.failure_policy = policy;
-        self
-    }
-
-    /// The longest the throttle leaves a failing global store alone before probing it again
-    /// (back-off starts at 50 ms and doubles). Default: 1 s.
-    pub fn max_store_backoff(mut self, backoff: Duration) -> Self {
-        self.check_duration(backoff, "max_store_backoff");
-        self.config.max_backoff = backoff;
-        self
-    }
-
-    /// How long leased tokens may sit unused on a host before they are handed back, so tokens
-    /// stranded on a quiet host return to the fleet. Default: 2 s (two demand intervals: a
-    /// batch is sized to last about one).
-    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.check_duration(ttl, "lease_ttl");
-        self.config.lease_ttl = ttl;
-        self
-    }
-
-    /// The demand history that sizes batches: `intervals` intervals (1 to 16) of `interval`
-    /// each. Default: 10 intervals of 1 s, so a batch is about one second of this host's
-    /// demand: a host at 10 requests per second for a key calls the global store about once
-    /// per 10 requests, and strands at most a second's worth of tokens when it goes quiet.
-    pub fn demand_window(mut self, intervals: usize, interval: Duration) -> Self {
-        self.check(
-            (1..=MAX_DEMAND_INTERVALS).contains(&intervals),
-            "demand_window",
-            "1 to 16 intervals",
-        );
-        self.check(
-            (Duration::from_millis(1)..=MAX_SETTING).contains(&interval),
-            "demand_window",
-            "intervals of 1 ms to 1 hour",
-        );
-        self.config.demand_intervals = intervals;
-        self.config.demand_interval = interval;
-        self
-    }
-
-    /// How batches are sized. Default: [`WeightedDemand`].
-    pub fn batch_policy(mut self, policy: impl BatchPolicy) -> Self {
-        self.batch = Box::new(policy);
-        self
-    }
-
-    /// The clock that times leases, demand and throttled keys. Default: [`MonotonicClock`].
-    pub fn clock<C2: Clock>(self, clock: C2) -> Builder<Req, K, G, L, C2, R> {
-        self.swap(|global, local, _, on_rejection| (global, local, clock, on_rejection))
-    }
-
-    /// How a rejection becomes a response or an error. Default: [`DefaultRejection`] (HTTP and
-    /// gRPC, told apart by content type).
-    pub fn on_rejection<R2>(self, on_rejection: R2) -> Builder<Req, K, G, L, C, R2> {
-        self.swap(|global, local, clock, _| (global, local, clock, on_rejection))
-    }
-
-    /// Corrects each admitted request's cost from its response: `settle(&response, charged)`
-    /// returns what the request really cost (the [`cost`](Self::cost) closure gave `charged`).
-    /// Less refunds the difference into this host's leases; more takes the rest from them,
-    /// and what they lack from the global buckets, into debt if need be (so later requests
-    /// wait or are refused until it is paid; the response waits for that global call, at most
-    /// the store time-out). Every bucket the request drew on is corrected. A request admitted
-    /// in shadow mode or by the failure policy's fallback is not settled against the global
-    /// store beyond its lease.
-    ///
-    /// It wraps the rejection handler set so far: call [`on_rejection`](Self::on_rejection)
-    /// first.
-    ///
-    /// ```
-    /// use axum::body::Body;
-    /// use http::{Request, Response};
-    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
-    ///
-    /// // An LLM-style endpoint: reserve 1,000 tokens, settle to what the response says it used.
-    /// let layer = HierarchicalThrottleLayer::builder()
-    ///     .key_ref(|req: &Request<Body>| key::header_str(req, "x-api-key"))
-    ///     .limit(Limit::per_minute(100_000).build()?)
-    ///     .cost(|_: &Request<Body>| 1_000)
-    ///     .settle(|response: &Response<Body>, reserved| {
-    ///         response.headers().get("x-tokens-used")
-    ///             .and_then(|used| used.to_str().ok()?.parse().ok())
-    ///             .unwrap_or(reserved)
-    ///     })
-    ///     .global_store(MemoryGlobalStore::new())
-    ///     .build()?;
-    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
-    /// ```
-    pub fn settle<Res, F>(self, settle: F) -> Builder<Req, K, G, L, C, crate::Settle<R, F>>
-    where
-        F: Fn(&Res, u64) -> u64 + Send + Sync + 'static,
-    {
-        self.swap(|global, local, clock, on_rejection| {
-            (
-                global,
-                local,
-                clock,
-                crate::Settle::new(on_rejection, settle),
-            )
-        })
-    }
-
-    /// This builder with its store, clock and rejection types replaced by `f`'s.
-    fn swap<G2, L2, C2, R2>(
-        self,
-        f: impl FnOnce(G, L, C, R) -> (G2, L2, C2, R2),
-    ) -> Builder<Req, K, G2, L2, C2, R2> {
-        let (global, local, clock, on_rejection) =
-            f(self.global, self.local, self.clock, self.on_rejection);
-        Builder {
-            key: self.key,
-            cost: self.cost,
-            quota: self.quota,
-            levels: self.levels,
-            missing_key: self.missing_key,
-            global,
-            local,
-            clock,
-            on_rejection,
-            batch: self.batch,
-            config: self.config,
-            error: self.error,
-        }
-    }
-
-    /// Checks that `d` lies between 1 ms and an hour.
-    fn check_duration(&mut self, d: Duration, setting: &'static str) {
-        let ok = (Duration::from_millis(1)..=MAX_SETTING).contains(&d);
-        self.check(ok, setting, "1 ms to 1 hour");
-    }
-
-    fn check(&mut self, ok: bool, setting: &'static str, expected: &'static str) {
-        if !ok && self.error.is_none() {
-            self.error = Some(ConfigError::InvalidSetting { setting, expected });
-        }
-    }
-}
-
-impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-{
-    /// How many tokens a request costs. Default: 1. A request costing more than its limit's
-    /// capacity is refused at once ([`RejectionReason::CostExceedsCapacity`](crate::RejectionReason)).
-    pub fn cost(mut self, cost: impl Fn(&Req) -> u64 + Send + Sync + 'static) -> Self {
-        self.cost = Some(Box::new(cost));
-        self
-    }
-
-    /// Limits chosen per key (tiers of customers), instead of [`quota`](Self::quota): a
-    /// [`Limit`] or a [`Quota`]. It is asked when a key's tokens run short, never on the hot
-    /// path; the global store gets the limit with every call, so a closure that reads a shared
-    /// setting changes limits at run time: a lowered limit applies to the next batch (within
-    /// one lease time-to-live), and the global bucket is clamped to it. Quotas are cheap to
-    /// clone: build each tier once.
-    pub fn limit_per_key<Q: Into<Quota>>(
-        mut self,
-        quota: impl Fn(&K) -> Q + Send + Sync + 'static,
-    ) -> Self {
-        self.quota = Some(QuotaSetting::PerKey(Box::new(move |key| quota(key).into())));
-        self
-    }
-
-    /// One more level of keys, drawn on by the same requests: a request is admitted only when
-    /// every level's buckets have its cost. A tenant's ceiling holds whatever its users do,
-    /// and a user's limit within it. A request whose closure gives no key at this level is
-    /// not limited at it. At most [`MAX_LEVELS`] levels, the first included; level names
-    /// follow [`Quota`]'s rules for names and prefix the level's limit names in responses
-    /// (`tenant/per-second`).
-    ///
-    /// ```
-    /// use axum::body::Body;
-    /// use http::Request;
-    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
-    ///
-    /// let layer = HierarchicalThrottleLayer::builder()
-    ///     .key(|req: &Request<Body>| key::header_value(req, "x-user"))
-    ///     .limit(Limit::per_second(10).burst(20)?)
-    ///     .level("tenant", |req: &Request<Body>| key::header_value(req, "x-tenant"),
-    ///         Limit::per_second(100).burst(100)?)
-    ///     .global_store(MemoryGlobalStore::new())
-    ///     .build()?;
-    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
-    /// ```
-    pub fn level(
-        self,
-        name: &str,
-        key: impl Fn(&Req) -> Option<K> + Send + Sync + 'static,
-        quota: impl Into<Quota>,
-    ) -> Self {
-        self.add_level(name, Box::new(key), QuotaSource::Fixed(quota.into()))
-    }
-
-    /// A [`level`](Self::level) whose limits are chosen per key, as
-    /// [`limit_per_key`](Self::limit_per_key) chooses them at the first level.
-    pub fn level_per_key<Q: Into<Quota>>(
-        self,
-        name: &str,
-        key: impl Fn(&Req) -> Option<K> + Send + Sync + 'static,
-        quota: impl Fn(&K) -> Q + Send + Sync + 'static,
-    ) -> Self {
-        let quota = QuotaSource::PerKey(Box::new(move |key: &K| quota(key).into()));
-        self.add_level(name, Box::new(key), quota)
-    }
-
-    fn add_level(mut self, name: &str, key: KeyFn<Req, K>, quota: QuotaSource<K>) -> Self {
-        let name = match Name::new(name) {
-            Ok(name) => name,
-            Err(error) => {
-                self.error.get_or_insert(error);
-                return self;
-            }
-        };
-        self.check(
-            self.levels.iter().all(|l| l.name != name),
-            "level",
-            "level names distinct within a layer",
-        );
-        self.check(
-            self.levels.len() + 1 < MAX_LEVELS,
-            "level",
-            "at most 8 levels, the first included",
-        );
-        self.levels.push(LevelSetting { name, key, quota });
-        self
-    }
-
-    /// What to do with a request without a key. Default: [`MissingKey::Reject`].
-    pub fn missing_key(mut self, policy: MissingKey<K>) -> Self {
-        self.missing_key = policy;
-        self
-    }
-
-    /// The global store: [`MemoryGlobalStore`](crate::MemoryGlobalStore) for one process, a
-    /// Redis store for a fleet, or your own.
-    pub fn global_store<G2: GlobalStore<BucketKey<K>>>(
-        self,
-        global: G2,
-    ) -> Builder<Req, K, G2, L, C, R> {
-        self.swap(|_, local, clock, on_rejection| (global, local, clock, on_rejection))
-    }
-
-    /// The local store. Default: [`MemoryLocalStore::new`] (at most 100,000 keys).
-    pub fn local_store<L2: LocalStore<LeaseKey<K>>>(
-        self,
-        local: L2,
-    ) -> Builder<Req, K, G, L2, C, R> {
-        self.swap(|global, _, clock, on_rejection| (global, local, clock, on_rejection))
-    }
-}
-
-impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
-    /// The layer, or the first invalid setting.
-    pub fn build(self) -> Result<HierarchicalThrottleLayer<Req, K, G, L, C, R>, ConfigError> {
-        if let Some(error) = self.error {
-            return Err(error);
-        }
-        let first = match self.quota {
-            Some(QuotaSetting::PerKey(per_key)) => QuotaSource::PerKey(per_key),
-            Some(QuotaSetting::Fixed(quota)) => QuotaSource::Fixed(quota),
-            None => {
-                return Err(ConfigError::InvalidSetting {
-                    setting: "limit",
-                    expected: "a limit: call .limit(), .quota() or .limit_per_key()",
-                });
-            }
-        };
-        let mut levels = vec![Level {
-            name: None,
-            quota: first,
-        }];
-        let mut level_keys = Vec::with_capacity(self.levels.len());
-        for level in self.levels {
-            levels.push(Level {
-                name: Some(level.name),
-                quota: level.quota,
-            });
-            level_keys.push(level.key);
-        }
-        let registration = match self.global.layers() {
-            Some(registry) => Some(
-                registry
-                    .register(self.config.layer.as_str(), limits_fingerprint(&levels))
-                    .ok_or(ConfigError::InvalidSetting {
-                        setting: "name",
-                        expected: "a layer name that no other live layer on this global store \
-                                   uses with other limits (their buckets would collide): give \
-                                   each layer its own .name()",
-                    })?,
-            ),
-            None => None,
-        };
-        let mut throttle = Throttle::new(
-            self.global,
-            self.local,
-            self.clock,
-            levels.into_boxed_slice(),
-            self.batch,
-            self.config,
-        );
-        throttle.registration = registration;
-        let policy = RequestPolicy {
-            key: self.key,
-            levels: level_keys.into_boxed_slice(),
-            cost: self.cost,
-            missing_key: self.missing_key,
-            on_rejection: self.on_rejection,
-        };
-        Ok(HierarchicalThrottleLayer {
-            throttle: Arc::new(throttle),
-            policy: Arc::new(policy),
-        })
-    }
-}
-
-/// What tells a layer's limits apart from another's of the same name on one store: each
-/// level's name and its quota (or that it is chosen per key).
-fn limits_fingerprint<K>(levels: &[Level<K>]) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = foldhash::fast::FixedState::with_seed(0).build_hasher();
-    for level in levels {
-        level.name.map(Name::as_str).hash(&mut hasher);
-        match &level.quota {
-            QuotaSource::Fixed(quota) => quota.to_string().hash(&mut hasher),
-            QuotaSource::PerKey(_) => "per key".hash(&mut hasher),
-        }
-    }
-    hasher.finish()
 }

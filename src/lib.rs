@@ -55,6 +55,13 @@
 //!
 //! # Modules
 //!
+//! The crate is built in floors, each using only those below it (a test keeps it so):
+//! foundations (errors, clocks, locks); the model ([`Limit`], [`Quota`], keys, rejections,
+//! [`Remaining`], policies, counters); pure state machines (the token bucket, each key's lease);
+//! the stores ([`local`], [`global`]); the engine (fetching, back-off, the sweeper, settling,
+//! shaping: plain decisions, no HTTP); the answers (HTTP and gRPC rejections, the `RateLimit`
+//! fields); and the tower surface (builder, layer, service, response future).
+//!
 //! - [`bucket`]: the lazy token bucket's exact arithmetic, shared by every store;
 //! - [`global`]: the [`GlobalStore`](global::GlobalStore) trait, [`MemoryGlobalStore`] and, with
 //!   the `redis` feature, `global::redis::RedisGlobalStore` (Redis, Redis Cluster, Sentinel;
@@ -86,50 +93,49 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod admission;
 pub mod batch;
 pub mod bucket;
+mod builder;
 pub mod clock;
 mod error;
 mod failure;
 mod future;
 pub mod global;
-pub mod grpc;
 pub mod key;
 mod layer;
+mod lease;
 mod limit;
 pub mod local;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+mod policy;
 pub mod quota;
+mod rejection;
 mod remaining;
 mod response;
 mod service;
-mod settle;
-mod shaping;
 mod stats;
 mod sync;
 mod throttle;
 
+pub use builder::{Builder, MAX_LEVELS, Unset};
 pub use error::ConfigError;
 pub use failure::FailurePolicy;
 pub use future::{Acquire, ResponseFuture};
 pub use global::memory::MemoryGlobalStore;
 pub use key::MissingKey;
-pub use layer::{Builder, HierarchicalThrottleLayer, MAX_LEVELS, Unset};
+pub use layer::HierarchicalThrottleLayer;
 pub use limit::{Limit, LimitBuilder};
 pub use local::memory::MemoryLocalStore;
 pub use quota::Quota;
+pub use rejection::{Rejection, RejectionReason};
 pub use remaining::Remaining;
-pub use response::{
-    DefaultRejection, OnRejection, Rejection, RejectionReason, append_ratelimit_fields,
-    http_response,
-};
+pub use response::grpc;
+pub use response::{DefaultRejection, OnRejection, Settle, append_ratelimit_fields, http_response};
 pub use service::HierarchicalThrottle;
-pub use settle::Settle;
-pub use shaping::{Reservation, Shaping};
 pub use stats::ThrottleStats;
 pub use throttle::Admitted;
+pub use throttle::shaping::{Reservation, Shaping};
 
 /// The README's examples, run as doc tests.
 #[cfg(all(doctest, feature = "redis"))]

@@ -8,16 +8,18 @@ use std::task::{Context, Poll};
 use tower_service::Service;
 
 use crate::clock::{Clock, MonotonicClock};
-use crate::future::{Admission, ResponseFuture};
+use crate::future::ResponseFuture;
 use crate::global::GlobalStore;
-use crate::key::{KeyReader, MissingKey};
-use crate::layer::RequestPolicy;
+use crate::key::MissingKey;
 use crate::local::LocalStore;
 use crate::local::memory::MemoryLocalStore;
+use crate::policy::RequestPolicy;
 use crate::quota::{BucketKey, LeaseKey};
-use crate::response::{DefaultRejection, OnRejection, Rejection, RejectionReason};
+use crate::rejection::{Rejection, RejectionReason};
+use crate::response::{DefaultRejection, OnRejection};
 use crate::stats::ThrottleStats;
-use crate::throttle::{Admitted, Check, Decision, Throttle};
+use crate::throttle::key::KeyReader;
+use crate::throttle::{Admission, Admitted, Check, Decision, Throttle};
 
 /// Throttles requests to the inner service per key; made by
 /// [`HierarchicalThrottleLayer`](crate::HierarchicalThrottleLayer).

@@ -2,11 +2,13 @@
 //!
 //! A [`GlobalStore`] dispenses batches of tokens to hosts and takes back tokens they did not
 //! use. It refills lazily by its own clock, so hosts' clocks never matter.
+//!
+//! This floor (with [`local`](crate::local)) is the stores: all the I/O of the hierarchy. It
+//! uses the bucket arithmetic and the model below it, and nothing above.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
 
 use crate::limit::Limit;
 
@@ -14,72 +16,7 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-/// A request for tokens: at least `min`, ideally `want`, of which those not there now may be
-/// reserved if they fall due within `max_delay`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TokenRequest {
-    /// Dispense nothing unless at least this many tokens are there, or due within `max_delay`
-    /// (at least 1).
-    pub min: u64,
-    /// Dispense up to this many (at least `min`, at most the capacity).
-    pub want: u64,
-    /// Reserve, up to `want` in all, the tokens that fall due within this time (zero: never
-    /// reserve). Tokens that are there are always dispensed at once.
-    pub max_delay: Duration,
-}
-
-impl TokenRequest {
-    /// At least `min`, up to `want` tokens, now; no reservation.
-    pub fn now(min: u64, want: u64) -> Self {
-        Self {
-            min,
-            want,
-            max_delay: Duration::ZERO,
-        }
-    }
-}
-
-/// A global store's answer to a [`TokenRequest`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grant {
-    /// Tokens dispensed to the host, usable now: zero, or between `min` and `want`.
-    pub granted: u64,
-    /// Tokens reserved for the host ahead of the refill, usable only after `ready_in`
-    /// (`granted + reserved` is at most `want`).
-    pub reserved: u64,
-    /// When the reserved tokens are due (zero when none are).
-    pub ready_in: Duration,
-    /// Whole tokens left in the global bucket.
-    pub remaining: u64,
-    /// How long until the global bucket holds `min` tokens again (zero if it does now).
-    pub refill_in: Duration,
-}
-
-/// A global bucket's level, read without taking anything.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BucketLevel {
-    /// Whole tokens in the bucket now.
-    pub tokens: u64,
-    /// How long until it holds one more (zero when it is full).
-    pub next_in: Duration,
-    /// How long until it is full (zero when it is).
-    pub full_in: Duration,
-}
-
-impl BucketLevel {
-    /// The level of `bucket` at `now_micros` (brought up to date first).
-    pub fn of(bucket: &crate::bucket::TokenBucket, limit: &Limit, now_micros: u64) -> Self {
-        let mut bucket = *bucket;
-        bucket.refill(limit, now_micros);
-        let tokens = bucket.tokens();
-        let next = tokens.saturating_add(1).min(limit.capacity());
-        Self {
-            tokens,
-            next_in: Duration::from_micros(bucket.micros_until(limit, next)),
-            full_in: Duration::from_micros(bucket.micros_until(limit, limit.capacity())),
-        }
-    }
-}
+pub use crate::bucket::{BucketLevel, Grant, TokenRequest};
 
 /// The global level of the hierarchy: a token bucket per key, refilled lazily by the store's
 /// own clock.

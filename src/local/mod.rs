@@ -4,12 +4,14 @@
 //! they were leased, the host's recent demand, and whether the key is throttled. A
 //! [`LocalStore`] decides where those buckets live and how many; the throttle decides what
 //! happens in them.
+//!
+//! This floor (with [`global`](crate::global)) is the stores: it holds the lease state machines
+//! of the floor below and uses the model; nothing above it.
 
-mod lease;
 pub mod memory;
 
-pub use lease::LocalBucket;
-pub(crate) use lease::{FetchOutcome, Hit, Miss, Settled, Verdict, View, Waiter};
+pub use crate::lease::LocalBucket;
+pub(crate) use crate::lease::{FetchOutcome, Hit, Miss, Settled, Verdict, View, Waiter};
 
 /// The per-host cache of local buckets.
 ///

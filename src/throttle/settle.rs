@@ -12,55 +12,41 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use crate::clock::Clock;
-use crate::future::{Admission, Settled, Settling};
-use crate::global::{GlobalStore, TokenRequest};
+use crate::global::TokenRequest;
 use crate::limit::Limit;
-use crate::local::LocalStore;
-use crate::quota::{BucketKey, LeaseKey, Name, Quota};
+use crate::quota::{LeaseKey, Name, Quota};
 use crate::remaining::Remaining;
-use crate::response::{OnRejection, Rejection};
 use crate::stats::Counter;
-use crate::throttle::{Admitted, Throttle, TimedOut};
+use crate::throttle::{Admitted, Global, Key, Local, Throttle, TimedOut};
 
-/// A rejection handler with a settle hook: made by
-/// [`Builder::settle`](crate::Builder::settle). It answers rejections and admitted responses
-/// as `R` does, and corrects each admitted request's cost from its response with `F`.
-#[derive(Debug, Clone)]
-pub struct Settle<R, F> {
-    inner: R,
-    settle: F,
+/// What follows an admitted request's response: settling its cost, then adding the state of
+/// its limits.
+#[derive(Default)]
+pub(crate) struct Admission {
+    /// The state of its limits to add (when not settling: settling reads them afterwards).
+    pub(crate) remaining: Vec<Remaining>,
+    pub(crate) settle: Option<Settling>,
 }
 
-impl<R, F> Settle<R, F> {
-    pub(crate) fn new(inner: R, settle: F) -> Self {
-        Self { inner, settle }
+impl Admission {
+    /// Whether nothing follows the response: no cost to settle, no fields to add.
+    pub(crate) fn is_plain(&self) -> bool {
+        self.remaining.is_empty() && self.settle.is_none()
     }
 }
 
-impl<R, F, Req, K, Res, E> OnRejection<Req, K, Res, E> for Settle<R, F>
-where
-    R: OnRejection<Req, K, Res, E>,
-    F: Fn(&Res, u64) -> u64 + Send + Sync + 'static,
-{
-    fn on_rejection(&self, request: &Req, rejection: Rejection<K>) -> Result<Res, E> {
-        self.inner.on_rejection(request, rejection)
-    }
+/// A request's cost to correct from its response: what it was charged, and what corrects it
+/// to the real cost.
+pub(crate) struct Settling {
+    pub(crate) charged: u64,
+    pub(crate) finish: Box<dyn FnOnce(u64) -> Corrected + Send>,
+}
 
-    fn annotates_admitted(&self) -> bool {
-        self.inner.annotates_admitted()
-    }
-
-    fn on_admitted(&self, response: &mut Res, remaining: &[Remaining]) {
-        self.inner.on_admitted(response, remaining);
-    }
-
-    fn settles(&self) -> bool {
-        true
-    }
-
-    fn settle(&self, response: &Res, charged: u64) -> u64 {
-        (self.settle)(response, charged)
-    }
+/// A corrected cost: the state of the request's limits to add now, or once the global store
+/// has taken what the leases lacked.
+pub(crate) enum Corrected {
+    Done(Vec<Remaining>),
+    Charging(BoxFuture<'static, Vec<Remaining>>),
 }
 
 /// Tokens used beyond the leases that the global store has not taken yet: counted as
@@ -102,13 +88,7 @@ struct Owed<K> {
 /// What settling leaves to do: nothing, or charging debt to the global store.
 pub(crate) type Charge = Option<BoxFuture<'static, ()>>;
 
-impl<K, G, L, C> Throttle<K, G, L, C>
-where
-    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// What follows a request of `cost` admitted on `keys` (first buckets of their levels) as
     /// `admitted`: the state of its limits when `annotate`, and when `settle`, correcting its
     /// cost from its response first, on the buckets it drew on (their quotas are read now).
@@ -133,9 +113,9 @@ where
         let throttle = self.clone();
         let finish = move |actual: u64| {
             let Some(charge) = throttle.settle_cost(&drawn, cost, actual, admitted) else {
-                return Settled::Done(throttle.remaining(&mut keys, annotate));
+                return Corrected::Done(throttle.remaining(&mut keys, annotate));
             };
-            Settled::Charging(Box::pin(async move {
+            Corrected::Charging(Box::pin(async move {
                 charge.await;
                 throttle.remaining(&mut keys, annotate)
             }))

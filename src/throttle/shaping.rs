@@ -18,12 +18,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::global::GlobalStore;
-use crate::local::LocalStore;
-use crate::quota::{BucketKey, LeaseKey};
-use crate::response::{Rejection, RejectionReason};
+use crate::quota::LeaseKey;
+use crate::rejection::{Rejection, RejectionReason};
 use crate::sync::lock;
-use crate::throttle::{Admitted, Check, Decision, Throttle};
+use crate::throttle::{Admitted, Check, Decision, Global, Key, Local, Throttle};
 
 /// What a request that finds too few tokens does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -108,13 +106,7 @@ impl<K> std::fmt::Debug for Reservation<K> {
 
 /// Tokens a reservation admitted at once took from each of its key's limits: given back if it
 /// is dropped before it is awaited (only into the leases that gave them).
-struct Taken<K, G, L, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
+struct Taken<K: Key, G: Global<K>, L: Local<K>, C: Clock> {
     throttle: Arc<Throttle<K, G, L, C>>,
     id: LeaseKey<K>,
     cost: u64,
@@ -123,26 +115,14 @@ where
     used: bool,
 }
 
-impl<K, G, L, C> Taken<K, G, L, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Taken<K, G, L, C> {
     /// The reservation was awaited: its tokens are its use's.
     fn keep(mut self) {
         self.used = true;
     }
 }
 
-impl<K, G, L, C> Drop for Taken<K, G, L, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for Taken<K, G, L, C> {
     fn drop(&mut self) {
         if self.used {
             return;
@@ -237,13 +217,7 @@ impl<K: Hash + Eq> Drop for Place<K> {
     }
 }
 
-impl<K, G, L, C> Throttle<K, G, L, C>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// Whether throttled requests wait for their tokens.
     #[inline(always)]
     pub(crate) fn shapes(&self) -> bool {

@@ -11,7 +11,8 @@
 
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
-use crate::response::{Rejection, RejectionReason, ceil_secs, insert_ratelimit_fields};
+use crate::rejection::{Rejection, RejectionReason, ceil_secs};
+use crate::response::insert_ratelimit_fields;
 
 /// gRPC status codes used for rejections.
 const INVALID_ARGUMENT: u32 = 3;

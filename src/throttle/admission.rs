@@ -10,21 +10,14 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
 use crate::clock::Clock;
-use crate::global::GlobalStore;
-use crate::key::ReadBorrowed;
+use crate::local::Hit;
 use crate::local::memory::{GroupHit, MemoryLocalStore};
-use crate::local::{Hit, LocalStore};
-use crate::quota::{BucketKey, LeaseKey};
-use crate::response::{Rejection, RejectionReason};
-use crate::throttle::{Admitted, Check, Decision, Throttle};
+use crate::quota::LeaseKey;
+use crate::rejection::{Rejection, RejectionReason};
+use crate::throttle::key::ReadBorrowed;
+use crate::throttle::{Admitted, Check, Decision, Global, Key, Local, Throttle};
 
-impl<K, G, L, C> Throttle<K, G, L, C>
-where
-    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// Decides a request of `cost` on every limit of `key` at the first level. The common case
     /// (one limit, tokens leased) is one bucket lookup and a subtraction; everything else is
     /// out of line.
@@ -180,13 +173,7 @@ where
 }
 
 /// The decisions of one request's buckets so far.
-pub(crate) struct AllOf<K, G, L, C>
-where
-    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
+pub(crate) struct AllOf<K: Key, G: Global<K>, L: Local<K>, C: Clock> {
     throttle: Arc<Throttle<K, G, L, C>>,
     cost: u64,
     /// Buckets whose tokens were taken at once.
@@ -197,13 +184,7 @@ where
     refusal: Option<Rejection<K>>,
 }
 
-impl<K, G, L, C> AllOf<K, G, L, C>
-where
-    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> AllOf<K, G, L, C> {
     pub(crate) fn new(throttle: Arc<Throttle<K, G, L, C>>, cost: u64) -> Self {
         Self {
             throttle,
@@ -327,13 +308,7 @@ fn outlasts<K>(a: &Rejection<K>, b: &Rejection<K>) -> bool {
 
 /// Tokens a waiting request holds in some buckets while it waits for others: given back unless
 /// the request is admitted (refused, or dropped while waiting).
-struct Held<K, G, L, C>
-where
-    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
+struct Held<K: Key, G: Global<K>, L: Local<K>, C: Clock> {
     throttle: Arc<Throttle<K, G, L, C>>,
     cost: u64,
     at_once: Vec<LeaseKey<K>>,
@@ -342,13 +317,7 @@ where
     kept: bool,
 }
 
-impl<K, G, L, C> Drop for Held<K, G, L, C>
-where
-    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for Held<K, G, L, C> {
     fn drop(&mut self) {
         if self.kept {
             return;

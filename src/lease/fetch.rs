@@ -1,0 +1,326 @@
+//! The fetch half of the lease: a request the lease cannot serve finds the key throttled or
+//! waits for the one batch in flight; the batch is planned, and its answer settles the waiters
+//! in arrival order.
+
+use tokio::sync::oneshot;
+
+use crate::batch::MAX_DEMAND_INTERVALS;
+use crate::bucket::{Grant, TokenRequest};
+use crate::clock::micros;
+use crate::limit::Limit;
+use crate::quota::Name;
+
+use super::{LocalBucket, half};
+
+/// A request waiting for a batch: its cost, until when it may wait for further batches, and
+/// where its verdict goes.
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    cost: u64,
+    /// After this (clock micros), a batch that cannot serve it refuses it instead of asking
+    /// again. One batch almost always serves it: a batch covers every request that waited for
+    /// it when it was asked for.
+    deadline: u64,
+    verdict: oneshot::Sender<Verdict>,
+}
+
+impl Waiter {
+    /// A waiter for a request of `cost` tokens that may wait for batches until `deadline`, and
+    /// the receiver of its verdict.
+    pub(crate) fn new(cost: u64, deadline: u64) -> (Self, oneshot::Receiver<Verdict>) {
+        let (verdict, receiver) = oneshot::channel();
+        let waiter = Self {
+            cost,
+            deadline,
+            verdict,
+        };
+        (waiter, receiver)
+    }
+
+    /// Sends `verdict`; gives it back when the request has gone away.
+    pub(crate) fn deliver(self, verdict: Verdict) -> Result<(), Verdict> {
+        self.verdict.send(verdict)
+    }
+
+    pub(crate) fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    fn is_gone(&self) -> bool {
+        self.verdict.is_closed()
+    }
+}
+
+/// The decision for a waiting request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Its tokens were taken from the lease for it: it is admitted (and must give them back if
+    /// it has gone away).
+    Admitted,
+    /// The global bucket is short; its tokens are due at `until` (clock micros).
+    Throttled { until: u64 },
+    /// The global store failed: the failure policy decides.
+    Failed,
+    /// The key's quota no longer has this limit: nothing to enforce (no tokens taken).
+    Unlimited,
+}
+
+/// What happened when a request found the lease short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Miss {
+    Admitted,
+    /// The key is known to be short until its tokens are due at `until`.
+    Throttled {
+        until: u64,
+    },
+    /// The global store is backing off and no batch is in flight: the failure policy decides.
+    StoreDown,
+    /// Queued for the batch in flight.
+    Joined,
+    /// Queued; the caller starts the fetch.
+    StartFetch,
+}
+
+/// What a fetch asks the global store for, before the batch policy sizes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// Tokens the waiting requests need.
+    pub(crate) needed: u64,
+    /// Tokens the lease has room for.
+    pub(crate) room: u64,
+    pub(crate) demand: [u32; MAX_DEMAND_INTERVALS],
+}
+
+impl Plan {
+    /// The request for a batch of `batch` tokens (what the batch policy asked for).
+    pub(crate) fn request(&self, batch: u64, max_delay: std::time::Duration) -> TokenRequest {
+        TokenRequest {
+            min: 1,
+            want: batch.max(self.needed).clamp(1, self.room),
+            max_delay,
+        }
+    }
+}
+
+/// How a fetch ended.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FetchOutcome {
+    /// The store, asked at `sent_at` (clock micros) for tokens of the limit called `from`,
+    /// of shape `shape` (see [`LocalBucket::reshape`]), answered `grant`.
+    Granted {
+        grant: Grant,
+        sent_at: u64,
+        from: Name,
+        shape: u32,
+    },
+    /// Nothing was asked: the key is throttled or the lease is full.
+    Skipped,
+    /// The call failed, timed out, was not made (the store is backing off) or never finished.
+    Failed,
+}
+
+/// What settling a fetch hands to the throttle.
+#[derive(Debug, Default)]
+pub(crate) struct Settled {
+    /// Verdicts to deliver, once the bucket is released.
+    pub(crate) verdicts: Vec<(Waiter, Verdict)>,
+    /// Tokens beyond capacity (the limit was lowered), to hand back.
+    pub(crate) excess: u64,
+    /// Tokens of another global bucket than the fetch's (the key changed tiers while it was
+    /// under way): neither usable nor handed back.
+    pub(crate) forfeited: u64,
+    /// Requests are still waiting: the caller starts another fetch.
+    pub(crate) refetch: bool,
+}
+
+impl LocalBucket {
+    /// A request of `cost` found too few tokens at `now`: serve it if reserved tokens have
+    /// fallen due, refuse it if the global bucket is known to be short, or queue the `waiter`
+    /// (made only then) for the batch in flight (or for a new one, unless the store is backing
+    /// off).
+    pub(crate) fn miss(
+        &mut self,
+        cost: u64,
+        now: u64,
+        interval: u64,
+        limit: &Limit,
+        store_up: bool,
+        waiter: impl FnOnce() -> Waiter,
+    ) -> Miss {
+        self.release_pending(now);
+        let admitted = self.take(cost);
+        self.record_demand(now, interval);
+        if admitted {
+            return Miss::Admitted;
+        }
+        if now < self.cold().next_token_at {
+            // Refused requests are demand too: batches sized by what was served alone would
+            // shrink to single tokens exactly when the key is over its limit.
+            self.cold_mut().demand.record(interval, cost);
+            return Miss::Throttled {
+                until: self.due(cost, now, limit),
+            };
+        }
+        if self.fetching {
+            self.cold_mut().waiters.push(waiter());
+            return Miss::Joined;
+        }
+        if !store_up {
+            return Miss::StoreDown;
+        }
+        self.cold_mut().waiters.push(waiter());
+        self.fetching = true;
+        Miss::StartFetch
+    }
+
+    /// What the fetch in flight should ask for, or `None` when nothing should be asked (the key
+    /// is throttled, or the lease is full).
+    pub(crate) fn plan(&mut self, now: u64, interval: u64, limit: &Limit) -> Option<Plan> {
+        self.release_pending(now);
+        self.record_demand(now, interval);
+        self.cold_mut().waiters.retain(|w| !w.is_gone());
+        let needed = self
+            .cold()
+            .waiters
+            .iter()
+            .fold(0u64, |sum, w| sum.saturating_add(w.cost));
+        if now < self.cold().next_token_at {
+            // No prefetch either until a batch comes: each would be skipped again.
+            self.low_water = 0;
+            return None;
+        }
+        // Tokens reserved ahead do not count: they may fall due here later than the global
+        // bucket refills (the answer took time to come), and a request must not be refused
+        // while the global bucket could serve it.
+        let room = limit.capacity().saturating_sub(self.tokens);
+        if room == 0 {
+            return None;
+        }
+        let mut demand = [0; MAX_DEMAND_INTERVALS];
+        demand.copy_from_slice(self.cold().demand.recent());
+        Some(Plan {
+            needed,
+            room,
+            demand,
+        })
+    }
+
+    /// Takes in a fetch's outcome at `now` and decides every waiting request, in arrival order:
+    /// those the lease now covers are admitted (their tokens taken for them), the others are
+    /// left to the failure policy when the fetch failed, kept for another batch while the
+    /// global bucket is not known to be short and their deadline has not passed, or refused
+    /// with the time their tokens are due.
+    /// The tokens it serves are recorded as demand of `interval`, in use at `now`.
+    pub(crate) fn settle(
+        &mut self,
+        outcome: &FetchOutcome,
+        now: u64,
+        interval: u64,
+        limit: &Limit,
+    ) -> Settled {
+        let mut settled = Settled::default();
+        match *outcome {
+            FetchOutcome::Failed => return self.fail_fetch(),
+            // Nothing asked: the key is throttled (its waiters are refused below), or the lease
+            // was full (refunds can fill it) and is less so once it has served them.
+            FetchOutcome::Skipped => {}
+            // Tokens of the bucket the key left while the fetch was under way: not this one's.
+            FetchOutcome::Granted { grant, from, .. } if !self.holds_tokens_of(from) => {
+                settled.forfeited = grant.granted.saturating_add(grant.reserved);
+            }
+            FetchOutcome::Granted {
+                grant,
+                sent_at,
+                from,
+                shape,
+            } => {
+                self.cold_mut().dispenser = from.id();
+                self.take_grant(&grant, sent_at, now, limit);
+                settled.excess = self.shed_excess(limit);
+                if self.cold().shape != shape {
+                    // The limit changed while the call was under way: the answer's times are
+                    // the old limit's, so the key is not known to be short.
+                    self.cold_mut().next_token_at = 0;
+                }
+            }
+        }
+        self.fetching = false;
+        self.release_pending(now);
+        let throttled = now < self.cold().next_token_at;
+        let mut kept = Vec::new();
+        for waiter in std::mem::take(&mut self.cold_mut().waiters) {
+            if waiter.is_gone() {
+                continue;
+            }
+            if self.take(waiter.cost) {
+                settled.verdicts.push((waiter, Verdict::Admitted));
+            } else if !throttled && now < waiter.deadline {
+                // The global bucket is not known to be short: ask again.
+                kept.push(waiter);
+            } else {
+                let until = self.due(waiter.cost, now, limit).max(now.saturating_add(1));
+                settled
+                    .verdicts
+                    .push((waiter, Verdict::Throttled { until }));
+            }
+        }
+        if !kept.is_empty() {
+            self.cold_mut().waiters = kept;
+            self.fetching = true;
+            settled.refetch = true;
+        }
+        if self.unrecorded > 0 {
+            self.record_demand(now, interval);
+        }
+        settled
+    }
+
+    /// Ends the fetch in flight as failed: every waiting request goes to the failure policy,
+    /// and the next request starts a new fetch.
+    pub(crate) fn fail_fetch(&mut self) -> Settled {
+        self.end_fetch(Verdict::Failed)
+    }
+
+    /// Ends the fetch in flight for a limit the key's quota no longer has: every waiting
+    /// request passes, taking nothing.
+    pub(crate) fn drop_limit(&mut self) -> Settled {
+        self.end_fetch(Verdict::Unlimited)
+    }
+
+    fn end_fetch(&mut self, verdict: Verdict) -> Settled {
+        self.fetching = false;
+        Settled {
+            verdicts: self.cold.as_mut().map_or_else(Vec::new, |cold| {
+                cold.waiters.drain(..).map(|w| (w, verdict)).collect()
+            }),
+            ..Settled::default()
+        }
+    }
+
+    /// Adds a grant asked for at `sent_at` and received at `now` to the lease.
+    fn take_grant(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) {
+        // From the time the call was sent, so that no request is refused while the global
+        // bucket could already admit it.
+        self.note_global(grant, sent_at, now, limit);
+        if grant.granted > 0 {
+            if self.tokens == 0 {
+                self.cold_mut().leased_at = now;
+            }
+            self.tokens = self.tokens.saturating_add(grant.granted);
+            self.low_water = half(grant.granted);
+        }
+        if grant.reserved > 0 {
+            // From the time the answer came, so that reserved tokens are never used before the
+            // global bucket has refilled them.
+            let due = now.saturating_add(micros(grant.ready_in));
+            self.cold_mut().reserved.add(due, grant.reserved);
+        }
+    }
+
+    /// Removes the usable tokens beyond capacity (after a limit was lowered).
+    fn shed_excess(&mut self, limit: &Limit) -> u64 {
+        let excess = self.tokens.saturating_sub(limit.capacity());
+        self.tokens -= excess;
+        excess
+    }
+}

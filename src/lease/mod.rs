@@ -1,0 +1,501 @@
+//! One key's lease on one host, as a pure state machine: no I/O, no clock, no locks, no
+//! spawns. The throttle reads the clock, calls the global store and delivers the verdicts this
+//! machine hands out; everything it decides is here, so it can be tested step by step.
+
+//!
+//! This floor uses only the model below it (limits, names, the bucket arithmetic); it holds a
+//! oneshot sender per waiting request and nothing else asynchronous.
+
+mod fallback;
+mod fetch;
+mod reserved;
+
+use crate::batch::DemandHistory;
+use crate::bucket::{Grant, TokenBucket};
+use crate::clock::micros;
+use crate::limit::Limit;
+use crate::quota::Name;
+
+use fallback::Fallback;
+pub(crate) use fetch::{FetchOutcome, Miss, Settled, Verdict, Waiter};
+use reserved::Reserved;
+
+/// One key's state on one host. Its fields are the throttle's; a
+/// [`LocalStore`](crate::local::LocalStore) only keeps it.
+///
+/// What the hot path touches is inline (32 bytes); the rest is boxed, and only held while the
+/// key has any: a key that has been quiet for a demand window, with no lease, no throttled
+/// period and no fleet estimate short of full, sheds it. So a large store stays small and dense
+/// in cache.
+#[derive(Default)]
+pub struct LocalBucket {
+    /// Leased tokens usable now.
+    tokens: u64,
+    /// Start a background fetch when `tokens` falls below this (half the last batch, at most
+    /// `u32::MAX`: a larger batch only starts its prefetch a little early).
+    low_water: u32,
+    /// Tokens served since the clock was last read for this key (saturating: it is emptied on
+    /// every slow-path visit).
+    unrecorded: u32,
+    /// Requests served from the lease and not yet added to the statistics (saturating: it is
+    /// emptied on every slow-path visit and sweep).
+    uncounted: u32,
+    /// A batch is being fetched (or about to be): at most one per key and host.
+    fetching: bool,
+    /// Set by the store on every access; cleared by its eviction pass (second chance).
+    used: bool,
+    /// How many limits the key's quota had when last looked up (kept by a key's first bucket,
+    /// so that the hot path finds the others without asking for the quota); 0 while unknown.
+    slots: u8,
+    cold: Option<Box<Cold>>,
+}
+
+/// The state only the slow path reads; `None` in a bucket while it equals [`Cold::IDLE`].
+struct Cold {
+    /// Requests waiting for the batch being fetched, in arrival order.
+    waiters: Vec<Waiter>,
+    /// When the lease was last seen in use, or filled from empty (clock micros): it is handed
+    /// back once unused for the lease time-to-live, whatever it reserves meanwhile.
+    leased_at: u64,
+    demand: DemandHistory,
+    /// The global bucket holds no whole token before then (clock micros): requests the lease
+    /// cannot serve are refused until then without a global call.
+    next_token_at: u64,
+    /// Tokens reserved ahead of the global refill, each tranche usable once due.
+    reserved: Reserved,
+    /// The host-local bucket used while the global store is unavailable (boxed: rarely there).
+    fallback: Option<Box<Fallback>>,
+    /// Which limit (a hash of its name and shape) this bucket was last used for.
+    shape: u32,
+    /// The global bucket whose tokens the lease holds (its limit's name's [id](Name::id); 0
+    /// while unknown): only it may take them back, or be refunded into them.
+    dispenser: u32,
+    /// Whole tokens the global bucket held at its last answer, and when that came (clock
+    /// micros): what the host estimates the fleet has left from. [`NO_ANSWER`] before any
+    /// answer (a sentinel, not an `Option`: it keeps this state in a smaller allocation).
+    global_left: u64,
+    global_seen_at: u64,
+    /// From then on (clock micros) the key is not throttled and the fleet estimate is full:
+    /// with no lease, no waiter and no demand left in the window, the state can be dropped.
+    /// Never before `next_token_at`: both are set together, from the same answer.
+    quiet_at: u64,
+}
+
+impl Cold {
+    const IDLE: Self = Self {
+        waiters: Vec::new(),
+        leased_at: 0,
+        demand: DemandHistory::new(),
+        next_token_at: 0,
+        reserved: Reserved::NONE,
+        fallback: None,
+        shape: 0,
+        dispenser: 0,
+        global_left: NO_ANSWER,
+        global_seen_at: 0,
+        quiet_at: 0,
+    };
+
+    /// Whether dropping this state at `now` (in demand interval `interval`) loses nothing.
+    fn is_idle(&self, now: u64, interval: u64) -> bool {
+        self.waiters.is_empty()
+            && self.reserved.is_empty()
+            && self.fallback.as_ref().is_none_or(|f| f.is_full_at(now))
+            && now >= self.quiet_at
+            && self.demand.is_idle(interval)
+    }
+}
+
+/// [`Cold::global_left`] before the global store has answered.
+const NO_ANSWER: u64 = u64::MAX;
+
+/// What a bucket without cold state reads.
+static IDLE: Cold = Cold::IDLE;
+
+/// What a bucket holds as this host sees it: its lease plus its estimate of the global bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct View {
+    /// Tokens estimated left, at most the capacity.
+    pub(crate) tokens: u64,
+    /// Microseconds until the bucket holds more (zero when full).
+    pub(crate) next_in: u64,
+    /// Microseconds until the bucket is full again (zero when full).
+    pub(crate) full_in: u64,
+}
+
+impl View {
+    /// A bucket this host knows nothing of: full, as a global bucket starts.
+    pub(crate) fn full(limit: &Limit) -> Self {
+        Self {
+            tokens: limit.capacity(),
+            next_in: 0,
+            full_in: 0,
+        }
+    }
+}
+
+impl std::fmt::Debug for LocalBucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalBucket")
+            .field("tokens", &self.tokens)
+            .field("reserved", &self.cold().reserved.total())
+            .field("next_token_at", &self.cold().next_token_at)
+            .field("fetching", &self.fetching)
+            .field("waiters", &self.cold().waiters.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The hot path's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hit {
+    Admitted,
+    /// Admitted, and the lease ran low: the caller starts a background fetch.
+    AdmittedStartFetch,
+    Short,
+}
+
+impl LocalBucket {
+    fn cold(&self) -> &Cold {
+        self.cold.as_deref().unwrap_or(&IDLE)
+    }
+
+    fn cold_mut(&mut self) -> &mut Cold {
+        self.cold.get_or_insert_with(|| Box::new(Cold::IDLE))
+    }
+
+    /// Tokens leased to this host and not used yet, including those reserved ahead.
+    pub fn leased_tokens(&self) -> u64 {
+        self.tokens.saturating_add(self.cold().reserved.total())
+    }
+
+    /// Requests waiting for the batch being fetched.
+    pub fn waiting(&self) -> usize {
+        self.cold().waiters.len()
+    }
+
+    /// Whether a batch for this bucket is being fetched: such a bucket must not be evicted.
+    pub fn is_fetching(&self) -> bool {
+        self.fetching
+    }
+
+    /// Marks the bucket as used; see [`take_used_mark`](Self::take_used_mark).
+    #[inline]
+    pub fn mark_used(&mut self) {
+        self.used = true;
+    }
+
+    /// Whether the bucket was marked used since the last call, clearing the mark. For stores
+    /// that evict least-recently-used buckets first.
+    pub fn take_used_mark(&mut self) -> bool {
+        std::mem::take(&mut self.used)
+    }
+
+    /// Requests served from the lease and not counted yet, for stores that drop a bucket.
+    pub fn uncounted_requests(&self) -> u64 {
+        u64::from(self.uncounted)
+    }
+
+    /// The hot path: takes `cost` leased tokens if there are enough, and asks for a fetch ahead
+    /// of need when the lease runs below half the last batch. No clock, no allocation.
+    #[inline]
+    pub(crate) fn take_leased(&mut self, cost: u64) -> Hit {
+        if !self.take(cost) {
+            return Hit::Short;
+        }
+        self.uncounted = self.uncounted.saturating_add(1);
+        if self.tokens < u64::from(self.low_water) && !self.fetching {
+            self.fetching = true;
+            return Hit::AdmittedStartFetch;
+        }
+        Hit::Admitted
+    }
+
+    #[inline]
+    fn take(&mut self, cost: u64) -> bool {
+        if self.tokens < cost {
+            return false;
+        }
+        self.tokens -= cost;
+        let cost = u32::try_from(cost).unwrap_or(u32::MAX);
+        self.unrecorded = self.unrecorded.saturating_add(cost);
+        true
+    }
+
+    /// Takes up to `tokens` from the lease (a cost found higher after the response), counting
+    /// them as demand; returns how many it took.
+    pub(crate) fn take_up_to(&mut self, tokens: u64) -> u64 {
+        let taken = tokens.min(self.tokens);
+        self.tokens -= taken;
+        let recorded = u32::try_from(taken).unwrap_or(u32::MAX);
+        self.unrecorded = self.unrecorded.saturating_add(recorded);
+        taken
+    }
+
+    /// Takes in what an answer, asked at `sent_at` and received at `now`, says of the global
+    /// bucket: when its next token is due, and its level. All a charge beyond the lease brings
+    /// (its tokens were used already); part of what a batch brings.
+    pub(crate) fn note_global(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) {
+        let next_token_at = sent_at.saturating_add(micros(grant.refill_in));
+        let cold = self.cold_mut();
+        cold.next_token_at = next_token_at;
+        cold.global_left = grant.remaining.min(NO_ANSWER - 1);
+        cold.global_seen_at = now;
+        cold.quiet_at = global_full_at(grant.remaining, next_token_at, now, limit);
+    }
+
+    /// Puts back `tokens` taken for a request that went away before it was served.
+    pub(crate) fn give_back(&mut self, tokens: u64) {
+        self.tokens = self.tokens.saturating_add(tokens);
+    }
+
+    /// Undoes the fetch ahead a [`take_leased`](Self::take_leased) asked for
+    /// ([`Hit::AdmittedStartFetch`]), when that take is undone before the fetch is started.
+    pub(crate) fn cancel_fetch_ahead(&mut self) {
+        self.fetching = false;
+    }
+
+    /// Undoes a [`take_leased`](Self::take_leased) of `cost` for a request another of its
+    /// buckets refused: the tokens stay in the lease, and the request is not counted.
+    pub(crate) fn undo_take(&mut self, cost: u64) {
+        self.give_back(cost);
+        self.uncounted = self.uncounted.saturating_sub(1);
+    }
+
+    /// Tells the bucket which limit it serves: its `name` and `shape` (a hash of its name and
+    /// shape). When the shape changed (a limit was raised or lowered), what the bucket knew of
+    /// the global bucket no longer holds: it forgets that the key was throttled. When the name
+    /// changed (the key moved to another tier), the lease holds another global bucket's tokens,
+    /// which this limit may not use: they are taken out, reserved ones too, and returned as
+    /// forfeited.
+    pub(crate) fn reshape(&mut self, name: Name, shape: u32) -> u64 {
+        let cold = self.cold();
+        if cold.shape == shape && cold.dispenser == name.id() {
+            return 0;
+        }
+        let moved = !self.holds_tokens_of(name);
+        let forfeited = match moved {
+            true => {
+                self.low_water = 0;
+                self.take_all_leased()
+            }
+            false => 0,
+        };
+        let cold = self.cold_mut();
+        if moved {
+            cold.global_left = NO_ANSWER;
+            cold.quiet_at = 0;
+        }
+        cold.shape = shape;
+        cold.next_token_at = 0;
+        cold.dispenser = name.id();
+        forfeited
+    }
+
+    /// Whether the lease holds tokens of the global bucket called `name` (or of no known one:
+    /// tokens put back into a bucket that had shed its state).
+    pub(crate) fn holds_tokens_of(&self, name: Name) -> bool {
+        matches!(self.cold().dispenser, 0) || self.cold().dispenser == name.id()
+    }
+
+    /// The global bucket whose tokens the lease holds ([`Name::id`]; 0 when unknown).
+    pub(crate) fn dispenser(&self) -> u32 {
+        self.cold().dispenser
+    }
+
+    /// How many limits the key's quota has; 0 while unknown (a bucket made by a give-back,
+    /// a refund or a settle rather than by a request): the throttle then looks it up before
+    /// admitting on this bucket alone.
+    #[inline]
+    pub(crate) fn slots(&self) -> u8 {
+        self.slots
+    }
+
+    pub(crate) fn set_slots(&mut self, slots: u8) {
+        self.slots = slots;
+    }
+
+    /// Without taking anything: when a request of `cost` is due, if the lease cannot serve it
+    /// at `now` and the global bucket is known to be short; `None` if it might be served.
+    pub(crate) fn known_short(&mut self, cost: u64, now: u64, limit: &Limit) -> Option<u64> {
+        self.release_pending(now);
+        (self.tokens < cost && now < self.cold().next_token_at).then(|| self.due(cost, now, limit))
+    }
+
+    /// What the bucket holds at `now`, without changing it: the usable lease plus the global
+    /// bucket's level at its last answer and what it has refilled since (none while it is
+    /// known to be short). Other hosts may have taken some of it since: an estimate, the best
+    /// a host has without asking.
+    ///
+    /// While the store is down (`store_up` false) and this host decides alone with its own
+    /// fallback bucket, the view is the lease plus that bucket: what this host can still admit.
+    pub(crate) fn view(&self, now: u64, limit: &Limit, store_up: bool) -> View {
+        let capacity = limit.capacity();
+        let cold = self.cold();
+        let lease = self.tokens.saturating_add(cold.reserved.due_by(now));
+        if let (false, Some(fallback)) = (store_up, &cold.fallback) {
+            return fallback.view(lease, now, limit);
+        }
+        let short = now < cold.next_token_at;
+        let global = match cold.global_left {
+            NO_ANSWER => capacity,
+            _ if short => 0,
+            // It was short at its answer: its first token came at `next_token_at`.
+            _ if cold.next_token_at > cold.global_seen_at => {
+                1 + limit.accrued_in(now - cold.next_token_at)
+            }
+            left => left.saturating_add(limit.accrued_in(now.saturating_sub(cold.global_seen_at))),
+        };
+        let tokens = lease.saturating_add(global).min(capacity);
+        if tokens >= capacity {
+            return View::full(limit);
+        }
+        let lacking = capacity - tokens;
+        let (next_in, full_in) = if short {
+            let next_in = cold.next_token_at - now;
+            let rest = micros(limit.time_to_accrue(lacking - 1));
+            (next_in, next_in.saturating_add(rest))
+        } else {
+            let full_in = micros(limit.time_to_accrue(lacking));
+            (micros(limit.time_to_accrue(1)).min(full_in), full_in)
+        };
+        View {
+            tokens,
+            next_in,
+            full_in,
+        }
+    }
+
+    /// Requests served from the lease since the last call.
+    pub(crate) fn take_uncounted(&mut self) -> u64 {
+        u64::from(std::mem::take(&mut self.uncounted))
+    }
+
+    /// Records the tokens served since the clock was last read for this key as demand of
+    /// `interval`: a lease that served any was in use at `now`.
+    fn record_demand(&mut self, now: u64, interval: u64) {
+        let tokens = u64::from(std::mem::take(&mut self.unrecorded));
+        let cold = self.cold_mut();
+        cold.demand.record(interval, tokens);
+        if tokens > 0 {
+            cold.leased_at = now;
+        }
+    }
+
+    /// Moves the tranches reserved ahead into the lease once they are due. A lease filled from
+    /// empty starts its life then; one that still held tokens keeps its age, so that a lease
+    /// nothing uses is handed back even while the host keeps reserving.
+    fn release_pending(&mut self, now: u64) {
+        let Some(cold) = self.cold.as_deref_mut() else {
+            return;
+        };
+        let (tokens, due) = cold.reserved.take_due(now);
+        if tokens == 0 {
+            return;
+        }
+        if self.tokens == 0 {
+            cold.leased_at = due;
+        }
+        self.tokens = self.tokens.saturating_add(tokens);
+        self.low_water = half(tokens);
+    }
+
+    /// When a request of `cost` tokens that the lease cannot serve at `now` can be: when the
+    /// tranches reserved ahead hold what it lacks, or when the global bucket has refilled what
+    /// they all lack.
+    fn due(&self, cost: u64, now: u64, limit: &Limit) -> u64 {
+        let (held, cold) = (self.leased_tokens(), self.cold());
+        if cost <= held {
+            return cold.reserved.covering(cost.saturating_sub(self.tokens));
+        }
+        // The global bucket's first token is due at `next_token_at`, the rest at its rate.
+        let more = cost - held;
+        let rest = micros(limit.time_to_accrue(more - 1));
+        let refilled = cold.next_token_at.max(now).saturating_add(rest);
+        refilled.max(cold.reserved.last_due())
+    }
+
+    /// Takes the usable leased tokens out if the lease has not been used for `ttl` micros, so
+    /// they can be handed back: whether or not a batch is in flight or tokens are reserved
+    /// ahead (those stay, and age once due). Drops the slow path's state once it holds nothing
+    /// any more (at `now`, in demand interval `interval`).
+    pub(crate) fn take_expired(&mut self, now: u64, ttl: u64, interval: u64) -> u64 {
+        self.release_pending(now);
+        if self.unrecorded > 0 {
+            self.record_demand(now, interval);
+        }
+        if now.saturating_sub(self.cold().leased_at) < ttl {
+            return 0;
+        }
+        self.low_water = 0;
+        let expired = std::mem::take(&mut self.tokens);
+        self.shed_if_idle(now, interval);
+        expired
+    }
+
+    /// Drops the slow path's state when it holds nothing: the bucket then reads exactly as it
+    /// did (see [`Cold::is_idle`]).
+    fn shed_if_idle(&mut self, now: u64, interval: u64) {
+        if self.cold.is_none() || self.fetching {
+            return;
+        }
+        self.record_demand(now, interval);
+        if self.cold().is_idle(now, interval) {
+            self.cold = None;
+        }
+    }
+
+    /// Whether the bucket holds state beyond its hot fields (for tests of its shedding).
+    #[cfg(test)]
+    fn holds_cold_state(&self) -> bool {
+        self.cold.is_some()
+    }
+
+    /// Takes every leased token out, reserved ones included: the bucket is being dropped.
+    pub(crate) fn take_all_leased(&mut self) -> u64 {
+        let reserved = self.cold.as_mut().map_or(0, |c| c.reserved.take_all());
+        std::mem::take(&mut self.tokens).saturating_add(reserved)
+    }
+
+    /// Takes `cost` from this host's own fallback bucket, shaped `share`. Returns the wait
+    /// until it could be served, or zero if it was.
+    pub(crate) fn take_fallback(&mut self, share: &Limit, now: u64, cost: u64) -> u64 {
+        let fallback = self.cold_mut().fallback.get_or_insert_with(|| {
+            Box::new(Fallback {
+                share: *share,
+                bucket: TokenBucket::full(share, now),
+                full_at: None,
+            })
+        });
+        if fallback.share != *share {
+            fallback.reshare(share, now);
+        }
+        let taken = fallback.bucket.take(share, now, cost, cost);
+        fallback.full_at = fallback.bucket.full_at(share);
+        if taken.granted >= cost {
+            0
+        } else {
+            taken.refill_in_micros.max(1)
+        }
+    }
+}
+
+/// Half a batch, as a low-water mark.
+fn half(batch: u64) -> u32 {
+    u32::try_from(batch / 2).unwrap_or(u32::MAX)
+}
+
+/// When the global bucket, as an answer received at `seen_at` left it (`left` whole tokens,
+/// the next due at `next_token_at`), is full again if no host takes from it.
+fn global_full_at(left: u64, next_token_at: u64, seen_at: u64, limit: &Limit) -> u64 {
+    let capacity = limit.capacity();
+    let (from, lacking) = if next_token_at > seen_at {
+        (next_token_at, capacity - 1)
+    } else {
+        (seen_at, capacity.saturating_sub(left))
+    };
+    from.saturating_add(micros(limit.time_to_accrue(lacking)))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,99 @@
+//! Tokens reserved ahead of the global refill, in tranches.
+
+/// Tokens reserved ahead of the global refill, in tranches by when each falls due (clock
+/// micros), earliest first: a later reservation never delays an earlier one, so tokens
+/// reserved while the store is slower than a token interval are used as each falls due.
+pub(super) struct Reserved {
+    // A boxed slice, not a `Vec`: the state stays in its allocation class, and tranches are
+    // added and released once per batch at most. `None` when empty.
+    tranches: Option<Box<[(u64, u64)]>>,
+}
+
+/// Tranches kept apart; beyond, the latest two merge (the later due wins, so nothing is used
+/// early).
+const MAX_TRANCHES: usize = 8;
+
+impl Reserved {
+    pub(super) const NONE: Self = Self { tranches: None };
+
+    pub(super) fn all(&self) -> &[(u64, u64)] {
+        self.tranches.as_deref().unwrap_or(&[])
+    }
+
+    pub(super) fn set(&mut self, tranches: Vec<(u64, u64)>) {
+        self.tranches = (!tranches.is_empty()).then(|| tranches.into_boxed_slice());
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.tranches.is_none()
+    }
+
+    pub(super) fn total(&self) -> u64 {
+        self.all()
+            .iter()
+            .fold(0u64, |sum, &(_, tokens)| sum.saturating_add(tokens))
+    }
+
+    /// When the last tranche falls due (0 when none is reserved).
+    pub(super) fn last_due(&self) -> u64 {
+        self.all().last().map_or(0, |&(due, _)| due)
+    }
+
+    pub(super) fn add(&mut self, due: u64, tokens: u64) {
+        let mut tranches = self.all().to_vec();
+        let at = tranches.partition_point(|&(d, _)| d <= due);
+        match at.checked_sub(1).map(|i| &mut tranches[i]) {
+            Some((d, held)) if *d == due => *held = held.saturating_add(tokens),
+            _ => tranches.insert(at, (due, tokens)),
+        }
+        if tranches.len() > MAX_TRANCHES
+            && let Some((due, tokens)) = tranches.pop()
+            && let Some(last) = tranches.last_mut()
+        {
+            *last = (due, last.1.saturating_add(tokens));
+        }
+        self.set(tranches);
+    }
+
+    /// Tokens due by `now`, without taking them.
+    pub(super) fn due_by(&self, now: u64) -> u64 {
+        self.all()
+            .iter()
+            .take_while(|&&(due, _)| due <= now)
+            .fold(0u64, |sum, &(_, tokens)| sum.saturating_add(tokens))
+    }
+
+    /// Takes out the tranches due by `now`: their tokens, and when the last of them fell due.
+    pub(super) fn take_due(&mut self, now: u64) -> (u64, u64) {
+        let n = self.all().partition_point(|&(due, _)| due <= now);
+        if n == 0 {
+            return (0, 0);
+        }
+        let taken = self.all()[..n]
+            .iter()
+            .fold((0u64, 0), |(sum, _), &(due, tokens)| {
+                (sum.saturating_add(tokens), due)
+            });
+        let rest = self.all()[n..].to_vec();
+        self.set(rest);
+        taken
+    }
+
+    /// When the tranches hold `tokens` in all (the last one's due when they never do).
+    pub(super) fn covering(&self, tokens: u64) -> u64 {
+        let mut sum = 0u64;
+        for &(due, held) in self.all() {
+            sum = sum.saturating_add(held);
+            if sum >= tokens {
+                return due;
+            }
+        }
+        self.last_due()
+    }
+
+    pub(super) fn take_all(&mut self) -> u64 {
+        let all = self.total();
+        self.tranches = None;
+        all
+    }
+}

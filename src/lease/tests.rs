@@ -1,0 +1,378 @@
+use super::*;
+use crate::lease::fetch::*;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+fn limit() -> Limit {
+    Limit::per_second(10).burst(10).unwrap()
+}
+
+const DEADLINE: u64 = 50_000;
+
+/// `granted` tokens now, `reserved` due in `ready_in_ms`, the next in `refill_in_ms`.
+fn grant(granted: u64, reserved: u64, ready_in_ms: u64, refill_in_ms: u64) -> FetchOutcome {
+    FetchOutcome::Granted {
+        grant: Grant {
+            granted,
+            reserved,
+            ready_in: Duration::from_millis(ready_in_ms),
+            remaining: 0,
+            refill_in: Duration::from_millis(refill_in_ms),
+        },
+        sent_at: 0,
+        from: Name::intern("default"),
+        shape: 0,
+    }
+}
+
+/// Queues a request of `cost` at `now`; returns the miss and the verdict's receiver.
+fn queue(b: &mut LocalBucket, cost: u64, now: u64) -> (Miss, oneshot::Receiver<Verdict>) {
+    let (waiter, rx) = Waiter::new(cost, now + DEADLINE);
+    (b.miss(cost, now, 0, &limit(), true, || waiter), rx)
+}
+
+fn verdicts(settled: &Settled) -> Vec<(u64, Verdict)> {
+    settled
+        .verdicts
+        .iter()
+        .map(|(w, v)| (w.cost(), *v))
+        .collect()
+}
+
+#[test]
+fn a_view_adds_the_lease_to_the_global_level_and_its_refill_since() {
+    let limit = limit(); // 10 per second, burst 10
+    let mut b = LocalBucket::default();
+    assert_eq!(
+        b.view(0, &limit, true),
+        View::full(&limit),
+        "never asked: full"
+    );
+    let answer = FetchOutcome::Granted {
+        grant: Grant {
+            granted: 4,
+            reserved: 0,
+            ready_in: Duration::ZERO,
+            remaining: 3,
+            refill_in: Duration::ZERO,
+        },
+        sent_at: 0,
+        from: Name::intern("default"),
+        shape: 0,
+    };
+    b.settle(&answer, 0, 0, &limit);
+    b.take_leased(2);
+    let view = b.view(0, &limit, true);
+    assert_eq!(view.tokens, 2 + 3);
+    assert_eq!(view.next_in, 100_000, "one token every 100 ms");
+    assert_eq!(view.full_in, 500_000);
+    // 250 ms later the global bucket has refilled two more.
+    assert_eq!(b.view(250_000, &limit, true).tokens, 7);
+    assert_eq!(b.view(2_000_000, &limit, true), View::full(&limit));
+}
+
+#[test]
+fn a_view_of_a_key_known_short_counts_only_the_lease_until_tokens_are_due() {
+    let limit = limit();
+    let mut b = LocalBucket::default();
+    b.settle(&grant(1, 0, 0, 300), 0, 0, &limit);
+    let view = b.view(100_000, &limit, true);
+    assert_eq!((view.tokens, view.next_in), (1, 200_000));
+    assert_eq!(
+        view.full_in,
+        200_000 + 800_000,
+        "then 8 more at 10 per second"
+    );
+    assert_eq!(
+        b.view(300_000, &limit, true).tokens,
+        2,
+        "the global bucket's first token"
+    );
+    assert_eq!(b.view(400_000, &limit, true).tokens, 3);
+}
+
+#[test]
+fn the_hot_part_of_a_bucket_stays_small() {
+    assert!(std::mem::size_of::<LocalBucket>() <= 32);
+    // Within glibc's 176-byte chunk class (a 168-byte request and its 8-byte header).
+    assert!(std::mem::size_of::<Cold>() <= 168);
+}
+
+#[test]
+fn one_fetch_per_key_and_everyone_waits_for_it() {
+    let mut b = LocalBucket::default();
+    let (first, _a) = queue(&mut b, 1, 0);
+    let (second, _b) = queue(&mut b, 2, 0);
+    assert_eq!((first, second), (Miss::StartFetch, Miss::Joined));
+    let plan = b.plan(0, 0, &limit()).unwrap();
+    assert_eq!((plan.needed, plan.room), (3, 10));
+    assert_eq!(plan.request(0, Duration::ZERO).want, 3);
+}
+
+#[test]
+fn a_batch_serves_waiters_in_arrival_order_and_keeps_the_rest() {
+    let mut b = LocalBucket::default();
+    let _rx: Vec<_> = [3, 1, 2].iter().map(|&c| queue(&mut b, c, 0).1).collect();
+    let settled = b.settle(&grant(8, 0, 0, 0), 0, 0, &limit());
+    let expected = vec![
+        (3, Verdict::Admitted),
+        (1, Verdict::Admitted),
+        (2, Verdict::Admitted),
+    ];
+    assert_eq!(verdicts(&settled), expected);
+    assert_eq!(b.leased_tokens(), 2);
+    assert!(!settled.refetch && !b.is_fetching());
+}
+
+#[test]
+fn a_partial_grant_throttles_the_key_until_its_next_token() {
+    let mut b = LocalBucket::default();
+    let _rx: Vec<_> = [2, 1, 3].iter().map(|&c| queue(&mut b, c, 0).1).collect();
+    // Two tokens were there; the next is due 100 ms after the call was sent.
+    let settled = b.settle(&grant(2, 0, 0, 100), 5_000, 0, &limit());
+    // The first fits; the second does not (the first took both); the third needs 3 more
+    // from the global bucket: the first at 100 ms, two more at 100 ms each.
+    assert_eq!(
+        verdicts(&settled),
+        vec![
+            (2, Verdict::Admitted),
+            (1, Verdict::Throttled { until: 100_000 }),
+            (3, Verdict::Throttled { until: 300_000 }),
+        ]
+    );
+    // Later arrivals are refused without a global call until the token is due, exactly.
+    let (miss, _) = queue(&mut b, 1, 99_999);
+    assert_eq!(miss, Miss::Throttled { until: 100_000 });
+    let (miss, _) = queue(&mut b, 1, 100_000);
+    assert_eq!(miss, Miss::StartFetch);
+}
+
+#[test]
+fn reserved_tokens_are_used_only_once_due() {
+    let mut b = LocalBucket::default();
+    let (_, _rx) = queue(&mut b, 1, 0);
+    // Refused now, but 5 tokens reserved: due 300 ms after the answer came (at 1 ms).
+    let settled = b.settle(&grant(0, 5, 300, 400), 1_000, 0, &limit());
+    assert_eq!(
+        verdicts(&settled),
+        vec![(1, Verdict::Throttled { until: 301_000 })]
+    );
+    assert_eq!(b.leased_tokens(), 5);
+    let (miss, _) = queue(&mut b, 5, 300_999);
+    assert_eq!(miss, Miss::Throttled { until: 301_000 });
+    // A request needing more than is reserved waits for the global bucket's refill too.
+    let (miss, _) = queue(&mut b, 7, 300_999);
+    assert_eq!(
+        miss,
+        Miss::Throttled {
+            until: 400_000 + 100_000
+        }
+    );
+    let (miss, _) = queue(&mut b, 5, 301_000);
+    assert_eq!(miss, Miss::Admitted);
+    assert_eq!(b.leased_tokens(), 0);
+}
+
+#[test]
+fn a_full_grant_keeps_late_joiners_for_the_next_batch() {
+    let mut b = LocalBucket::default();
+    let (_, _a) = queue(&mut b, 1, 0);
+    b.plan(0, 0, &limit());
+    let (_, _b) = queue(&mut b, 1, 0);
+    let settled = b.settle(&grant(1, 0, 0, 0), 0, 0, &limit());
+    assert_eq!(verdicts(&settled), vec![(1, Verdict::Admitted)]);
+    assert!(settled.refetch && b.is_fetching());
+    assert_eq!(b.plan(0, 0, &limit()).map(|p| p.needed), Some(1));
+}
+
+#[test]
+fn a_waiter_asks_again_until_its_deadline_then_is_refused() {
+    let mut b = LocalBucket::default();
+    let (_, _rx) = queue(&mut b, 5, 0);
+    for now in [0, DEADLINE - 1] {
+        let settled = b.settle(&grant(1, 0, 0, 0), now, 0, &limit());
+        assert!(settled.refetch && settled.verdicts.is_empty());
+    }
+    let settled = b.settle(&grant(1, 0, 0, 0), DEADLINE, 0, &limit());
+    // Three tokens held; the global bucket's next is due now, the one after 100 ms later.
+    assert_eq!(
+        verdicts(&settled),
+        vec![(
+            5,
+            Verdict::Throttled {
+                until: DEADLINE + 100_000
+            }
+        )]
+    );
+    assert!(!settled.refetch && !b.is_fetching());
+}
+
+#[test]
+fn a_failed_fetch_leaves_every_waiter_to_the_failure_policy() {
+    let mut b = LocalBucket::default();
+    let _rx: Vec<_> = [1, 1].iter().map(|&c| queue(&mut b, c, 0).1).collect();
+    let settled = b.settle(&FetchOutcome::Failed, 0, 0, &limit());
+    assert_eq!(
+        verdicts(&settled),
+        vec![(1, Verdict::Failed), (1, Verdict::Failed)]
+    );
+    assert!(!b.is_fetching());
+    // The next request starts a new fetch.
+    assert_eq!(queue(&mut b, 1, 0).0, Miss::StartFetch);
+}
+
+#[test]
+fn a_waiter_that_went_away_takes_nothing() {
+    let mut b = LocalBucket::default();
+    let (_, gone) = queue(&mut b, 4, 0);
+    let (_, _stays) = queue(&mut b, 1, 0);
+    drop(gone);
+    assert_eq!(b.plan(0, 0, &limit()).map(|p| p.needed), Some(1));
+    let settled = b.settle(&grant(5, 0, 0, 0), 0, 0, &limit());
+    assert_eq!(verdicts(&settled), vec![(1, Verdict::Admitted)]);
+    assert_eq!(b.leased_tokens(), 4);
+}
+
+#[test]
+fn no_new_fetch_while_the_store_backs_off() {
+    let mut b = LocalBucket::default();
+    let (waiter, _rx) = Waiter::new(1, DEADLINE);
+    assert_eq!(b.miss(1, 0, 0, &limit(), false, || waiter), Miss::StoreDown);
+    assert!(!b.is_fetching());
+}
+
+#[test]
+fn the_lease_runs_low_once_per_batch() {
+    let mut b = LocalBucket::default();
+    let (_, _rx) = queue(&mut b, 1, 0);
+    b.settle(&grant(8, 0, 0, 0), 0, 0, &limit());
+    // 7 left, low water 4: the fourth hit leaves 3 and asks for one prefetch.
+    let hits: Vec<_> = (0..5).map(|_| b.take_leased(1)).collect();
+    assert_eq!(
+        hits,
+        [
+            Hit::Admitted,
+            Hit::Admitted,
+            Hit::Admitted,
+            Hit::AdmittedStartFetch,
+            Hit::Admitted
+        ]
+    );
+    assert_eq!(b.take_leased(5), Hit::Short);
+}
+
+#[test]
+fn a_lowered_limit_sheds_what_the_lease_holds_beyond_it() {
+    let mut b = LocalBucket::default();
+    let (_, _rx) = queue(&mut b, 1, 0);
+    b.settle(&grant(10, 0, 0, 0), 0, 0, &limit());
+    let (_, _rx) = queue(&mut b, 20, 0);
+    let lower = Limit::per_second(4).burst(4).unwrap();
+    let settled = b.settle(&grant(1, 0, 0, 0), 0, 0, &lower);
+    assert_eq!(settled.excess, 6);
+    assert_eq!(b.leased_tokens(), 4);
+}
+
+/// Seed 28503: refunds filled the lease past capacity while requests waited, so no batch
+/// was asked for; those the lease could not serve were refused though the global bucket
+/// held their tokens. They wait for the next batch instead.
+#[test]
+fn a_lease_filled_by_refunds_serves_what_it_can_and_asks_for_the_rest() {
+    let limit = limit();
+    let mut b = LocalBucket::default();
+    let (first, _a) = queue(&mut b, 5, 0);
+    let (_, _b) = queue(&mut b, 5, 0);
+    let (_, _c) = queue(&mut b, 5, 0);
+    assert_eq!(first, Miss::StartFetch);
+    b.give_back(12);
+    assert!(
+        b.plan(0, 0, &limit).is_none(),
+        "a full lease asks for nothing"
+    );
+    let settled = b.settle(&FetchOutcome::Skipped, 0, 0, &limit);
+    let verdicts: Vec<_> = settled.verdicts.iter().map(|(_, v)| *v).collect();
+    assert_eq!(verdicts, [Verdict::Admitted, Verdict::Admitted]);
+    assert!(settled.refetch, "the third waits for a batch");
+    assert_eq!(b.waiting(), 1);
+    assert_eq!(b.plan(0, 0, &limit).map(|p| p.needed), Some(5));
+}
+
+#[test]
+fn leases_expire_unless_a_batch_is_in_flight_or_reserved() {
+    let mut b = LocalBucket::default();
+    let (_, _rx) = queue(&mut b, 1, 0);
+    b.settle(&grant(6, 0, 0, 0), 0, 0, &limit());
+    assert_eq!(b.take_expired(1_999_999, 2_000_000, 1), 0);
+    assert_eq!(b.take_expired(2_000_000, 2_000_000, 2), 5);
+    assert_eq!(b.leased_tokens(), 0);
+}
+
+const SECOND: u64 = 1_000_000;
+
+#[test]
+fn a_quiet_bucket_sheds_its_slow_path_state_and_reads_the_same() {
+    let limit = limit();
+    let mut b = LocalBucket::default();
+    assert!(
+        !b.holds_cold_state(),
+        "a new bucket holds only its hot fields"
+    );
+    let (_, _rx) = queue(&mut b, 1, 0);
+    // Four granted, one to the waiter; the global bucket is left empty, full at 1 s.
+    b.settle(&grant(4, 0, 0, 0), 0, 0, &limit);
+    assert!(b.holds_cold_state());
+    assert_eq!(b.take_expired(2 * SECOND, 2 * SECOND, 2), 3);
+    // The token served is recorded when it was served, as interval 0's demand, which the
+    // window holds until interval 16.
+    assert_eq!(b.take_expired(15 * SECOND, 2 * SECOND, 15), 0);
+    assert!(b.holds_cold_state(), "demand is left in the window");
+    assert_eq!(b.take_expired(16 * SECOND, 2 * SECOND, 16), 0);
+    assert!(!b.holds_cold_state(), "nothing left to keep");
+    assert_eq!(b.view(16 * SECOND, &limit, true), View::full(&limit));
+    assert_eq!(b.known_short(1, 16 * SECOND, &limit), None);
+}
+
+#[test]
+fn a_bucket_keeps_its_slow_path_state_while_anything_is_left() {
+    let limit = limit();
+    // Throttled: the global bucket's next token is due at 30 s.
+    let mut b = LocalBucket::default();
+    let (_, _rx) = queue(&mut b, 1, 0);
+    b.settle(&grant(0, 0, 0, 30_000), 0, 0, &limit);
+    assert_eq!(b.take_expired(29 * SECOND, 2 * SECOND, 29), 0);
+    assert!(b.holds_cold_state(), "the key is throttled until 30 s");
+    assert_eq!(b.known_short(1, 29 * SECOND, &limit), Some(30 * SECOND));
+    // Its first token comes at 30 s, the bucket is full nine tenths of a second later.
+    b.take_expired(30 * SECOND + 899_999, 2 * SECOND, 30);
+    assert!(b.holds_cold_state(), "the fleet estimate is short of full");
+    assert!(b.view(30 * SECOND + 899_999, &limit, true).tokens < limit.capacity());
+    b.take_expired(30 * SECOND + 900_000, 2 * SECOND, 30);
+    assert!(!b.holds_cold_state());
+
+    // A bucket that used its own fallback bucket (store down) keeps it until it is full
+    // again: a token a second, 2 of 4 taken at 0 s, full at 2 s.
+    let share = Limit::per_second(1).burst(4).unwrap();
+    let mut b = LocalBucket::default();
+    assert_eq!(b.take_fallback(&share, 0, 2), 0);
+    b.take_expired(2 * SECOND - 1, SECOND, 0);
+    assert!(b.holds_cold_state(), "the fallback bucket is refilling");
+    b.take_expired(2 * SECOND, SECOND, 0);
+    assert!(
+        !b.holds_cold_state(),
+        "a full fallback bucket is the same as none"
+    );
+    assert_eq!(
+        b.take_fallback(&share, 2 * SECOND, 4),
+        0,
+        "it starts full again"
+    );
+    assert_eq!(b.take_fallback(&share, 2 * SECOND, 1), SECOND);
+
+    // Tokens reserved ahead, or a lease not yet expired, are kept.
+    let mut b = LocalBucket::default();
+    let (_, _rx) = queue(&mut b, 1, 0);
+    b.settle(&grant(1, 2, 40_000, 0), 0, 0, &limit);
+    assert_eq!(b.take_expired(20 * SECOND, 2 * SECOND, 20), 0);
+    assert!(b.holds_cold_state(), "reserved tokens are held");
+    assert_eq!(b.leased_tokens(), 2);
+}

@@ -1,0 +1,32 @@
+//! How a request becomes keys and a cost, and a rejection a response: what the tower surface
+//! reads from each request before the engine decides.
+
+use crate::key::MissingKey;
+use crate::throttle::key::{KeyFn, KeyReader};
+
+/// A closure giving a request's cost in tokens.
+pub(crate) type CostFn<Req> = Box<dyn Fn(&Req) -> u64 + Send + Sync>;
+
+/// How a request becomes keys and a cost, and a rejection a response.
+pub(crate) struct RequestPolicy<Req, K, R> {
+    pub(crate) key: KeyReader<Req, K>,
+    /// The key closures of the levels after the first.
+    pub(crate) levels: Box<[KeyFn<Req, K>]>,
+    pub(crate) cost: Option<CostFn<Req>>,
+    pub(crate) missing_key: MissingKey<K>,
+    pub(crate) on_rejection: R,
+}
+
+impl<Req, K, R> RequestPolicy<Req, K, R> {
+    pub(crate) fn cost(&self, request: &Req) -> u64 {
+        self.cost.as_ref().map_or(1, |cost| cost(request))
+    }
+
+    pub(crate) fn missing_key_name(&self) -> &'static str {
+        match self.missing_key {
+            MissingKey::Reject | MissingKey::RejectWith { .. } => "reject",
+            MissingKey::Admit => "admit",
+            MissingKey::UseKey(_) => "use a shared key",
+        }
+    }
+}

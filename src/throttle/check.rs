@@ -1,0 +1,233 @@
+//! Deciding a request on one bucket: the hot take, and the slow path when the lease is short
+//! (the throttled-key cache, or a place in the key's fetch); waiting for that fetch's verdict.
+
+use super::*;
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::quota::LeaseKey;
+
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
+    /// Decides one bucket's share of a request costing `cost` tokens, and tells how many limits
+    /// the key's quota has (read from its first bucket).
+    #[inline(always)]
+    pub(crate) fn check(self: &Arc<Self>, id: &LeaseKey<K>, cost: u64) -> (Check<K>, u8) {
+        let (hit, slots) = self.take_leased(id, cost);
+        self.after_take(id, hit, slots, cost)
+    }
+
+    /// The hot path: takes `cost` leased tokens from bucket `id` if it holds them. No clock,
+    /// no allocation, no shared counter.
+    #[inline(always)]
+    pub(crate) fn take_leased(&self, id: &LeaseKey<K>, cost: u64) -> (Hit, u8) {
+        self.local
+            .with_bucket(id, |b| (b.take_leased(cost), b.slots()))
+    }
+
+    /// The decision after [`take_leased`](Self::take_leased) answered `hit`.
+    #[inline(always)]
+    pub(crate) fn after_take(
+        self: &Arc<Self>,
+        id: &LeaseKey<K>,
+        hit: Hit,
+        slots: u8,
+        cost: u64,
+    ) -> (Check<K>, u8) {
+        match hit {
+            Hit::Admitted => (Check::Admit, self.known_slots(id, slots)),
+            Hit::AdmittedStartFetch => {
+                self.start_fetch(id.clone());
+                (Check::Admit, self.known_slots(id, slots))
+            }
+            Hit::Short => self.check_short(id, cost),
+        }
+    }
+
+    /// `slots`, or when the bucket does not know its key's number of limits (0), the quota's,
+    /// which a first bucket then keeps: a bucket holding tokens without having been through
+    /// the slow path (a give-back or refund after its eviction) must not admit alone.
+    #[inline(always)]
+    pub(super) fn known_slots(&self, id: &LeaseKey<K>, slots: u8) -> u8 {
+        if slots != 0 {
+            return slots;
+        }
+        self.learn_slots(id)
+    }
+
+    #[cold]
+    #[inline(never)]
+    pub(super) fn learn_slots(&self, id: &LeaseKey<K>) -> u8 {
+        let slots = self.resolve(id).map_or(1, |bucket| bucket.slots);
+        if id.slot == 0 {
+            self.local.with_bucket(id, |b| b.set_slots(slots));
+        }
+        slots
+    }
+
+    /// The slow path: the lease held fewer than `cost` tokens.
+    #[inline(never)]
+    pub(super) fn check_short(self: &Arc<Self>, id: &LeaseKey<K>, cost: u64) -> (Check<K>, u8) {
+        let Some(bucket) = self.resolve(id) else {
+            // The key's quota no longer has this limit: nothing to enforce.
+            return (Check::Admit, 1);
+        };
+        let limit = bucket.limit;
+        if cost > limit.capacity() {
+            self.stats.refused_cost.incr();
+            tracing::debug!(
+                cost,
+                capacity = limit.capacity(),
+                "refused: cost above capacity"
+            );
+            return (Check::reject(bucket.cost_rejection(id, cost)), bucket.slots);
+        }
+        self.start_sweeper();
+        let now = self.now();
+        let interval = self.interval(now);
+        let store_up = self.health.is_up(now);
+        let deadline = now.saturating_add(micros(self.config.store_timeout));
+        // Made only for a request that waits: a refusal allocates nothing.
+        let mut verdict = None;
+        let mut forfeited = 0;
+        let miss = self.local.with_bucket(id, |b| {
+            forfeited = self.serve(id, &bucket, b);
+            self.stats.admitted_local.add(b.take_uncounted());
+            b.miss(cost, now, interval, &limit, store_up, || {
+                let (waiter, receiver) = Waiter::new(cost, deadline);
+                verdict = Some(receiver);
+                waiter
+            })
+        });
+        self.stats.tokens_forfeited.add(forfeited);
+        let check = match miss {
+            Miss::Admitted => {
+                self.stats.admitted_local.incr();
+                Check::Admit
+            }
+            Miss::Throttled { until } => {
+                if self.counts_throttled() {
+                    self.stats.rejected_cached.incr();
+                }
+                tracing::debug!(cost, "throttled by the throttled-key cache");
+                Check::reject(bucket.throttled(id, until.saturating_sub(now)))
+            }
+            Miss::StoreDown => match self.decide_on_failure(id, cost, &bucket) {
+                Ok(admitted) => Check::Wait(Box::pin(std::future::ready(Ok(admitted)))),
+                Err(rejection) => Check::reject(rejection),
+            },
+            Miss::Joined | Miss::StartFetch => {
+                if miss == Miss::StartFetch {
+                    self.start_fetch(id.clone());
+                }
+                // Always there: `miss` made the waiter when it queued the request.
+                let Some(verdict) = verdict else {
+                    return (Check::reject(bucket.throttled(id, 1)), bucket.slots);
+                };
+                let pending = PendingVerdict {
+                    throttle: self.clone(),
+                    id: id.clone(),
+                    cost,
+                    verdict,
+                };
+                let wait = Self::wait(pending, bucket);
+                Check::Wait(Box::pin(wait))
+            }
+        };
+        (check, bucket.slots)
+    }
+
+    /// Without taking anything: the refusal bucket `id` would give a request of `cost`, if it
+    /// is known now (cost above capacity, or the global bucket known to be short). For the
+    /// other buckets of a request one bucket has refused, so that the answer names the longest
+    /// wait without taking tokens or calling the store.
+    /// Also tells how many limits the key's quota has.
+    pub(crate) fn known_refusal(&self, id: &LeaseKey<K>, cost: u64) -> (Option<Rejection<K>>, u8) {
+        let Some(bucket) = self.resolve(id) else {
+            return (None, 1);
+        };
+        if cost > bucket.limit.capacity() {
+            return (Some(bucket.cost_rejection(id, cost)), bucket.slots);
+        }
+        let now = self.now();
+        let until = self
+            .local
+            .with_bucket(id, |b| b.known_short(cost, now, &bucket.limit));
+        let refusal = until.map(|until| bucket.throttled(id, until.saturating_sub(now)));
+        (refusal, bucket.slots)
+    }
+
+    /// Puts back the `cost` tokens a request took from bucket `id` when another of its buckets
+    /// refused it.
+    pub(crate) fn undo(&self, id: &LeaseKey<K>, cost: u64) {
+        self.local.with_bucket(id, |b| b.undo_take(cost));
+    }
+
+    /// Puts back the `cost` tokens a waiting request was admitted with by bucket `id`, when
+    /// another of its buckets refused it or it went away.
+    pub(crate) fn give_back(&self, id: &LeaseKey<K>, cost: u64) {
+        self.local.with_bucket(id, |b| b.give_back(cost));
+    }
+
+    /// Tells bucket `b` (of `id`) the limit it serves now, `bucket`: a first bucket learns how
+    /// many limits its key has, and a lease of another global bucket (the key changed tiers)
+    /// is forfeited. Returns the tokens forfeited.
+    pub(super) fn serve(&self, id: &LeaseKey<K>, bucket: &Resolved, b: &mut LocalBucket) -> u64 {
+        if id.slot == 0 {
+            b.set_slots(bucket.slots);
+        }
+        b.reshape(bucket.name, bucket.shape())
+    }
+
+    /// Waits for the verdict of the fetch the request was queued for.
+    async fn wait(
+        mut pending: PendingVerdict<K, G, L, C>,
+        bucket: Resolved,
+    ) -> Result<Admitted, Rejection<K>> {
+        // A fetch always settles its waiters, even when its task dies; a closed channel is
+        // taken as a failed fetch all the same.
+        let verdict = (&mut pending.verdict).await.unwrap_or(Verdict::Failed);
+        let (this, id, cost) = (&pending.throttle, &pending.id, pending.cost);
+        match verdict {
+            Verdict::Admitted => {
+                this.stats.admitted_after_fetch.incr();
+                Ok(Admitted::LEASED)
+            }
+            Verdict::Throttled { until } => {
+                if this.counts_throttled() {
+                    this.stats.rejected_global.incr();
+                }
+                tracing::debug!(cost, "throttled by the global store");
+                // Named after the limit the batch was settled with: it may have changed while
+                // the request waited.
+                let bucket = this.resolve(id).unwrap_or(bucket);
+                Err(bucket.throttled(id, until.saturating_sub(this.now())))
+            }
+            Verdict::Failed => this.decide_on_failure(id, cost, &bucket),
+            Verdict::Unlimited => Ok(Admitted::LEASED),
+        }
+    }
+}
+
+/// A request's pending verdict: if the request goes away after its tokens were taken for it,
+/// they go back to the lease.
+///
+/// It is made with the request's waiter, before the future that awaits it is first polled: a
+/// future dropped unpolled (one of several buckets' waits, after another refused) still gives
+/// back what a delivered verdict took.
+struct PendingVerdict<K: Key, G: Global<K>, L: Local<K>, C: Clock> {
+    throttle: Arc<Throttle<K, G, L, C>>,
+    id: LeaseKey<K>,
+    cost: u64,
+    verdict: oneshot::Receiver<Verdict>,
+}
+
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for PendingVerdict<K, G, L, C> {
+    fn drop(&mut self) {
+        self.verdict.close();
+        if let Ok(Verdict::Admitted) = self.verdict.try_recv() {
+            self.throttle
+                .local
+                .with_bucket(&self.id, |b| b.give_back(self.cost));
+        }
+    }
+}

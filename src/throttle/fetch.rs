@@ -1,0 +1,223 @@
+//! Fetching a batch for a key's bucket: one fetch per key and host, in a task of its own
+//! whose end, however it comes, settles the key; settling the answer against the limit as it
+//! is now, and delivering the verdicts.
+
+use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::quota::LeaseKey;
+
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
+    /// Runs a fetch for bucket `id` in a task of its own (the bucket is marked as fetching).
+    /// Without a Tokio runtime the fetch fails at once, and its waiters go to the failure
+    /// policy. Out of line and cold: the hit path that calls it once per batch stays small.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn start_fetch(self: &Arc<Self>, id: LeaseKey<K>) {
+        let fetch = FetchTask {
+            throttle: self.clone(),
+            id,
+            settled: false,
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(fetch.run());
+        }
+    }
+
+    /// Asks the global store for bucket `id`'s next batch.
+    pub(super) async fn fetch(&self, id: &LeaseKey<K>) -> FetchOutcome {
+        // Let requests already scheduled join this batch before it is sized.
+        tokio::task::yield_now().await;
+        let Some(bucket) = self.resolve(id) else {
+            // The key's quota no longer has this limit: settling finds that too.
+            return FetchOutcome::Skipped;
+        };
+        let limit = bucket.limit;
+        let now = self.now();
+        let interval = self.interval(now);
+        // Every batch reads the key's quota afresh: a limit changed at run time applies from
+        // the next batch, even on a lease that never runs dry.
+        let mut forfeited = 0;
+        let plan = self.local.with_bucket(id, |b| {
+            forfeited = self.serve(id, &bucket, b);
+            b.plan(now, interval, &limit)
+        });
+        self.stats.tokens_forfeited.add(forfeited);
+        let Some(plan) = plan else {
+            return FetchOutcome::Skipped;
+        };
+        if !self.health.is_up(now) {
+            return FetchOutcome::Failed;
+        }
+        let batch = self.batch_size(&limit, plan.needed, &plan.demand);
+        let request = plan.request(batch, self.config.max_reservation);
+        self.stats.global_calls.incr();
+        let span = tracing::debug_span!(
+            "global_acquire",
+            key_hash = KEY_HASH.hash_one(&id.key),
+            limit = bucket.name.as_str(),
+            want = request.want,
+            granted = tracing::field::Empty,
+            reserved = tracing::field::Empty,
+            latency_us = tracing::field::Empty,
+        );
+        let key = self.global_key(id, bucket.name);
+        let call = self.global.acquire(&key, &limit, request);
+        let answer = tokio::time::timeout(self.config.store_timeout, call)
+            .instrument(span.clone())
+            .await;
+        let answered = self.now();
+        let latency = answered.saturating_sub(now);
+        span.record("latency_us", latency);
+        #[cfg(feature = "metrics")]
+        crate::metrics::global_call(&self.config.name, Duration::from_micros(latency));
+        if let Ok(Ok(grant)) = &answer {
+            span.record("granted", grant.granted);
+            span.record("reserved", grant.reserved);
+        }
+        let _entered = span.enter();
+        match answer {
+            Ok(Ok(grant)) => {
+                tracing::debug!(
+                    want = request.want,
+                    granted = grant.granted,
+                    ready_in = ?grant.ready_in,
+                    "global acquire"
+                );
+                self.store_answered();
+                FetchOutcome::Granted {
+                    grant,
+                    sent_at: now,
+                    from: bucket.name,
+                    shape: bucket.shape(),
+                }
+            }
+            Ok(Err(error)) => {
+                self.stats.global_errors.incr();
+                tracing::debug!(%error, "global acquire failed");
+                if self.global.may_have_applied(&error) {
+                    self.stats.tokens_lost.add(request.want);
+                }
+                self.store_failed(now, answered, &error);
+                FetchOutcome::Failed
+            }
+            Err(_) => {
+                self.stats.global_timeouts.incr();
+                self.stats.tokens_lost.add(request.want);
+                tracing::debug!(timeout = ?self.config.store_timeout, "global acquire timed out");
+                self.store_failed(now, answered, &TimedOut(self.config.store_timeout));
+                FetchOutcome::Failed
+            }
+        }
+    }
+
+    /// The batch policy's answer; a policy that panics asks for what the waiters need.
+    pub(super) fn batch_size(&self, limit: &Limit, needed: u64, demand: &[u32]) -> u64 {
+        let cx = BatchContext {
+            limit,
+            needed,
+            demand,
+            intervals: self.config.demand_intervals,
+        };
+        catch_unwind(AssertUnwindSafe(|| self.batch.batch_size(&cx))).unwrap_or_else(|_| {
+            tracing::debug!("the batch policy panicked; asking for what the waiters need");
+            needed
+        })
+    }
+
+    /// Takes in `outcome` for bucket `id` and delivers the verdicts, then hands back what the
+    /// lease cannot hold and starts the next fetch if requests still wait. The limit is read
+    /// again: one changed while the call was under way makes its answer's times stale (and
+    /// another name, its tokens another bucket's). Without a limit (the key's quota lost it)
+    /// the waiters pass: nothing is left to enforce.
+    pub(super) fn settle(self: &Arc<Self>, id: &LeaseKey<K>, outcome: &FetchOutcome) {
+        let now = self.now();
+        if let FetchOutcome::Granted { grant, .. } = outcome {
+            self.stats
+                .tokens_leased
+                .add(grant.granted.saturating_add(grant.reserved));
+        }
+        let bucket = self.resolve(id);
+        let mut forfeited = 0;
+        let (settled, dispenser) = self.local.with_bucket(id, |b| {
+            let settled = match &bucket {
+                Some(bucket) => {
+                    forfeited = self.serve(id, bucket, b);
+                    b.settle(outcome, now, self.interval(now), &bucket.limit)
+                }
+                None => b.drop_limit(),
+            };
+            (settled, b.dispenser())
+        });
+        self.stats.tokens_forfeited.add(forfeited);
+        let Settled {
+            verdicts,
+            excess,
+            forfeited,
+            refetch,
+        } = settled;
+        self.stats.tokens_forfeited.add(forfeited);
+        self.deliver(id, verdicts);
+        if excess > 0 {
+            self.defer_return(id.clone(), dispenser, excess);
+        }
+        if refetch {
+            self.start_fetch(id.clone());
+        }
+    }
+
+    /// Sends each verdict; tokens taken for a request that went away go back to the lease.
+    pub(super) fn deliver(&self, id: &LeaseKey<K>, verdicts: Vec<(Waiter, Verdict)>) {
+        let mut unclaimed = 0u64;
+        for (waiter, verdict) in verdicts {
+            let cost = waiter.cost();
+            if waiter.deliver(verdict) == Err(Verdict::Admitted) {
+                unclaimed = unclaimed.saturating_add(cost);
+            }
+        }
+        if unclaimed > 0 {
+            self.local.with_bucket(id, |b| b.give_back(unclaimed));
+        }
+    }
+}
+
+/// A fetch in its task. However the task ends, the key is settled: by the store's answer, or,
+/// if the task is dropped first (cancelled, panicked, its runtime shut down), as failed.
+struct FetchTask<K: Key, G: Global<K>, L: Local<K>, C: Clock> {
+    throttle: Arc<Throttle<K, G, L, C>>,
+    id: LeaseKey<K>,
+    settled: bool,
+}
+
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> FetchTask<K, G, L, C> {
+    async fn run(mut self) {
+        let outcome = self.throttle.fetch(&self.id).await;
+        self.settled = true;
+        self.throttle.settle(&self.id, &outcome);
+    }
+}
+
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for FetchTask<K, G, L, C> {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        tracing::debug!("a fetch ended without an answer; its requests go to the failure policy");
+        let failed = self
+            .throttle
+            .local
+            .with_bucket(&self.id, |b| b.fail_fetch());
+        self.throttle.deliver(&self.id, failed.verdicts);
+    }
+}
+
+/// A call that did not answer within the store time-out.
+pub(crate) struct TimedOut(pub(crate) Duration);
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no answer within {:?}", self.0)
+    }
+}

@@ -1,0 +1,140 @@
+//! The global store's health: a circuit breaker with back-off, and the failure policy that
+//! decides the requests whose call failed.
+
+use super::*;
+
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::quota::LeaseKey;
+
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
+    /// Applies the [`FailurePolicy`] to a request the global store could not decide.
+    pub(super) fn decide_on_failure(
+        &self,
+        id: &LeaseKey<K>,
+        cost: u64,
+        bucket: &Resolved,
+    ) -> Result<Admitted, Rejection<K>> {
+        self.stats.fallback_decisions.incr();
+        self.apply_failure_policy(id, cost, bucket)
+            .map(|()| Admitted::by_policy(id))
+    }
+
+    pub(super) fn apply_failure_policy(
+        &self,
+        id: &LeaseKey<K>,
+        cost: u64,
+        bucket: &Resolved,
+    ) -> Result<(), Rejection<K>> {
+        let now = self.now();
+        let until_probe = self.health.down_until().saturating_sub(now).max(1);
+        let limit = &bucket.limit;
+        match self.config.failure_policy {
+            FailurePolicy::Admit => Ok(()),
+            FailurePolicy::Reject => {
+                let rejection = bucket.rejection(id, RejectionReason::StoreUnavailable, *limit);
+                Err(rejection.with_retry_after(Duration::from_micros(until_probe)))
+            }
+            FailurePolicy::LocalFallback { expected_hosts } => {
+                let share = limit.share(expected_hosts.get());
+                let throttled = |wait| {
+                    bucket
+                        .rejection(id, RejectionReason::Throttled, share)
+                        .with_retry_after(Duration::from_micros(wait))
+                };
+                if cost > share.capacity() {
+                    // This host's share can never hold it: it waits for the store instead.
+                    return Err(throttled(until_probe));
+                }
+                let wait = self
+                    .local
+                    .with_bucket(id, |b| b.take_fallback(&share, now, cost));
+                if wait == 0 {
+                    Ok(())
+                } else {
+                    Err(throttled(wait))
+                }
+            }
+        }
+    }
+
+    /// A call sent at `sent_at` failed at `failed_at`: the store's back-off steps. Logged at
+    /// warn once when the store goes down (not once per call), naming the layer and the store.
+    pub(crate) fn store_failed(&self, sent_at: u64, failed_at: u64, error: &dyn std::fmt::Display) {
+        let went_down = self
+            .health
+            .failed(sent_at, failed_at, self.config.max_backoff);
+        if went_down {
+            tracing::warn!(
+                layer = %self.config.name,
+                store = %self.store_location,
+                %error,
+                policy = ?self.config.failure_policy,
+                "the global store failed; the failure policy decides until it answers"
+            );
+        }
+    }
+
+    /// A call was answered: the store is up (logged when it was down).
+    pub(crate) fn store_answered(&self) {
+        if self.health.succeeded() {
+            tracing::info!(
+                layer = %self.config.name,
+                store = %self.store_location,
+                "the global store answers again"
+            );
+        }
+    }
+}
+
+/// A circuit breaker over the global store: after a failure, no key calls the store until a
+/// back-off has passed (doubling per failure window, up to a maximum). The first call after it
+/// is the probe. Calls that were already under way when the circuit opened belong to the same
+/// window, so a burst of concurrent failures is one step, not one per call.
+#[derive(Debug, Default)]
+pub(crate) struct StoreHealth {
+    down_until: AtomicU64,
+    failures: Mutex<u32>,
+}
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+
+impl StoreHealth {
+    pub(crate) fn is_up(&self, now: u64) -> bool {
+        now >= self.down_until.load(Ordering::Relaxed)
+    }
+
+    fn down_until(&self) -> u64 {
+        self.down_until.load(Ordering::Relaxed)
+    }
+
+    /// A call was answered; `true` when the store was down until then.
+    pub(crate) fn succeeded(&self) -> bool {
+        if self.down_until.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let mut failures = lock(&self.failures);
+        let was_down = *failures > 0;
+        *failures = 0;
+        self.down_until.store(0, Ordering::Relaxed);
+        was_down
+    }
+
+    /// A call sent at `sent_at` failed at `now`; `true` when the store goes down with it (the
+    /// first failure since it last answered).
+    fn failed(&self, sent_at: u64, now: u64, max_backoff: Duration) -> bool {
+        let mut failures = lock(&self.failures);
+        if sent_at < self.down_until.load(Ordering::Relaxed) {
+            return false;
+        }
+        let went_down = *failures == 0;
+        let backoff = FIRST_BACKOFF
+            .saturating_mul(1 << (*failures).min(16))
+            .min(max_backoff);
+        *failures = failures.saturating_add(1);
+        self.down_until
+            .store(now.saturating_add(micros(backoff)), Ordering::Relaxed);
+        went_down
+    }
+}

@@ -1,0 +1,151 @@
+//! Refusals on their way out: counted once by limit and reason, given their jitter, or served
+//! in shadow mode; admissions counted when final; requests without a key noticed.
+
+use super::*;
+
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::quota::LeaseKey;
+
+/// Random delays for refusals' waits: a seeded hash of a counter, spread evenly enough for
+/// clients to scatter, and no lock.
+#[derive(Default)]
+pub(super) struct Jitter {
+    seed: foldhash::fast::RandomState,
+    draws: AtomicU64,
+}
+
+impl Jitter {
+    /// A delay from 0 to `max` micros, both included.
+    fn draw(&self, max: u64) -> u64 {
+        let n = self.draws.fetch_add(1, Ordering::Relaxed);
+        self.seed.hash_one(n) % max.saturating_add(1)
+    }
+}
+
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
+    /// Counts a request without a key, and logs it at warn: the first, then at most one a
+    /// minute, so that a key closure that never finds its key (a mistyped header name) shows.
+    pub(crate) fn note_missing_key(&self, policy: &str) {
+        self.stats.missing_key.incr();
+        // Stamped one past the clock, so that 0 means never.
+        let stamp = self.now().saturating_add(1);
+        let last = self.missing_key_warned_at.load(Ordering::Relaxed);
+        let due = last == 0 || stamp.saturating_sub(last) >= MISSING_KEY_WARNING_EVERY;
+        let claimed = due
+            && self
+                .missing_key_warned_at
+                .compare_exchange(last, stamp, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok();
+        if claimed {
+            tracing::warn!(
+                layer = %self.config.name,
+                policy,
+                without_key_so_far = self.stats.missing_key.get(),
+                "a request had no throttle key: is the key closure reading what clients send? \
+                 (logged at most once a minute; each one is counted in stats().missing_key)"
+            );
+        } else {
+            tracing::debug!(policy, "request without a throttle key");
+        }
+    }
+}
+
+/// How often a request without a key is logged at warn, at most (micros).
+const MISSING_KEY_WARNING_EVERY: u64 = 60_000_000;
+
+impl<K, G, L, C> Throttle<K, G, L, C> {
+    /// A use of `cost` tokens is admitted, finally, as `admitted`: counts the tokens the
+    /// failure policy admitted without a lease (once the use is sure to go ahead, so that one
+    /// refused by another bucket, or dropped, counts nothing).
+    pub(crate) fn count_admitted(&self, admitted: Admitted, cost: u64) -> Admitted {
+        let buckets = u64::from(admitted.policy_buckets());
+        if buckets > 0 {
+            self.stats.tokens_unleased.add(cost.saturating_mul(buckets));
+        }
+        admitted
+    }
+
+    /// Counts and logs a refusal that shadow mode turns into an admission.
+    pub(super) fn count_shadow(&self, rejection: &Rejection<K>) {
+        self.stats.shadow_admitted.incr();
+        tracing::debug!(reason = %rejection.reason, "shadow mode: served a use it would refuse");
+    }
+
+    /// A refusal for a use outside a tower service: finished on its way to the caller, or in
+    /// shadow mode turned into an admission that took nothing.
+    pub(crate) fn finish_or_shadow(
+        &self,
+        mut rejection: Rejection<K>,
+    ) -> Result<Admitted, Rejection<K>> {
+        if self.config.shadow {
+            self.count_shadow(&rejection);
+            return Ok(Admitted::SHADOW);
+        }
+        self.finish_refusal(&mut rejection);
+        Err(rejection)
+    }
+
+    /// Whether a throttled refusal is counted where it is made: not when it goes on to wait for
+    /// its tokens (shaping counts a waiting request once, when its wait ends).
+    pub(crate) fn counts_throttled(&self) -> bool {
+        self.config.shadow || matches!(self.config.shaping, shaping::Shaping::Refuse)
+    }
+
+    /// A refusal on its way to the client: counted once, by its limit and reason, and its wait
+    /// given the configured random delay.
+    pub(crate) fn finish_refusal(&self, rejection: &mut Rejection<K>) {
+        let reason = match rejection.reason {
+            RejectionReason::Throttled => "throttled",
+            RejectionReason::CostExceedsCapacity { .. } => "cost_above_capacity",
+            RejectionReason::MissingKey => "missing_key",
+            RejectionReason::StoreUnavailable => "store_unavailable",
+        };
+        self.refusals
+            .count((rejection.level, rejection.limit_name, reason));
+        let max = micros(self.config.retry_jitter);
+        if let (Some(wait), true) = (&mut rejection.retry_after, max > 0) {
+            *wait += Duration::from_micros(self.jitter.draw(max));
+        }
+    }
+
+    /// Serves a request shadow mode would have refused: counted, logged, and given its
+    /// refusal's `RateLimit` fields when `annotate`; never settled (it took no tokens).
+    pub(crate) fn admit_in_shadow(&self, rejection: &Rejection<K>, annotate: bool) -> Admission {
+        self.count_shadow(rejection);
+        let remaining = crate::remaining::Remaining::of_refusal(rejection).filter(|_| annotate);
+        Admission {
+            remaining: remaining.into_iter().collect(),
+            settle: None,
+        }
+    }
+}
+
+impl Resolved {
+    /// A refusal of a request on bucket `id` for `reason`, naming `limit`.
+    pub(super) fn rejection<K: Clone>(
+        &self,
+        id: &LeaseKey<K>,
+        reason: RejectionReason,
+        limit: Limit,
+    ) -> Rejection<K> {
+        Rejection::new(Some(id.key.clone()), reason).of_limit(
+            limit,
+            self.name.as_str(),
+            self.level.map(Name::as_str),
+        )
+    }
+
+    /// Refused until `wait_micros` from now.
+    pub(super) fn throttled<K: Clone>(&self, id: &LeaseKey<K>, wait_micros: u64) -> Rejection<K> {
+        self.rejection(id, RejectionReason::Throttled, self.limit)
+            .with_retry_after(Duration::from_micros(wait_micros.max(1)))
+    }
+
+    pub(super) fn cost_rejection<K: Clone>(&self, id: &LeaseKey<K>, cost: u64) -> Rejection<K> {
+        let capacity = self.limit.capacity();
+        let reason = RejectionReason::CostExceedsCapacity { cost, capacity };
+        self.rejection(id, reason, self.limit)
+    }
+}

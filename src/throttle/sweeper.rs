@@ -1,0 +1,192 @@
+//! Handing leases back: the background sweep (every half lease time), the leases of evicted
+//! buckets, and hand-backs the store did not take; and the counters read on the way.
+
+use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::quota::LeaseKey;
+
+/// Hand-backs in flight at once during a sweep.
+const CONCURRENT_RETURNS: usize = 32;
+
+/// Leased tokens on their way back to the global bucket that dispensed them (the limit whose
+/// name's [id](Name::id) is `dispenser`; 0 when the lease did not know it).
+pub(crate) struct Return<K> {
+    id: LeaseKey<K>,
+    dispenser: u32,
+    tokens: u64,
+}
+
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
+    /// Hands back leases not used within the lease time-to-live, those of evicted buckets, and
+    /// earlier hand-backs the store did not take.
+    pub(crate) async fn return_unused_leases(&self) {
+        let now = self.now();
+        let ttl = micros(self.config.lease_ttl);
+        let interval = self.interval(now);
+        self.collect_evicted();
+        let mut returns = std::mem::take(&mut *lock(&self.returns));
+        let mut waiting = 0;
+        self.local.for_each_bucket(|id, b| {
+            self.stats.admitted_local.add(b.take_uncounted());
+            waiting += b.waiting() as u64;
+            let tokens = b.take_expired(now, ttl, interval);
+            if tokens > 0 {
+                returns.push(Return {
+                    id: id.clone(),
+                    dispenser: b.dispenser(),
+                    tokens,
+                });
+            }
+        });
+        self.waiting_for_batches.store(waiting, Ordering::Relaxed);
+        stream::iter(returns)
+            .for_each_concurrent(CONCURRENT_RETURNS, |back| self.hand_back(back))
+            .await;
+    }
+
+    /// Hands leased tokens back to the global bucket that dispensed them, or keeps them for a
+    /// later sweep if the store is backing off or refused them. Tokens of a hand-back that may
+    /// have reached the store are never sent twice: they are counted as lost. Tokens of a
+    /// bucket the key no longer draws on are forfeited (the limit that would take them back
+    /// is not known any more).
+    pub(super) async fn hand_back(&self, back: Return<K>) {
+        let now = self.now();
+        if !self.health.is_up(now) {
+            lock(&self.returns).push(back);
+            return;
+        }
+        let Return {
+            id,
+            dispenser,
+            tokens,
+        } = back;
+        let bucket = self.resolve(&id);
+        let Some(bucket) = bucket.filter(|b| dispenser == 0 || dispenser == b.name.id()) else {
+            self.stats.tokens_forfeited.add(tokens);
+            return;
+        };
+        let key = self.global_key(&id, bucket.name);
+        let call = self.global.release(&key, &bucket.limit, tokens);
+        match tokio::time::timeout(self.config.store_timeout, call).await {
+            Ok(Ok(())) => {
+                self.store_answered();
+                self.stats.tokens_returned.add(tokens);
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%error, tokens, "global release failed");
+                self.store_failed(now, self.now(), &error);
+                if self.global.may_have_applied(&error) {
+                    self.stats.tokens_lost.add(tokens);
+                } else {
+                    self.defer_return(id, dispenser, tokens);
+                }
+            }
+            Err(_) => {
+                tracing::debug!(tokens, "global release timed out");
+                self.store_failed(now, self.now(), &TimedOut(self.config.store_timeout));
+                self.stats.tokens_lost.add(tokens);
+            }
+        }
+    }
+
+    pub(super) fn defer_return(&self, id: LeaseKey<K>, dispenser: u32, tokens: u64) {
+        lock(&self.returns).push(Return {
+            id,
+            dispenser,
+            tokens,
+        });
+    }
+
+    /// Counts the requests served by evicted buckets, and keeps their leases for the next sweep.
+    pub(super) fn collect_evicted(&self) {
+        let evicted = self.local.take_evicted();
+        if evicted.is_empty() {
+            return;
+        }
+        let mut returns = lock(&self.returns);
+        for (id, mut bucket) in evicted {
+            self.stats.admitted_local.add(bucket.take_uncounted());
+            let tokens = bucket.take_all_leased();
+            if tokens > 0 {
+                let dispenser = bucket.dispenser();
+                returns.push(Return {
+                    id,
+                    dispenser,
+                    tokens,
+                });
+            }
+        }
+    }
+
+    /// The counters, with every request served so far counted.
+    pub(crate) fn stats(&self) -> ThrottleStats {
+        self.local
+            .for_each_bucket(|_, b| self.stats.admitted_local.add(b.take_uncounted()));
+        self.collect_evicted();
+        self.stats.snapshot()
+    }
+
+    /// Starts the background task that hands back unused leases every half lease time, unless
+    /// it runs. It stops with the last clone of the layer, or with its runtime; the next slow
+    /// path then starts it again on its own runtime.
+    pub(super) fn start_sweeper(self: &Arc<Self>) {
+        if self.sweeper_running.load(Ordering::Relaxed)
+            || self.sweeper_running.swap(true, Ordering::Relaxed)
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.sweeper_running.store(false, Ordering::Relaxed);
+            return;
+        };
+        let sweeper = Sweeper {
+            throttle: Arc::downgrade(self),
+        };
+        runtime.spawn(sweeper.run());
+    }
+}
+
+/// The background sweep; marks the sweeper as stopped when it ends, however it ends.
+struct Sweeper<K: Key, G: Global<K>, L: Local<K>, C: Clock> {
+    throttle: Weak<Throttle<K, G, L, C>>,
+}
+
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Sweeper<K, G, L, C> {
+    async fn run(self) {
+        let Some(period) = self.throttle.upgrade().map(|t| t.config.lease_ttl / 2) else {
+            return;
+        };
+        let mut ticks = tokio::time::interval(period.max(Duration::from_millis(1)));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let Some(throttle) = self.throttle.upgrade() else {
+                return;
+            };
+            throttle.global.maintain();
+            throttle.return_unused_leases().await;
+            // The sweep has just counted every bucket's requests: no second pass over them.
+            #[cfg(feature = "metrics")]
+            crate::metrics::publish(&crate::metrics::Snapshot {
+                layer: &throttle.config.name,
+                stats: &throttle.stats.snapshot(),
+                refusals: &throttle.refusals.snapshot(),
+                local_keys: throttle.local.len(),
+                waiting: throttle.waiting_for_batches.load(Ordering::Relaxed)
+                    + throttle.shaper.waiting() as u64,
+                store_up: throttle.health.is_up(throttle.now()),
+            });
+        }
+    }
+}
+
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for Sweeper<K, G, L, C> {
+    fn drop(&mut self) {
+        if let Some(throttle) = self.throttle.upgrade() {
+            throttle.sweeper_running.store(false, Ordering::Relaxed);
+        }
+    }
+}
