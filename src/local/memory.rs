@@ -505,7 +505,7 @@ mod tests {
     #[test]
     fn a_fetch_ahead_put_back_with_its_tokens_is_not_left_marked() {
         use crate::global::Grant;
-        use crate::local::FetchOutcome;
+        use crate::lease::FetchOutcome;
         let store = MemoryLocalStore::<u64>::new();
         let id = |slot| LeaseKey::new(1, 0, slot);
         let limit = crate::Limit::per_second(100).build().unwrap();

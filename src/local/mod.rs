@@ -11,7 +11,7 @@
 pub mod memory;
 
 pub use crate::lease::LocalBucket;
-pub(crate) use crate::lease::{FetchOutcome, Hit, Miss, Settled, Verdict, View, Waiter};
+pub(crate) use crate::lease::{Hit, View};
 
 /// The per-host cache of local buckets.
 ///

@@ -1,7 +1,13 @@
 //! Deciding a request on one bucket: the hot take, and the slow path when the lease is short
 //! (the throttled-key cache, or a place in the key's fetch); waiting for that fetch's verdict.
 
-use super::*;
+use tokio::sync::oneshot;
+
+use crate::clock::micros;
+use crate::lease::{Hit, LocalBucket, Miss, Verdict, Waiter};
+use crate::rejection::Rejection;
+use crate::throttle::{Admitted, Check, Global, Key, Local, Resolved, Throttle};
+
 use std::sync::Arc;
 
 use crate::clock::Clock;

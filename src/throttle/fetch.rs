@@ -2,7 +2,17 @@
 //! whose end, however it comes, settles the key; settling the answer against the limit as it
 //! is now, and delivering the verdicts.
 
-use super::*;
+use std::hash::BuildHasher;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use tracing::Instrument;
+
+use crate::batch::BatchContext;
+
+use crate::lease::{FetchOutcome, Settled, Verdict, Waiter};
+use crate::limit::Limit;
+use crate::throttle::{Global, KEY_HASH, Key, Local, Throttle};
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,7 +1,14 @@
 //! The global store's health: a circuit breaker with back-off, and the failure policy that
 //! decides the requests whose call failed.
 
-use super::*;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::clock::micros;
+use crate::failure::FailurePolicy;
+use crate::rejection::{Rejection, RejectionReason};
+use crate::sync::lock;
+use crate::throttle::{Admitted, Global, Key, Local, Resolved, Throttle};
 
 use std::time::Duration;
 

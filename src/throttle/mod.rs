@@ -19,26 +19,21 @@
 //! `views`, and `key` (reading a request's key).
 
 use std::hash::BuildHasher;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use futures_util::{StreamExt, stream};
-use tokio::sync::oneshot;
-use tracing::Instrument;
 
-use crate::batch::{BatchContext, BatchPolicy};
+use crate::batch::BatchPolicy;
 use crate::clock::{Clock, micros};
 use crate::failure::FailurePolicy;
 use crate::global::GlobalStore;
 use crate::limit::Limit;
-use crate::local::{FetchOutcome, Hit, LocalBucket, LocalStore, Miss, Settled, Verdict, Waiter};
+use crate::local::LocalStore;
 use crate::quota::{BucketKey, LeaseKey, Name, Quota};
-use crate::rejection::{Rejection, RejectionReason};
-use crate::stats::{Stats, ThrottleStats};
-use crate::sync::lock;
+use crate::rejection::Rejection;
+use crate::stats::Stats;
 
 mod admission;
 mod check;

@@ -1,7 +1,14 @@
 //! Refusals on their way out: counted once by limit and reason, given their jitter, or served
 //! in shadow mode; admissions counted when final; requests without a key noticed.
 
-use super::*;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::clock::micros;
+use crate::limit::Limit;
+use crate::quota::Name;
+use crate::rejection::{Rejection, RejectionReason};
+use crate::throttle::{Admission, Admitted, Global, Key, Local, Resolved, Throttle};
 
 use std::time::Duration;
 
@@ -90,7 +97,11 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
     /// Whether a throttled refusal is counted where it is made: not when it goes on to wait for
     /// its tokens (shaping counts a waiting request once, when its wait ends).
     pub(crate) fn counts_throttled(&self) -> bool {
-        self.config.shadow || matches!(self.config.shaping, shaping::Shaping::Refuse)
+        self.config.shadow
+            || matches!(
+                self.config.shaping,
+                crate::throttle::shaping::Shaping::Refuse
+            )
     }
 
     /// A refusal on its way to the client: counted once, by its limit and reason, and its wait

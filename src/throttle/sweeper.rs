@@ -1,7 +1,16 @@
 //! Handing leases back: the background sweep (every half lease time), the leases of evicted
 //! buckets, and hand-backs the store did not take; and the counters read on the way.
 
-use super::*;
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+
+use futures_util::{StreamExt, stream};
+
+use crate::clock::micros;
+use crate::stats::ThrottleStats;
+use crate::sync::lock;
+use crate::throttle::{Global, Key, Local, Throttle, TimedOut};
+
 use std::sync::Arc;
 use std::time::Duration;
 
