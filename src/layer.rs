@@ -297,15 +297,27 @@ where
     /// assert!(layer.remaining_global(&7).await?[0].tokens <= 7);
     /// # Ok(()) }
     /// ```
-    pub fn remaining(&self, key: &K) -> Vec<crate::Remaining> {
+    ///
+    /// `key` may be a borrowed form of the key type, as a map's lookups take it (`&str` for a
+    /// `String` key, `&[u8]` for a `CompactKey`).
+    pub fn remaining<Q>(&self, key: &Q) -> Vec<crate::Remaining>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: crate::key::BorrowedKey<Key = K> + ?Sized,
+    {
         self.throttle
-            .remaining_of(&mut [LeaseKey::new(key.clone(), 0, 0)])
+            .remaining_of(&mut [LeaseKey::new(key.to_key(), 0, 0)])
     }
 
     /// What every limit of `key` (at the layer's first level) holds in the global store: one
-    /// read per limit, taking nothing. Tokens leased to hosts are not in it.
-    pub async fn remaining_global(&self, key: &K) -> Result<Vec<crate::Remaining>, G::Error> {
-        self.throttle.remaining_global(0, key).await
+    /// read per limit, taking nothing. Tokens leased to hosts are not in it. `key` may be a
+    /// borrowed form of the key type, as for [`remaining`](Self::remaining).
+    pub async fn remaining_global<Q>(&self, key: &Q) -> Result<Vec<crate::Remaining>, G::Error>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: crate::key::BorrowedKey<Key = K> + ?Sized,
+    {
+        self.throttle.remaining_global(0, &key.to_key()).await
     }
 
     /// Hands back to the global store the leased tokens not used within the lease time-to-live,

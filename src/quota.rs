@@ -45,7 +45,7 @@ pub const DEFAULT_NAME: &str = "default";
 /// Names are 1 to 64 ASCII letters, digits, `-`, `_` or `.`, distinct within a quota; they name
 /// the limit in `RateLimit-Policy`, in rejections, in metrics and in the global store's keys.
 /// A quota holds 1 to [`MAX_LIMITS`] limits.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Quota {
     limits: Arc<[(Name, Limit)]>,
 }
@@ -108,6 +108,17 @@ impl Quota {
     }
 }
 
+impl PartialEq for Quota {
+    /// The same named limits, in any order (a configuration file's table may list them in
+    /// another order than a string).
+    fn eq(&self, other: &Self) -> bool {
+        self.limits.len() == other.limits.len()
+            && self.limits.iter().all(|mine| other.limits.contains(mine))
+    }
+}
+
+impl Eq for Quota {}
+
 impl From<Limit> for Quota {
     /// A quota of one limit called [`DEFAULT_NAME`].
     fn from(limit: Limit) -> Self {
@@ -142,20 +153,45 @@ impl FromStr for Quota {
     type Err = ConfigError;
 
     /// `name: limit` pairs separated by `;`, each limit as [`Limit`] reads it; a lone limit
-    /// without a name is called [`DEFAULT_NAME`]. Errors name the part that could not be read.
+    /// without a name is called [`DEFAULT_NAME`]. Errors name the part that could not be read,
+    /// and say what was meant where it is plain: several limits without names, limits
+    /// separated by `,`, a level's name written before a limit's.
     fn from_str(text: &str) -> Result<Self, ConfigError> {
-        let pairs = text
+        let parts: Vec<&str> = text
             .split(';')
             .map(str::trim)
             .filter(|p| !p.is_empty())
-            .map(|part| match part.split_once(':') {
-                Some((name, limit)) => (name.trim(), limit),
-                None => (DEFAULT_NAME, part),
+            .collect();
+        let mut pairs = Vec::with_capacity(parts.len());
+        for part in &parts {
+            pairs.push(match part.split_once(':') {
+                Some((name, limit)) => (name.trim(), read_limit_part(limit)?),
+                None if parts.len() > 1 => {
+                    return Err(ConfigError::Unreadable {
+                        part: (*part).to_owned(),
+                        expected: "a name for each limit of a quota of several \
+                                   (`per-second: 100/s; per-day: 100000/day`)",
+                    });
+                }
+                None => (DEFAULT_NAME, read_limit_part(part)?),
             });
+        }
         Quota::from_written(pairs)?.ok_or_else(|| ConfigError::Unreadable {
             part: text.to_owned(),
             expected: "at least one `name: limit`",
         })
+    }
+}
+
+/// A limit as written in a quota, refused with what was meant when it holds the next limit
+/// after a `,` (limits are separated by `;`; a `,` groups digits).
+fn read_limit_part(text: &str) -> Result<&str, ConfigError> {
+    match text.split_once(',') {
+        Some((_, rest)) if rest.contains(':') => Err(ConfigError::Unreadable {
+            part: text.trim().to_owned(),
+            expected: "limits separated by `;`, not `,`",
+        }),
+        _ => Ok(text),
     }
 }
 
@@ -233,6 +269,13 @@ struct Interned {
 impl Name {
     /// A valid limit or level name, interned.
     pub(crate) fn new(name: &str) -> Result<Self, ConfigError> {
+        if name.contains('/') {
+            return Err(ConfigError::Unreadable {
+                part: name.to_owned(),
+                expected: "a name without `/` (a level and its limits are set with \
+                           `Builder::level`, which names them `level/limit` itself)",
+            });
+        }
         let valid = (1..=64).contains(&name.len())
             && name
                 .bytes()
@@ -496,5 +539,33 @@ mod tests {
         assert_eq!(part("a: 1/fortnight"), "fortnight");
         assert_eq!(part("bad name: 1/s"), "bad name");
         assert_eq!(part(" ; "), " ; ");
+    }
+
+    #[test]
+    fn quotas_are_equal_whatever_the_order_of_their_limits() {
+        let a: Quota = "a: 1/s; b: 100,000/day".parse().unwrap();
+        let b: Quota = "b: 100000/day; a: 1/s".parse().unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, "a: 1/s".parse::<Quota>().unwrap());
+        assert_ne!(a, "a: 2/s; b: 100000/day".parse::<Quota>().unwrap());
+    }
+
+    #[test]
+    fn quota_errors_say_what_was_meant() {
+        let refusal = |text: &str| match text.parse::<Quota>() {
+            Err(ConfigError::Unreadable { part, expected }) => (part, expected),
+            other => panic!("{text}: {other:?}"),
+        };
+        let (part, expected) = refusal("100/s; 100000/day");
+        assert_eq!(part, "100/s");
+        assert!(expected.contains("a name for each limit"), "{expected}");
+        let (part, expected) = refusal("a: 100/s, b: 1000/day");
+        assert_eq!(part, "100/s, b: 1000/day");
+        assert!(expected.contains("separated by `;`"), "{expected}");
+        let (part, expected) = refusal("tenant/per-second: 100/s");
+        assert_eq!(part, "tenant/per-second");
+        assert!(expected.contains("Builder::level"), "{expected}");
+        // A `,` between digits is still a group separator.
+        assert!("a: 100,000/day".parse::<Quota>().is_ok());
     }
 }

@@ -11,7 +11,9 @@ use std::time::Duration;
 use common::*;
 use hierarchical_throttle::batch::FractionOfCapacity;
 use hierarchical_throttle::clock::ManualClock;
-use hierarchical_throttle::{FailurePolicy, Limit, MemoryGlobalStore, RejectionReason};
+use hierarchical_throttle::{
+    FailurePolicy, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, RejectionReason,
+};
 use tower::Layer;
 
 fn key(name: &str) -> String {
@@ -125,4 +127,18 @@ async fn acquire_follows_the_failure_policy() {
     let refused = layer.acquire(key("a"), 1).await.expect_err("fail closed");
     assert_eq!(refused.reason, RejectionReason::StoreUnavailable);
     assert_eq!(layer.stats().global_errors, 1);
+}
+
+#[tokio::test]
+async fn views_take_a_borrowed_key_as_maps_do() {
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|k: &String| Some(k.clone()))
+        .limit(Limit::per_second(10).burst(10).unwrap())
+        .global_store(MemoryGlobalStore::new())
+        .build()
+        .unwrap();
+    assert!(layer.acquire("k".to_owned(), 3).await.is_ok());
+    assert_eq!(layer.remaining("k")[0].tokens, 7);
+    assert_eq!(layer.remaining(&"k".to_owned())[0].tokens, 7);
+    assert!(layer.remaining_global("k").await.unwrap()[0].tokens <= 7);
 }

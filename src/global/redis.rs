@@ -117,6 +117,32 @@ impl LazyConnection {
     }
 }
 
+/// A client for `url`; an error that cannot read it echoes it, its password masked.
+fn client(url: &str) -> Result<redis::Client, RedisError> {
+    redis::Client::open(url).map_err(|error| {
+        let detail = format!("`{}`: {error}", masked(url));
+        RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "unreadable Redis URL",
+            detail,
+        ))
+    })
+}
+
+/// `url` with the password of its user part (`scheme://user:password@host`) replaced by `***`.
+fn masked(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((user, host)) = rest.split_once('@') else {
+        return url.to_owned();
+    };
+    match user.split_once(':') {
+        Some((name, _password)) => format!("{scheme}://{name}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
 /// Where `client` connects: its address, without credentials.
 fn client_location(client: &redis::Client) -> String {
     format!("redis at {}", client.get_connection_info().addr())
@@ -203,7 +229,7 @@ impl<K> RedisGlobalStore<K> {
     /// system's roots; [`connect_client`](Self::connect_client) takes a client built with your
     /// own roots or client certificate. `redis://user:password@host` authenticates.
     pub async fn connect(url: &str) -> Result<Self, RedisError> {
-        Self::connect_client(redis::Client::open(url)?).await
+        Self::connect_client(client(url)?).await
     }
 
     /// [`connect`](Self::connect) with a client you built, for example with
@@ -230,7 +256,7 @@ impl<K> RedisGlobalStore<K> {
     /// # Ok::<(), redis::RedisError>(())
     /// ```
     pub fn open(url: &str) -> Result<Self, RedisError> {
-        let client = redis::Client::open(url)?;
+        let client = client(url)?;
         let location = client_location(&client);
         let lazy = Connection::Lazy(Arc::new(LazyConnection {
             client,
@@ -573,6 +599,21 @@ display_keys!(u32, u64, u128, i32, i64, IpAddr);
 mod tests {
     use super::*;
     use crate::key::CompactKey;
+
+    #[test]
+    fn an_unreadable_url_is_echoed_with_its_password_masked() {
+        let error = RedisGlobalStore::<String>::open("redis://app:s3cret@127.0.0.1:port/0")
+            .err()
+            .expect("a bad port is an error")
+            .to_string();
+        assert!(
+            error.contains("redis://app:***@127.0.0.1:port/0"),
+            "{error}"
+        );
+        assert!(!error.contains("s3cret"), "{error}");
+        assert_eq!(masked("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(masked("rediss://:pw@h:1"), "rediss://:***@h:1");
+    }
 
     #[test]
     fn keys_of_the_same_text_name_the_same_redis_key() {
