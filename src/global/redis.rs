@@ -603,8 +603,7 @@ mod tests {
     #[test]
     fn an_unreadable_url_is_echoed_with_its_password_masked() {
         let error = RedisGlobalStore::<String>::open("redis://app:s3cret@127.0.0.1:port/0")
-            .err()
-            .expect("a bad port is an error")
+            .expect_err("a bad port is an error")
             .to_string();
         assert!(
             error.contains("redis://app:***@127.0.0.1:port/0"),
