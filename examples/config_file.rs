@@ -69,7 +69,7 @@ fn app(settings: Settings) -> Result<Router, Box<dyn std::error::Error>> {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let settings: Settings = toml::from_str(include_str!("tiers.toml"))?;
     println!("tiers: {:?}", settings.tiers);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:3002").await?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app(settings)?).await?;
     Ok(())

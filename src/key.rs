@@ -135,6 +135,7 @@ pub fn path<B>(request: &http::Request<B>) -> String {
 /// Without it every request has no peer address (and so, with this helper alone, no key): the
 /// first such request logs a warning, once per process.
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub fn axum_peer_ip<B>(request: &http::Request<B>) -> Option<std::net::IpAddr> {
     let info = request
         .extensions()
@@ -160,6 +161,7 @@ fn warn_once_without_connect_info() {
 /// The peer's IP address from tonic's `TcpConnectInfo` (present on requests served by
 /// `tonic::transport::Server`).
 #[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub fn tonic_peer_ip<B>(request: &http::Request<B>) -> Option<std::net::IpAddr> {
     let info = request
         .extensions()

@@ -91,6 +91,7 @@
 //! global calls have a time-out and background fetches are spawned.
 
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 pub mod batch;
@@ -107,6 +108,7 @@ mod lease;
 mod limit;
 pub mod local;
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 mod policy;
 pub mod quota;

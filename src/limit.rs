@@ -256,6 +256,7 @@ impl std::str::FromStr for Limit {
 }
 
 #[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 impl<'de> serde::Deserialize<'de> for Limit {
     /// From the strings [`FromStr`](std::str::FromStr) reads (`"100/s burst 200"`).
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -265,6 +266,7 @@ impl<'de> serde::Deserialize<'de> for Limit {
 }
 
 #[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 impl serde::Serialize for Limit {
     /// As the string [`Display`](std::fmt::Display) prints.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {

@@ -213,6 +213,7 @@ impl Quota {
 }
 
 #[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 impl<'de> serde::Deserialize<'de> for Quota {
     /// From a string (`"per-second: 100/s; per-day: 100000/day"`, or a lone limit) or a map
     /// of names to limit strings (`{ per-second = "100/s", per-day = "100000/day" }`).
@@ -236,6 +237,7 @@ impl<'de> serde::Deserialize<'de> for Quota {
 }
 
 #[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 impl serde::Serialize for Quota {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(self)

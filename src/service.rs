@@ -330,6 +330,7 @@ where
 
 /// Lets a throttled generated service go to `Server::builder().add_service(..)` as itself.
 #[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 impl<S, Req, K, G, L, C, R> tonic::server::NamedService
     for HierarchicalThrottle<S, Req, K, G, L, C, R>
 where

@@ -14,6 +14,7 @@ use crate::limit::Limit;
 
 pub mod memory;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
 pub use crate::bucket::{BucketLevel, Grant, TokenRequest};
