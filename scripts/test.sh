@@ -40,6 +40,9 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "==> cargo test (all targets, all features)"
 cargo test --workspace --all-targets --all-features
 
+echo "==> the fleet simulation in release (2,000 seeds; the debug run above has 300)"
+cargo test --release --all-features --test simulation
+
 echo "==> cargo test --doc"
 cargo test --doc --all-features
 

@@ -1,6 +1,6 @@
-//! The fleet under latency, faults, cancellations, herds and key sprays: a thousand seeded,
-//! deterministic runs (see `tests/sim`), each checked by the oracle for over-admission,
-//! liveness, token conservation and exact refusals.
+//! The fleet under latency, faults, cancellations, herds and key sprays: seeded, deterministic
+//! runs (300 in a debug build, 2,000 in release; see `tests/sim`), each checked by the oracle
+//! for over-admission, liveness, token conservation, exact refusals and bounded waits.
 //!
 //! A failing seed prints the command that replays it alone:
 //! `SIM_SEED=<seed> cargo test --test simulation -- --nocapture`. `SIM_SEEDS=<n>` runs more,
@@ -40,6 +40,10 @@ const REGRESSIONS: &[u64] = &[
     2, 22, 117, 139, 398, 430, 1222, 1939, 2273, 4001, 17126, 23370, 28503,
 ];
 
+/// Seeds run by default: a few hundred in a debug build (about a minute on two cores), two
+/// thousand in release (`cargo test --release --test simulation`, as CI runs it too).
+const DEFAULT_SEEDS: u64 = if cfg!(debug_assertions) { 300 } else { 2_000 };
+
 fn seeds() -> Vec<u64> {
     if let Some(seed) = std::env::var("SIM_SEED").ok().and_then(|s| s.parse().ok()) {
         return vec![seed];
@@ -47,7 +51,7 @@ fn seeds() -> Vec<u64> {
     let range = std::env::var("SIM_SEEDS")
         .ok()
         .and_then(|s| seed_range(&s))
-        .unwrap_or(0..1_000);
+        .unwrap_or(0..DEFAULT_SEEDS);
     REGRESSIONS.iter().copied().chain(range).collect()
 }
 
