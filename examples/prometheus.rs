@@ -16,11 +16,16 @@ use std::time::Duration;
 
 use hierarchical_throttle::Limit;
 use hierarchical_throttle::clock::MonotonicClock;
-use metrics_exporter_prometheus::PrometheusBuilder;
+use hierarchical_throttle::metrics::GLOBAL_CALL_BUCKETS;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let handle = PrometheusBuilder::new().install_recorder()?;
+    // Buckets for the latency, so that it renders as a histogram (summable across hosts).
+    let latency = Matcher::Full("throttle_global_call_seconds".to_owned());
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(latency, GLOBAL_CALL_BUCKETS)?
+        .install_recorder()?;
     let limit = Limit::per(3, Duration::from_secs(10)).burst(3)?;
     let app = prometheus_app::app(handle, limit, MonotonicClock::new())?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3001").await?;

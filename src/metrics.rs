@@ -9,21 +9,85 @@
 //! |---|---|---|
 //! | `throttle_decisions_total` | counter | `layer`, `outcome` (`admitted`, `refused`, `policy`, `shadow_admitted`, `waited`), `reason` |
 //! | `throttle_refusals_total` | counter | `layer`, `limit` (`per-second`, `tenant/per-day`; `none` when no limit refused), `reason` (`throttled`, `cost_above_capacity`, `missing_key`, `store_unavailable`) |
-//! | `throttle_global_calls_total` | counter | `layer`, `result` (`sent`, `error`, `timeout`) |
-//! | `throttle_tokens_total` | counter | `layer`, `kind` (`leased`, `returned`, `lost`, `refunded`, `uncharged`) |
+//! | `throttle_global_calls_total` | counter | `layer`, `result` (`ok`, `error`, `timeout`: a partition, they add up to the calls made) |
+//! | `throttle_tokens_total` | counter | `layer`, `kind` (`leased`, `returned`, `lost`, `refunded`, `uncharged`, `unleased`, `forfeited`; see [`ThrottleStats`]) |
 //! | `throttle_global_call_seconds` | histogram | `layer` |
-//! | `throttle_store_up` | gauge (1 up, 0 backing off) | `layer` |
+//! | `throttle_store_up` | gauge (1: the store answered the layer's last call; 0: it failed, or never answered yet) | `layer` |
 //! | `throttle_local_keys` | gauge | `layer` |
 //! | `throttle_waiting` | gauge | `layer`: requests waiting for a batch or (shaping) for their tokens |
 //!
 //! `throttle_decisions_total` counts each bucket's decisions (a request drawing on three
 //! limits counts three times); `throttle_refusals_total` counts each refused request once, by
-//! the limit its answer names.
+//! the limit its answer names. Every metric is described (`# HELP` in Prometheus).
+//!
+//! The latency is recorded as a histogram; how it is exported is the exporter's choice. With
+//! `metrics-exporter-prometheus`, give it [`GLOBAL_CALL_BUCKETS`] so that it renders a
+//! histogram, which can be summed across hosts (without buckets it renders a summary, which
+//! cannot):
+//!
+//! ```ignore
+//! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+//! let handle = PrometheusBuilder::new()
+//!     .set_buckets_for_metric(
+//!         Matcher::Full("throttle_global_call_seconds".to_owned()),
+//!         hierarchical_throttle::metrics::GLOBAL_CALL_BUCKETS,
+//!     )?
+//!     .install_recorder()?;
+//! ```
 
+use std::sync::Once;
 use std::time::Duration;
 
 use crate::ThrottleStats;
 use crate::stats::RefusalKind;
+
+/// Bucket bounds (seconds) for `throttle_global_call_seconds`: from 0.5 ms (a store on the same
+/// host) to 1 s (the longest sensible time-out), about doubling.
+pub const GLOBAL_CALL_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
+];
+
+/// Describes every metric once per process.
+fn describe() {
+    static DESCRIBED: Once = Once::new();
+    DESCRIBED.call_once(|| {
+        ::metrics::describe_counter!(
+            "throttle_decisions_total",
+            "Decisions of each bucket a request drew on, by outcome and reason"
+        );
+        ::metrics::describe_counter!(
+            "throttle_refusals_total",
+            "Refused requests, once each, by the limit their answer names and the reason"
+        );
+        ::metrics::describe_counter!(
+            "throttle_global_calls_total",
+            "Calls to the global store for tokens, by result (ok, error, timeout)"
+        );
+        ::metrics::describe_counter!(
+            "throttle_tokens_total",
+            "Tokens through this host, by kind (leased, returned, lost, refunded, uncharged, \
+             unleased, forfeited)"
+        );
+        ::metrics::describe_histogram!(
+            "throttle_global_call_seconds",
+            ::metrics::Unit::Seconds,
+            "Latency of each call to the global store for tokens"
+        );
+        ::metrics::describe_gauge!(
+            "throttle_store_up",
+            "1 when the global store answered this layer's last call, 0 when it failed or has \
+             not answered yet"
+        );
+        ::metrics::describe_gauge!(
+            "throttle_local_keys",
+            "Keys held in this host's local store"
+        );
+        ::metrics::describe_gauge!(
+            "throttle_waiting",
+            "Requests waiting for a batch, or (shaping) for their tokens"
+        );
+    });
+}
 
 /// What a sweep publishes.
 pub(crate) struct Snapshot<'a> {
@@ -37,6 +101,7 @@ pub(crate) struct Snapshot<'a> {
 
 /// Publishes a layer's counters (as absolute values) and gauges.
 pub(crate) fn publish(snapshot: &Snapshot<'_>) {
+    describe();
     let layer = snapshot.layer.to_owned();
     let stats = snapshot.stats;
     let decisions = [
@@ -74,8 +139,9 @@ pub(crate) fn publish(snapshot: &Snapshot<'_>) {
         )
         .absolute(*value);
     }
+    let failed = stats.global_errors.saturating_add(stats.global_timeouts);
     for (result, value) in [
-        ("sent", stats.global_calls),
+        ("ok", stats.global_calls.saturating_sub(failed)),
         ("error", stats.global_errors),
         ("timeout", stats.global_timeouts),
     ] {
@@ -88,6 +154,8 @@ pub(crate) fn publish(snapshot: &Snapshot<'_>) {
         ("lost", stats.tokens_lost),
         ("refunded", stats.tokens_refunded),
         ("uncharged", stats.tokens_uncharged),
+        ("unleased", stats.tokens_unleased),
+        ("forfeited", stats.tokens_forfeited),
     ] {
         ::metrics::counter!("throttle_tokens_total", "layer" => layer.clone(), "kind" => kind)
             .absolute(value);
@@ -101,6 +169,7 @@ pub(crate) fn publish(snapshot: &Snapshot<'_>) {
 
 /// Records one global call's latency.
 pub(crate) fn global_call(layer: &str, latency: Duration) {
+    describe();
     ::metrics::histogram!("throttle_global_call_seconds", "layer" => layer.to_owned())
         .record(latency.as_secs_f64());
 }

@@ -9,9 +9,10 @@ use std::time::Duration;
 use axum::body::Body;
 use hierarchical_throttle::Limit;
 use hierarchical_throttle::clock::TokioClock;
+use hierarchical_throttle::metrics::GLOBAL_CALL_BUCKETS;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tower::ServiceExt;
 
 /// The value of the sample of `metric` whose labels include every one of `labels`.
@@ -25,7 +26,10 @@ fn sample(scrape: &str, metric: &str, labels: &[&str]) -> Option<f64> {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_scrape_shows_the_layers_decisions_by_outcome() {
+    let latency = Matcher::Full("throttle_global_call_seconds".to_owned());
     let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(latency, GLOBAL_CALL_BUCKETS)
+        .unwrap()
         .install_recorder()
         .expect("the only recorder of this test binary");
     let limit = Limit::per_minute(2).burst(2).unwrap();
@@ -71,9 +75,18 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
     assert_eq!((admitted, refused), (2.0, 3.0), "{scrape}");
     // With no demand history yet, each batch is what its one waiting request needs: two calls,
     // the second of which emptied the bucket, so the three refusals needed none.
+    // The results are a partition: they add up to the calls made.
     assert_eq!(
-        sample(&scrape, "throttle_global_calls_total", &["result=\"sent\""]),
+        sample(&scrape, "throttle_global_calls_total", &["result=\"ok\""]),
         Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &scrape,
+            "throttle_global_calls_total",
+            &["result=\"error\""]
+        ),
+        Some(0.0)
     );
     assert_eq!(
         sample(&scrape, "throttle_store_up", &["layer=\"api\""]),
@@ -106,6 +119,32 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
         sample(&scrape, "throttle_waiting", &["layer=\"api\""]),
         Some(0.0)
     );
-    assert!(scrape.contains("throttle_global_call_seconds"), "{scrape}");
+    for kind in ["unleased", "forfeited"] {
+        let kind = format!("kind=\"{kind}\"");
+        assert_eq!(
+            sample(&scrape, "throttle_tokens_total", &[&kind]),
+            Some(0.0)
+        );
+    }
+    // A histogram, which adds up across hosts, and every metric described.
+    assert!(
+        scrape.contains("throttle_global_call_seconds_bucket{"),
+        "{scrape}"
+    );
+    for metric in [
+        "throttle_decisions_total",
+        "throttle_refusals_total",
+        "throttle_global_calls_total",
+        "throttle_tokens_total",
+        "throttle_global_call_seconds",
+        "throttle_store_up",
+        "throttle_local_keys",
+        "throttle_waiting",
+    ] {
+        assert!(
+            scrape.contains(&format!("# HELP {metric} ")),
+            "{metric}: {scrape}"
+        );
+    }
     assert!(!scrape.contains("k1"), "keys never appear in metrics");
 }

@@ -2,7 +2,7 @@
 //! decides the requests whose call failed.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::clock::micros;
 use crate::failure::FailurePolicy;
@@ -103,11 +103,19 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
 pub(crate) struct StoreHealth {
     down_until: AtomicU64,
     failures: Mutex<u32>,
+    /// The store answered the last call that ended (false until one has).
+    reachable: AtomicBool,
 }
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 
 impl StoreHealth {
+    /// Whether the store answered the last call that ended: reachability, as an operator
+    /// reads it (not whether this layer is backing off).
+    pub(crate) fn is_reachable(&self) -> bool {
+        self.reachable.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn is_up(&self, now: u64) -> bool {
         now >= self.down_until.load(Ordering::Relaxed)
     }
@@ -118,6 +126,7 @@ impl StoreHealth {
 
     /// A call was answered; `true` when the store was down until then.
     pub(crate) fn succeeded(&self) -> bool {
+        self.reachable.store(true, Ordering::Relaxed);
         if self.down_until.load(Ordering::Relaxed) == 0 {
             return false;
         }
@@ -131,6 +140,7 @@ impl StoreHealth {
     /// A call sent at `sent_at` failed at `now`; `true` when the store goes down with it (the
     /// first failure since it last answered).
     fn failed(&self, sent_at: u64, now: u64, max_backoff: Duration) -> bool {
+        self.reachable.store(false, Ordering::Relaxed);
         let mut failures = lock(&self.failures);
         if sent_at < self.down_until.load(Ordering::Relaxed) {
             return false;
@@ -143,5 +153,24 @@ impl StoreHealth {
         self.down_until
             .store(now.saturating_add(micros(backoff)), Ordering::Relaxed);
         went_down
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reachability_is_the_last_answer_not_the_back_off() {
+        let health = StoreHealth::default();
+        assert!(!health.is_reachable(), "never answered yet");
+        assert!(!health.succeeded() && health.is_reachable());
+        assert!(health.failed(0, 10, Duration::from_secs(1)));
+        assert!(!health.is_reachable());
+        // The back-off is over, but the store has not answered since: still unreachable.
+        assert!(health.is_up(10 + 50_000));
+        assert!(!health.is_reachable());
+        assert!(health.succeeded());
+        assert!(health.is_reachable());
     }
 }

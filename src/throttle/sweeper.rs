@@ -186,7 +186,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Sweeper<K, G, L, C> {
                 local_keys: throttle.local.len(),
                 waiting: throttle.waiting_for_batches.load(Ordering::Relaxed)
                     + throttle.shaper.waiting() as u64,
-                store_up: throttle.health.is_up(throttle.now()),
+                store_up: throttle.health.is_reachable(),
             });
         }
     }
