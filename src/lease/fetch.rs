@@ -63,6 +63,9 @@ pub(crate) enum Verdict {
     Failed,
     /// The key's quota no longer has this limit: nothing to enforce (no tokens taken).
     Unlimited,
+    /// The request costs more than the limit now holds (it was lowered while the request
+    /// waited): it can never be served.
+    CostAboveCapacity,
 }
 
 /// What happened when a request found the lease short.
@@ -254,6 +257,9 @@ impl LocalBucket {
             }
             if self.take(waiter.cost) {
                 settled.verdicts.push((waiter, Verdict::Admitted));
+            } else if waiter.cost > limit.capacity() {
+                // The limit was lowered below its cost while it waited: no batch can serve it.
+                settled.verdicts.push((waiter, Verdict::CostAboveCapacity));
             } else if !throttled && now < waiter.deadline {
                 // The global bucket is not known to be short: ask again.
                 kept.push(waiter);

@@ -376,3 +376,22 @@ fn a_bucket_keeps_its_slow_path_state_while_anything_is_left() {
     assert!(b.holds_cold_state(), "reserved tokens are held");
     assert_eq!(b.leased_tokens(), 2);
 }
+
+/// Seed 26693: a limit lowered below a waiting request's cost, on a lease already full under
+/// the new limit. No batch could ever serve the request; kept for another, it was asked for
+/// again at once, forever. It is refused instead.
+#[test]
+fn a_waiter_costing_more_than_a_lowered_limit_is_refused_not_kept() {
+    let mut b = LocalBucket::default();
+    let (_, _first) = queue(&mut b, 1, 0);
+    b.settle(&grant(3, 0, 0, 0), 0, 0, &limit());
+    let (_, _rx) = queue(&mut b, 3, 0);
+    let lower = Limit::per_second(2).burst(2).unwrap();
+    assert!(
+        b.plan(0, 0, &lower).is_none(),
+        "the lease is full under the new limit"
+    );
+    let settled = b.settle(&FetchOutcome::Skipped, 0, 0, &lower);
+    assert_eq!(verdicts(&settled), vec![(3, Verdict::CostAboveCapacity)]);
+    assert!(!settled.refetch && !b.is_fetching());
+}

@@ -210,6 +210,11 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             }
             Verdict::Failed => this.decide_on_failure(id, cost, &bucket),
             Verdict::Unlimited => Ok(Admitted::LEASED),
+            Verdict::CostAboveCapacity => {
+                this.stats.refused_cost.incr();
+                let bucket = this.resolve(id).unwrap_or(bucket);
+                Err(bucket.cost_rejection(id, cost))
+            }
         }
     }
 }
