@@ -104,14 +104,31 @@ fn the_fleet_invariant_holds_for_every_seed() {
     println!("{} seeds passed", seeds.len());
 }
 
+/// The longest one seed may run in real time: a run on paused time that takes longer is stuck
+/// (a task that never lets time move on), and fails instead of hanging the suite.
+const WATCHDOG: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Runs `seed` on a thread of its own, failing it if it panics or outlasts the watchdog (the
+/// stuck thread is left behind; the test process ends with it).
+fn run_watched(seed: u64) -> Result<String, String> {
+    let (answer, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let run = std::panic::catch_unwind(|| sim::run(seed))
+            .unwrap_or_else(|_| Err("the run panicked".to_owned()));
+        let _ = answer.send(run);
+    });
+    result
+        .recv_timeout(WATCHDOG)
+        .unwrap_or_else(|_| Err(format!("the run did not end within {WATCHDOG:?}: stuck")))
+}
+
 fn run_one(seed: u64) -> Result<(), String> {
     // Replaying one seed, its scenario is shown before it runs (a run that hangs shows it too).
     let replay = std::env::var("SIM_SEED").is_ok();
     if replay {
         println!("seed {seed}: {:?}", sim::Scenario::draw(seed));
     }
-    let result = std::panic::catch_unwind(|| sim::run(seed))
-        .unwrap_or_else(|_| Err("the run panicked".to_owned()));
+    let result = run_watched(seed);
     if replay {
         println!("{result:?}");
     }
