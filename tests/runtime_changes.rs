@@ -33,6 +33,23 @@ fn set(setting: &Setting, quota: &str) {
     *setting.lock().unwrap() = quota.parse().unwrap();
 }
 
+/// A layer keyed by `String`s whose quota is `setting`'s, with leases living `lease_ttl`.
+fn keyed_by_string(
+    setting: &Setting,
+    global: &Global,
+    lease_ttl: Duration,
+) -> HierarchicalThrottleLayer<String, String, Global, MemoryLocalStore<String>, TokioClock> {
+    let read = setting.clone();
+    HierarchicalThrottleLayer::builder()
+        .key(|k: &String| Some(k.clone()))
+        .limit_per_key(move |_: &String| read.lock().unwrap().clone())
+        .clock(TokioClock::new())
+        .lease_ttl(lease_ttl)
+        .global_store(global.clone())
+        .build()
+        .unwrap()
+}
+
 /// Leased tokens this layer holds in `key`'s bucket of slot `slot`.
 fn held<Req, G, C, R>(
     layer: &HierarchicalThrottleLayer<Req, String, G, MemoryLocalStore<String>, C, R>,
@@ -78,14 +95,7 @@ where
 async fn a_limit_added_at_run_time_is_enforced_on_a_hot_key_from_its_next_batch() {
     let quota = setting("a: 1000/s burst 1000");
     let global: Global = MemoryGlobalStore::with_clock(TokioClock::new());
-    let read = quota.clone();
-    let layer = HierarchicalThrottleLayer::builder()
-        .key(|k: &String| Some(k.clone()))
-        .limit_per_key(move |_: &String| read.lock().unwrap().clone())
-        .clock(TokioClock::new())
-        .global_store(global.clone())
-        .build()
-        .unwrap();
+    let layer = keyed_by_string(&quota, &global, Duration::from_secs(2));
     // A hot key far below its limit: its lease never runs dry, it is refilled ahead of need.
     assert_eq!(drive(&layer, "k", 300, 1).await, 300);
 
@@ -193,15 +203,7 @@ async fn a_refund_goes_only_to_the_buckets_the_request_drew_on() {
 async fn a_lease_of_a_renamed_limit_is_never_handed_back_to_the_new_one() {
     let quota = setting("a: 100/s burst 100");
     let global: Global = MemoryGlobalStore::with_clock(TokioClock::new());
-    let read = quota.clone();
-    let layer = HierarchicalThrottleLayer::builder()
-        .key(|k: &String| Some(k.clone()))
-        .limit_per_key(move |_: &String| read.lock().unwrap().clone())
-        .clock(TokioClock::new())
-        .lease_ttl(Duration::from_secs(1))
-        .global_store(global.clone())
-        .build()
-        .unwrap();
+    let layer = keyed_by_string(&quota, &global, Duration::from_secs(1));
 
     assert_eq!(drive(&layer, "k", 50, 1).await, 50);
     let lease = held(&layer, "k", 0);

@@ -240,14 +240,6 @@ mod failures {
             .unwrap()
     }
 
-    fn used(response: &Response<Body>, charged: u64) -> u64 {
-        response
-            .headers()
-            .get("x-tokens-used")
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .unwrap_or(charged)
-    }
-
     async fn call(app: &Router, used: u64, wait_ms: u64) -> StatusCode {
         call_as(app, "k", used, wait_ms).await
     }
@@ -273,7 +265,7 @@ mod failures {
             .clock(TokioClock::new())
             .limit(limit)
             .cost(move |_: &Request<Body>| cost)
-            .settle(used as fn(&Response<Body>, u64) -> u64)
+            .settle(super::tokens_used as fn(&Response<Body>, u64) -> u64)
             .store_timeout(Duration::from_millis(200))
             .global_store(store.clone())
             .build()
@@ -338,7 +330,7 @@ mod failures {
                     .unwrap(),
             )
             .cost(|_: &Request<Body>| 1)
-            .settle(used as fn(&Response<Body>, u64) -> u64)
+            .settle(super::tokens_used as fn(&Response<Body>, u64) -> u64)
             .store_timeout(Duration::from_millis(50))
             .max_store_backoff(Duration::from_secs(10))
             .global_store(store.clone())
