@@ -58,6 +58,8 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
                 failure_policy: FailurePolicy::default(),
                 max_backoff: Duration::from_secs(1),
                 max_reservation: Duration::from_millis(100),
+                cold_start: crate::credit::ColdStart::default(),
+                global_batch: DEFAULT_GLOBAL_BATCH,
                 shadow: false,
                 ratelimit_fields: true,
                 shaping: crate::Shaping::Refuse,
@@ -76,6 +78,9 @@ pub struct Unset;
 
 /// The most levels a layer has, its first included.
 pub const MAX_LEVELS: usize = 8;
+
+/// The most global calls sent in one batch unless [`Builder::global_batch`] says otherwise.
+const DEFAULT_GLOBAL_BATCH: usize = 128;
 
 /// Where the first level's quotas come from, as set on the builder.
 enum QuotaSetting<K> {
@@ -248,6 +253,34 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     pub fn max_reservation(mut self, ahead: Duration) -> Self {
         self.check(ahead <= MAX_SETTING, "max_reservation", "at most 1 hour");
         self.config.max_reservation = ahead;
+        self
+    }
+
+    /// The most global calls sent to the store in one round trip. Calls that fall due together
+    /// (queued within one scheduler turn: fetches, charges and hand-backs of any keys) go as
+    /// one [`call_many`](crate::global::GlobalStore::call_many): on Redis, one script per node
+    /// for all their buckets. Each call keeps its own answer, failure and failure policy; a
+    /// batch has the store time-out. Default: 128; 1 sends every call on its own; at most
+    /// 4,096.
+    pub fn global_batch(mut self, max_calls: usize) -> Self {
+        let valid = (1..=4_096).contains(&max_calls);
+        self.check(valid, "global_batch", "1 to 4,096 calls");
+        self.config.global_batch = max_calls;
+        self
+    }
+
+    /// How a request is decided when this host holds no leased tokens for it and the global
+    /// bucket is not known to be short: admitted at once on a small credit, charged behind the
+    /// response (the default, [`ColdStart::Credit`] of 1 % of the capacity), or kept waiting
+    /// for the store ([`ColdStart::Exact`]). See [`ColdStart`] for the bound each gives. A
+    /// share outside `(0, 1]` is a configuration error.
+    pub fn cold_start(mut self, cold_start: crate::ColdStart) -> Self {
+        self.check(
+            cold_start.is_valid(),
+            "cold_start",
+            "a credit share in (0, 1]",
+        );
+        self.config.cold_start = cold_start;
         self
     }
 

@@ -43,9 +43,16 @@
 //! token is due (exactly: counted from when the call was sent) and refused without further
 //! global calls, and the client is told how long to wait (`429` with `Retry-After`).
 //!
+//! A request this host holds no tokens for, on a key not known to be throttled (the first
+//! request of a key on a host, a key too slow to keep a lease), is by default admitted at once
+//! on a small credit ([`ColdStart`]): the fetch it starts pays for it, into debt when the
+//! global bucket had run dry, which the fleet pays before that key is admitted again. So no
+//! decision waits for the store unless a key is near its limit, and a bucket admits at most
+//! `capacity + rate × t + hosts × credit` (a credit of 1 % of the capacity, at least one token);
+//! [`ColdStart::Exact`] makes such requests wait, for `capacity + rate × t`.
+//!
 //! Tokens leased to a host and not used within the lease time-to-live are handed back, so the
-//! fleet admits close to its limit and never more: every admitted token was dispensed once by
-//! the global bucket.
+//! fleet admits close to its limit: every leased token was dispensed once by the global bucket.
 //!
 //! Beyond one limit per key: a [`Quota`] of several named limits and further
 //! [levels](Builder::level) of keys, all or nothing; [`Shaping`] to wait for tokens instead of
@@ -98,6 +105,7 @@ pub mod batch;
 pub mod bucket;
 mod builder;
 pub mod clock;
+mod credit;
 mod error;
 mod failure;
 mod future;
@@ -121,6 +129,7 @@ mod sync;
 mod throttle;
 
 pub use builder::{Builder, MAX_LEVELS, Unset};
+pub use credit::ColdStart;
 pub use error::ConfigError;
 pub use failure::FailurePolicy;
 pub use future::{Acquire, ResponseFuture};

@@ -107,6 +107,7 @@ pub(crate) fn publish(snapshot: &Snapshot<'_>) {
     let decisions = [
         ("admitted", "local", stats.admitted_local),
         ("admitted", "after_fetch", stats.admitted_after_fetch),
+        ("admitted", "on_credit", stats.admitted_on_credit),
         ("refused", "throttled_cached", stats.rejected_cached),
         ("refused", "throttled", stats.rejected_global),
         ("refused", "cost_above_capacity", stats.refused_cost),

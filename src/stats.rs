@@ -12,6 +12,9 @@ pub struct ThrottleStats {
     pub admitted_local: u64,
     /// Requests served after waiting for a batch from the global store.
     pub admitted_after_fetch: u64,
+    /// Requests admitted at once on credit ([`ColdStart::Credit`](crate::ColdStart)), their
+    /// tokens charged to the global store behind them.
+    pub admitted_on_credit: u64,
     /// Requests rejected at once because their key was cached as throttled.
     pub rejected_cached: u64,
     /// Requests rejected because the global store had too few tokens.
@@ -42,8 +45,9 @@ pub struct ThrottleStats {
     /// Tokens refunded to leases by [`settle`](crate::Builder::settle) (responses that cost
     /// less than charged), summed over the buckets.
     pub tokens_refunded: u64,
-    /// Tokens a [`settle`](crate::Builder::settle) charged beyond a lease that the global store
-    /// failed to take (it was down or too slow): use the fleet did not record.
+    /// Tokens a [`settle`](crate::Builder::settle) charged beyond a lease, or admitted on
+    /// [credit](crate::ColdStart), that the global store failed to take (it was down or too
+    /// slow): use the fleet did not record.
     pub tokens_uncharged: u64,
     /// Tokens the global store dispensed to this host (granted now or reserved ahead).
     pub tokens_leased: u64,
@@ -81,6 +85,7 @@ macro_rules! counters {
 counters!(
     admitted_local,
     admitted_after_fetch,
+    admitted_on_credit,
     rejected_cached,
     rejected_global,
     refused_cost,

@@ -132,6 +132,7 @@ async fn acquire_follows_the_failure_policy() {
 #[tokio::test]
 async fn views_take_a_borrowed_key_as_maps_do() {
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|k: &String| Some(k.clone()))
         .limit(Limit::per_second(10).burst(10).unwrap())
         .global_store(MemoryGlobalStore::new())

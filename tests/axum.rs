@@ -12,6 +12,7 @@ use tower::ServiceExt;
 
 fn app(clock: &ManualClock, missing: MissingKey<String>) -> Router {
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
         .clock(clock.clone())
         .limit(Limit::per_second(1).burst(3).unwrap())
@@ -180,6 +181,7 @@ async fn requests_without_a_key_can_share_one_bucket_or_pass() {
 async fn clones_of_the_router_and_of_the_layer_share_limits() {
     let clock = ManualClock::new();
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
         .clock(clock.clone())
         .limit(Limit::per_minute(4).burst(4).unwrap())
@@ -208,6 +210,7 @@ async fn clones_of_the_router_and_of_the_layer_share_limits() {
 async fn shadow_mode_serves_what_it_would_refuse_and_counts_it() {
     let clock = ManualClock::new();
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
         .clock(clock.clone())
         .limit(Limit::per_second(1).burst(2).unwrap())

@@ -20,6 +20,7 @@ const FLOORS: &[(&str, &[&str])] = &[
             "remaining",
             "failure",
             "batch",
+            "credit",
             "stats",
             "metrics",
         ],

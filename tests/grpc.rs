@@ -26,7 +26,10 @@ fn throttle(
     hierarchical_throttle::MemoryLocalStore<String>,
     ManualClock,
 > {
+    // Each call waits for its batch (no credit), so that no batch is in flight when the test
+    // moves its clock on, and the refusal's wait is exact to the microsecond.
     HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|req: &http::Request<Body>| key::header_value(req, "x-api-key"))
         .clock(clock.clone())
         .limit(Limit::per_second(3).burst(3).unwrap())

@@ -68,17 +68,21 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
         ];
         sample(&scrape, "throttle_decisions_total", &labels)
     };
+    // The first request passes on credit (the default) while its fetch pays for it; the
+    // second waits for a batch.
+    assert_eq!(decisions("admitted", "on_credit"), Some(1.0), "{scrape}");
     let admitted = decisions("admitted", "local").unwrap_or(0.0)
-        + decisions("admitted", "after_fetch").unwrap_or(0.0);
+        + decisions("admitted", "after_fetch").unwrap_or(0.0)
+        + decisions("admitted", "on_credit").unwrap_or(0.0);
     let refused = decisions("refused", "throttled_cached").unwrap_or(0.0)
         + decisions("refused", "throttled").unwrap_or(0.0);
     assert_eq!((admitted, refused), (2.0, 3.0), "{scrape}");
-    // With no demand history yet, each batch is what its one waiting request needs: two calls,
-    // the second of which emptied the bucket, so the three refusals needed none.
+    // One call: its batch paid for the credit and served the waiting request, which emptied
+    // the bucket, so the three refusals needed none.
     // The results are a partition: they add up to the calls made.
     assert_eq!(
         sample(&scrape, "throttle_global_calls_total", &["result=\"ok\""]),
-        Some(2.0)
+        Some(1.0)
     );
     assert_eq!(
         sample(

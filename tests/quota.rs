@@ -24,6 +24,7 @@ fn per_second_and_minute() -> Quota {
 async fn every_limit_must_admit_and_the_refusal_names_the_limit_with_the_longest_wait() {
     let clock = ManualClock::new();
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(user)
         .clock(clock.clone())
         .quota(per_second_and_minute())
@@ -83,6 +84,7 @@ async fn tokens_taken_for_a_refused_request_go_back_to_the_other_limits() {
     let clock = ManualClock::new();
     let global = MemoryGlobalStore::with_clock(clock.clone());
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|n: &u64| Some(*n))
         .clock(clock.clone())
         .cost(|_: &u64| 1)
@@ -120,6 +122,7 @@ async fn tokens_taken_for_a_refused_request_go_back_to_the_other_limits() {
 async fn a_cost_above_any_limits_capacity_is_refused_at_once_naming_it() {
     let clock = ManualClock::new();
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|n: &u64| Some(*n))
         .clock(clock.clone())
         .cost(|n: &u64| *n)
@@ -154,6 +157,7 @@ async fn a_cost_above_any_limits_capacity_is_refused_at_once_naming_it() {
 
 fn levels_layer(clock: &ManualClock, global: &MemoryGlobalStore<String, ManualClock>) -> Router {
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(user)
         .clock(clock.clone())
         .limit(Limit::per_second(2).burst(2).unwrap())
@@ -234,6 +238,7 @@ async fn tiers_choose_a_quota_per_key_and_changes_apply_within_a_lease() {
     )])));
     let lookup = tiers.clone();
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|k: &String| Some(k.clone()))
         .clock(clock.clone())
         .cost(|_: &String| 1)
@@ -314,6 +319,7 @@ impl LocalStore<LeaseKey<u64>> for Forgetful {
 async fn a_first_bucket_remade_with_tokens_still_draws_on_every_limit() {
     let clock = ManualClock::new();
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|n: &u64| Some(*n))
         .clock(clock.clone())
         .quota("fast: 1000/s; slow: 5/min".parse::<Quota>().unwrap())

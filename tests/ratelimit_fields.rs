@@ -18,6 +18,7 @@ fn ten_per_second() -> Limit {
 
 fn app(clock: &ManualClock, global: &MemoryGlobalStore<String, ManualClock>) -> Router {
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(user)
         .clock(clock.clone())
         .limit(ten_per_second())
@@ -78,6 +79,7 @@ async fn a_host_counts_what_other_hosts_took_from_the_global_bucket() {
     // Batches of exactly what a request needs, so the counts below are exact.
     let host = || {
         let layer = HierarchicalThrottleLayer::builder()
+            .cold_start(hierarchical_throttle::ColdStart::Exact)
             .key(user)
             .clock(clock.clone())
             .limit(ten_per_second())
@@ -120,6 +122,7 @@ async fn a_host_counts_what_other_hosts_took_from_the_global_bucket() {
 async fn every_limit_at_every_level_is_one_item() {
     let clock = ManualClock::new();
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(user)
         .clock(clock.clone())
         .quota(
@@ -154,6 +157,7 @@ async fn every_limit_at_every_level_is_one_item() {
 async fn the_fields_can_be_turned_off_for_admitted_responses_but_refusals_keep_them() {
     let clock = ManualClock::new();
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(user)
         .clock(clock.clone())
         .limit(Limit::per_second(1).burst(1).unwrap())
@@ -179,6 +183,7 @@ async fn the_fields_can_be_turned_off_for_admitted_responses_but_refusals_keep_t
 async fn shadow_mode_serves_the_request_with_the_fields_of_its_refusal() {
     let clock = ManualClock::new();
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(user)
         .clock(clock.clone())
         .limit(Limit::per_minute(1).burst(1).unwrap())
@@ -212,6 +217,7 @@ async fn shadow_mode_serves_the_request_with_the_fields_of_its_refusal() {
 async fn jitter_spreads_retry_after_without_ever_shortening_it() {
     let clock = ManualClock::new();
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(user)
         .clock(clock.clone())
         .limit(Limit::per_minute(1).burst(1).unwrap())
@@ -260,6 +266,7 @@ async fn the_fields_are_valid_structured_fields_for_any_limit() {
     for limit in limits {
         let clock = ManualClock::new();
         let layer = HierarchicalThrottleLayer::builder()
+            .cold_start(hierarchical_throttle::ColdStart::Exact)
             .key(user)
             .clock(clock.clone())
             .quota(
@@ -317,6 +324,7 @@ async fn fields_follow_the_fallback_share_while_the_store_is_down() {
     let store = common::FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
     store.set(common::Fault::Error);
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(user)
         .clock(clock.clone())
         .limit(Limit::per_second(10).burst(200).unwrap())

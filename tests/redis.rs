@@ -91,6 +91,63 @@ async fn four_hosts_on_one_redis_hold_the_limit_with_few_redis_calls() {
     );
 }
 
+/// Credit (the default) on a real Redis: hosts that know nothing of an exhausted key admit one
+/// request each at once, and the charge behind it puts the Redis bucket into debt, which every
+/// host then waits out.
+#[tokio::test(flavor = "current_thread")]
+async fn credit_on_redis_is_charged_into_debt_and_bounded_by_the_hosts() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = store(&server).await.with_clock_override(clock.clone());
+    // 10 a second, burst 10; the clock stands still.
+    let limit = Limit::per_second(10).burst(10).unwrap();
+    let hosts: Vec<_> = (0..4)
+        .map(|_| {
+            HierarchicalThrottleLayer::builder()
+                .key(|k: &String| Some(k.clone()))
+                .limit(limit)
+                .clock(clock.clone())
+                .failure_policy(FailurePolicy::Reject)
+                .global_store(redis.clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut admitted = 0;
+    for _ in 0..10 {
+        admitted += u64::from(hosts[0].acquire("k".to_owned(), 1).await.is_ok());
+    }
+    for host in &hosts[1..] {
+        admitted += u64::from(host.acquire("k".to_owned(), 1).await.is_ok());
+    }
+    assert_eq!(
+        admitted, 13,
+        "the burst, and a credit of one token per other host"
+    );
+    // The charges run behind the responses: wait (a bounded poll) until Redis holds the debt.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let level = loop {
+        let level = redis.level(&bucket("k"), &limit).await.unwrap();
+        if level.next_in >= Duration::from_millis(400) || Instant::now() > deadline {
+            break level;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    // Three tokens of debt, then the next: 400 ms at 10 a second.
+    assert_eq!(
+        (level.tokens, level.next_in),
+        (0, Duration::from_millis(400))
+    );
+    for host in &hosts {
+        assert!(
+            host.acquire("k".to_owned(), 1).await.is_err(),
+            "the debt first"
+        );
+    }
+    let uncharged: u64 = hosts.iter().map(|h| h.stats().tokens_uncharged).sum();
+    assert_eq!(uncharged, 0);
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn skewed_host_clocks_do_not_change_the_answer() {
     let server = RedisServer::start();
@@ -159,6 +216,105 @@ async fn a_three_primary_cluster_spreads_keys_over_slots_and_holds_limits() {
     assert!(
         per_node.iter().all(|&n| n > 0),
         "every primary holds buckets: {per_node:?}"
+    );
+}
+
+/// Scripts Redis has run (`EVALSHA` and `EVAL`, less those that failed: an `EVALSHA` of a
+/// script the server did not know yet), from its command statistics.
+fn scripts_run(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["info", "commandstats"]);
+    let field = |line: &str, name: &str| -> u64 {
+        line.split(',')
+            .find_map(|f| f.split_once(&format!("{name}=")).map(|(_, v)| v.to_owned()))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    ["cmdstat_evalsha:", "cmdstat_eval:"]
+        .iter()
+        .filter_map(|name| stats.lines().find(|l| l.starts_with(name)))
+        .map(|line| field(line, "calls") - field(line, "failed_calls"))
+        .sum()
+}
+
+/// Fetches of many cold keys that fall due together go to Redis as a few scripts, each over
+/// many buckets; with batches of one, each is a script of its own.
+#[tokio::test(flavor = "current_thread")]
+async fn fetches_of_many_keys_go_to_redis_as_one_script_per_batch() {
+    for (batch, most) in [(128, 10), (1, 300)] {
+        let server = RedisServer::start();
+        let redis = store(&server).await;
+        let layer = HierarchicalThrottleLayer::builder()
+            .key(|k: &String| Some(k.clone()))
+            .limit(Limit::per_second(100).burst(100).unwrap())
+            .cold_start(hierarchical_throttle::ColdStart::Exact)
+            .global_batch(batch)
+            .global_store(redis)
+            .build()
+            .unwrap();
+        let before = scripts_run(&server);
+        let requests = (0..300).map(|k| layer.acquire(format!("key-{k}"), 1));
+        let answers = futures_util::future::join_all(requests).await;
+        assert!(answers.iter().all(Result::is_ok), "every key admitted");
+        let scripts = scripts_run(&server) - before;
+        assert_eq!(layer.stats().global_calls, 300, "one call per key");
+        assert!(
+            scripts <= most,
+            "batches of {batch}: {scripts} scripts for 300 keys"
+        );
+        assert!(scripts >= 300_u64.div_ceil(batch as u64));
+    }
+}
+
+/// On a Cluster, one batch holds keys of every slot: each script holds the buckets of one
+/// slot, and every call gets its own bucket's answer.
+#[tokio::test]
+async fn a_batch_on_a_cluster_answers_each_bucket_from_its_own_slot() {
+    use futures_util::StreamExt;
+    use hierarchical_throttle::global::{Answer, Call};
+    let cluster = RedisCluster::start();
+    let redis: RedisGlobalStore<String> = RedisGlobalStore::connect_cluster(cluster.urls())
+        .await
+        .expect("connect to the test's cluster");
+    let limit = Limit::per_hour(10).burst(10).unwrap();
+    // Key k asks for k % 10 + 1 tokens, after a release into a bucket of its own.
+    let calls: Vec<_> = (0..60)
+        .flat_map(|k| {
+            [
+                Call::Release {
+                    key: bucket(&format!("spare-{k}")),
+                    limit,
+                    tokens: 1,
+                },
+                Call::Acquire {
+                    key: bucket(&format!("tenant-{k}")),
+                    limit,
+                    request: TokenRequest::now(1, k % 10 + 1),
+                },
+            ]
+        })
+        .collect();
+    let mut answers: Vec<_> = redis.call_many(calls).collect().await;
+    answers.sort_by_key(|(i, _)| *i);
+    assert_eq!(answers.len(), 120);
+    for (i, answer) in answers {
+        let k = (i / 2) as u64;
+        match (i % 2, answer) {
+            (0, Ok(Answer::Released)) => {}
+            (1, Ok(Answer::Granted(grant))) => {
+                assert_eq!((grant.granted, grant.remaining), (k % 10 + 1, 9 - k % 10));
+            }
+            (_, other) => panic!("call {i}: {other:?}"),
+        }
+    }
+    let per_node: Vec<u64> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.cli(&["dbsize"]).trim().parse().unwrap())
+        .collect();
+    assert_eq!(
+        per_node.iter().sum::<u64>(),
+        60,
+        "the 60 drawn buckets; the spares are full"
     );
 }
 
@@ -410,6 +566,7 @@ async fn latency_stalls_and_dropped_connections_never_over_admit() {
     let layers: Vec<_> = (0..3)
         .map(|_| {
             HierarchicalThrottleLayer::builder()
+                .cold_start(hierarchical_throttle::ColdStart::Exact)
                 .key(|job: &Job| job.key.clone())
                 .limit(limit)
                 .failure_policy(FailurePolicy::Reject)
@@ -693,6 +850,7 @@ async fn shaping_hosts_on_redis_wait_for_tokens_and_never_over_admit() {
     let hosts: Vec<_> = (0..3)
         .map(|_| {
             let layer = HierarchicalThrottleLayer::builder()
+                .cold_start(hierarchical_throttle::ColdStart::Exact)
                 .key(|job: &Job| job.key.clone())
                 .cost(|job: &Job| job.cost)
                 .limit(limit)
@@ -779,6 +937,7 @@ async fn a_sentinel_failover_moves_decisions_to_the_new_primary() {
     let store: RedisGlobalStore<String> =
         RedisGlobalStore::connect_sentinel([sentinel.url()], "throttle").unwrap();
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|job: &Job| job.key.clone())
         .limit(Limit::per_day(1_000).build().unwrap()) // no refill worth a token in the test
         // One token per call, so that every use asks Redis.

@@ -41,6 +41,7 @@ fn keyed_by_string(
 ) -> HierarchicalThrottleLayer<String, String, Global, MemoryLocalStore<String>, TokioClock> {
     let read = setting.clone();
     HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|k: &String| Some(k.clone()))
         .limit_per_key(move |_: &String| read.lock().unwrap().clone())
         .clock(TokioClock::new())
@@ -153,6 +154,7 @@ async fn a_refund_goes_only_to_the_buckets_the_request_drew_on() {
     let global: Global = MemoryGlobalStore::with_clock(TokioClock::new());
     let read = quota.clone();
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|req: &Request<Body>| key::header_value(req, "x-user"))
         .limit_per_key(move |_: &String| read.lock().unwrap().clone())
         .cost(|_: &Request<Body>| 10)

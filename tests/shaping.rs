@@ -32,6 +32,7 @@ type Layer = HierarchicalThrottleLayer<
 
 fn layer(limit: Limit, shaping: Shaping, global: &Global) -> Layer {
     HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|req: &Request<Body>| key::header_value(req, "x-user"))
         .clock(TokioClock::new())
         .limit(limit)
@@ -281,6 +282,7 @@ async fn reservations_tell_their_delay_at_once_and_give_up_their_place_when_drop
 async fn a_reservation_admitted_at_once_gives_its_tokens_back_when_dropped_unused() {
     let global = MemoryGlobalStore::with_clock(TokioClock::new());
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|job: &u64| Some(*job))
         .clock(TokioClock::new())
         .quota(
@@ -353,6 +355,7 @@ async fn shadow_mode_never_waits_never_refuses_and_takes_nothing_it_would_refuse
     let global = MemoryGlobalStore::with_clock(TokioClock::new());
     let start = Instant::now();
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|req: &Request<Body>| key::header_value(req, "x-user"))
         .clock(TokioClock::new())
         .limit(Limit::per_second(1).burst(1).unwrap())
@@ -388,6 +391,7 @@ async fn users_waiting_on_their_tenant_wake_one_at_a_time_and_count_once() {
     let global = MemoryGlobalStore::with_clock(TokioClock::new());
     let start = Instant::now();
     let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|req: &Request<Body>| key::header_value(req, "x-user"))
         .clock(TokioClock::new())
         .limit(Limit::per_second(100).burst(100).unwrap())

@@ -10,6 +10,9 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 
+use futures_util::Stream;
+use futures_util::stream::FuturesUnordered;
+
 use crate::limit::Limit;
 
 pub mod memory;
@@ -48,6 +51,50 @@ pub trait GlobalStore<K>: Send + Sync + 'static {
         tokens: u64,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
+    /// Makes several calls in one go, answering each as its answer comes, with its index in
+    /// `calls`. The throttle gathers the calls that fall due together (one scheduler turn)
+    /// across keys, so a store that serves many buckets in one round trip (Redis: one script
+    /// per node) saves a round trip per call. A call's failure is its own; an answer that does
+    /// not come within the store time-out ends its call as timed out, the others' answers
+    /// still count, so one slow node delays only its own calls. Default: each call on its own,
+    /// all at once, so stores without a batched form keep working.
+    fn call_many(
+        &self,
+        calls: Vec<Call<K>>,
+    ) -> impl Stream<Item = (usize, Result<Answer, Self::Error>)> + Send
+    where
+        K: Send + Sync,
+    {
+        calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, call)| async move { (i, self.call_one(call).await) })
+            .collect::<FuturesUnordered<_>>()
+    }
+
+    /// One [`Call`] on its own.
+    fn call_one(&self, call: Call<K>) -> impl Future<Output = Result<Answer, Self::Error>> + Send
+    where
+        K: Send + Sync,
+    {
+        async move {
+            match call {
+                Call::Acquire {
+                    key,
+                    limit,
+                    request,
+                } => self
+                    .acquire(&key, &limit, request)
+                    .await
+                    .map(Answer::Granted),
+                Call::Release { key, limit, tokens } => self
+                    .release(&key, &limit, tokens)
+                    .await
+                    .map(|()| Answer::Released),
+            }
+        }
+    }
+
     /// Reads `key`'s bucket without changing it (a bucket never seen is full): for
     /// [`remaining_global`](crate::HierarchicalThrottleLayer::remaining_global), never on a
     /// request's path.
@@ -81,6 +128,38 @@ pub trait GlobalStore<K>: Send + Sync + 'static {
     fn location(&self) -> String {
         std::any::type_name::<Self>().to_owned()
     }
+}
+
+/// One call of a batch: see [`GlobalStore::call_many`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call<K> {
+    /// [`GlobalStore::acquire`].
+    Acquire {
+        /// The bucket.
+        key: K,
+        /// Its limit.
+        limit: Limit,
+        /// What to dispense.
+        request: TokenRequest,
+    },
+    /// [`GlobalStore::release`].
+    Release {
+        /// The bucket.
+        key: K,
+        /// Its limit.
+        limit: Limit,
+        /// The tokens to take back.
+        tokens: u64,
+    },
+}
+
+/// The answer to one [`Call`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// What an [`Acquire`](Call::Acquire) dispensed.
+    Granted(Grant),
+    /// A [`Release`](Call::Release) was taken.
+    Released,
 }
 
 /// The live layers built on one global store in this process, by name, each with a

@@ -6,15 +6,18 @@ use std::marker::PhantomData;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use futures_util::Stream;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
 use crate::clock::{Clock, micros};
 use crate::error::ConfigError;
-use crate::global::{BucketLevel, GlobalStore, Grant, LayerRegistry, TokenRequest};
+use crate::global::{Answer, BucketLevel, Call, GlobalStore, Grant, LayerRegistry, TokenRequest};
 use crate::limit::Limit;
 use crate::quota::BucketKey;
+
+mod batch;
 
 /// A global store on Redis: one hash per key holding the bucket, updated atomically by a Lua
 /// script that reads **Redis's clock** (`TIME`), so hosts' clocks never matter.
@@ -155,6 +158,7 @@ fn manager_config() -> ConnectionManagerConfig {
 
 struct Scripts {
     acquire: LuaScript,
+    many: LuaScript,
     release: LuaScript,
     level: LuaScript,
 }
@@ -351,6 +355,7 @@ impl<K> RedisGlobalStore<K> {
             connection,
             scripts: Arc::new(Scripts {
                 acquire: LuaScript::new(ACQUIRE),
+                many: LuaScript::new(batch::MANY),
                 release: LuaScript::new(RELEASE),
                 level: LuaScript::new(LEVEL),
             }),
@@ -445,12 +450,29 @@ impl<K: RedisKey> RedisGlobalStore<K> {
             }
             cmd
         };
-        match self.query(&call("EVALSHA", &script.hash)).await {
+        self.eval(&call("EVALSHA", &script.hash), || {
+            call("EVAL", script.source)
+        })
+        .await
+    }
+
+    /// Sends `evalsha`; when the node does not know the script, the command `eval` makes.
+    async fn eval<T: redis::FromRedisValue>(
+        &self,
+        evalsha: &redis::Cmd,
+        eval: impl FnOnce() -> redis::Cmd,
+    ) -> Result<T, RedisError> {
+        match self.query(evalsha).await {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.query(&call("EVAL", script.source)).await
+                self.query(&eval()).await
             }
             answer => answer,
         }
+    }
+
+    /// Whether the store is a Cluster's (a script's keys must then share a slot).
+    fn is_cluster(&self) -> bool {
+        matches!(self.connection, Connection::Cluster(_))
     }
 
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, RedisError> {
@@ -520,6 +542,17 @@ where
             next_in: std::time::Duration::from_micros(next_in),
             full_in: std::time::Duration::from_micros(full_in),
         })
+    }
+
+    /// One script per node (on a Cluster, per hash tag, all at once) for all the calls' buckets.
+    fn call_many(
+        &self,
+        calls: Vec<Call<BucketKey<K>>>,
+    ) -> impl Stream<Item = (usize, Result<Answer, RedisError>)> + Send
+    where
+        BucketKey<K>: Send + Sync,
+    {
+        self.run_batch(calls)
     }
 
     fn layers(&self) -> Option<&LayerRegistry> {

@@ -78,6 +78,11 @@ pub(crate) enum Miss {
     },
     /// The global store is backing off and no batch is in flight: the failure policy decides.
     StoreDown,
+    /// Admitted on credit: the tokens are owed until an answer pays for them. With
+    /// `start_fetch`, the caller starts the fetch that asks for them.
+    Credited {
+        start_fetch: bool,
+    },
     /// Queued for the batch in flight.
     Joined,
     /// Queued; the caller starts the fetch.
@@ -87,9 +92,9 @@ pub(crate) enum Miss {
 /// What a fetch asks the global store for, before the batch policy sizes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Plan {
-    /// Tokens the waiting requests need.
+    /// Tokens the waiting requests need, and what the bucket owes for credit.
     pub(crate) needed: u64,
-    /// Tokens the lease has room for.
+    /// Tokens the lease has room for, and what it owes.
     pub(crate) room: u64,
     pub(crate) demand: [u32; MAX_DEMAND_INTERVALS],
 }
@@ -134,13 +139,22 @@ pub(crate) struct Settled {
     pub(crate) forfeited: u64,
     /// Requests are still waiting: the caller starts another fetch.
     pub(crate) refetch: bool,
+    /// Tokens admitted on credit that the answer did not pay for (the global bucket held
+    /// fewer): the caller charges them into debt, then calls
+    /// [`end_charge`](LocalBucket::end_charge).
+    pub(crate) unpaid: u64,
+    /// Tokens admitted on credit that no answer will pay for (the fetch failed, or the limit
+    /// went away).
+    pub(crate) uncharged: u64,
 }
 
 impl LocalBucket {
     /// A request of `cost` found too few tokens at `now`: serve it if reserved tokens have
-    /// fallen due, refuse it if the global bucket is known to be short, or queue the `waiter`
-    /// (made only then) for the batch in flight (or for a new one, unless the store is backing
-    /// off).
+    /// fallen due, refuse it if the global bucket is known to be short, admit it on `credit`
+    /// (tokens this bucket may owe before an answer) while the store is up, or queue the
+    /// `waiter` (made only then) for the batch in flight (or for a new one, unless the store is
+    /// backing off).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn miss(
         &mut self,
         cost: u64,
@@ -148,6 +162,7 @@ impl LocalBucket {
         interval: u64,
         limit: &Limit,
         store_up: bool,
+        credit: u64,
         waiter: impl FnOnce() -> Waiter,
     ) -> Miss {
         self.release_pending(now);
@@ -164,6 +179,10 @@ impl LocalBucket {
                 until: self.due(cost, now, limit),
             };
         }
+        if store_up && self.take_on_credit(cost, credit, now, interval) {
+            let start_fetch = !std::mem::replace(&mut self.fetching, true);
+            return Miss::Credited { start_fetch };
+        }
         if self.fetching {
             self.cold_mut().waiters.push(waiter());
             return Miss::Joined;
@@ -176,17 +195,38 @@ impl LocalBucket {
         Miss::StartFetch
     }
 
+    /// Takes `cost` on credit if what the bucket would owe stays within `credit`: the lease's
+    /// last tokens first, the rest owed. Never ahead of a request already waiting, nor while a
+    /// debt from an earlier credit is being charged or may not be paid yet.
+    fn take_on_credit(&mut self, cost: u64, credit: u64, now: u64, interval: u64) -> bool {
+        let lacking = cost.saturating_sub(self.tokens);
+        let cold = self.cold();
+        let owed = u64::from(cold.owed).saturating_add(lacking);
+        let credit = credit.min(u64::from(u32::MAX));
+        let blocked = cold.charging || now < cold.credit_after || !cold.waiters.is_empty();
+        if owed > credit || blocked {
+            return false;
+        }
+        self.tokens = 0;
+        let cold = self.cold_mut();
+        // At most the credit, which fits.
+        cold.owed = owed as u32;
+        cold.demand.record(interval, cost);
+        true
+    }
+
     /// What the fetch in flight should ask for, or `None` when nothing should be asked (the key
     /// is throttled, or the lease is full).
     pub(crate) fn plan(&mut self, now: u64, interval: u64, limit: &Limit) -> Option<Plan> {
         self.release_pending(now);
         self.record_demand(now, interval);
         self.cold_mut().waiters.retain(|w| !w.is_gone());
+        let owed = u64::from(self.cold().owed);
         let needed = self
             .cold()
             .waiters
             .iter()
-            .fold(0u64, |sum, w| sum.saturating_add(w.cost));
+            .fold(owed, |sum, w| sum.saturating_add(w.cost));
         if now < self.cold().next_token_at {
             // No prefetch either until a batch comes: each would be skipped again.
             self.low_water = 0;
@@ -195,7 +235,10 @@ impl LocalBucket {
         // Tokens reserved ahead do not count: they may fall due here later than the global
         // bucket refills (the answer took time to come), and a request must not be refused
         // while the global bucket could serve it.
-        let room = limit.capacity().saturating_sub(self.tokens);
+        let room = limit
+            .capacity()
+            .saturating_sub(self.tokens)
+            .saturating_add(owed);
         if room == 0 {
             return None;
         }
@@ -227,7 +270,8 @@ impl LocalBucket {
             // Nothing asked: the key is throttled (its waiters are refused below), or the lease
             // was full (refunds can fill it) and is less so once it has served them.
             FetchOutcome::Skipped => {}
-            // Tokens of the bucket the key left while the fetch was under way: not this one's.
+            // Tokens of the bucket the key left while the fetch was under way: not this one's
+            // (what it owed that bucket was counted as uncharged when it left).
             FetchOutcome::Granted { grant, from, .. } if !self.holds_tokens_of(from) => {
                 settled.forfeited = grant.granted.saturating_add(grant.reserved);
             }
@@ -248,6 +292,13 @@ impl LocalBucket {
             }
         }
         self.fetching = false;
+        settled.unpaid = self
+            .cold
+            .as_deref_mut()
+            .map_or(0, |c| u64::from(std::mem::take(&mut c.owed)));
+        if settled.unpaid > 0 {
+            self.cold_mut().charging = true;
+        }
         self.release_pending(now);
         let throttled = now < self.cold().next_token_at;
         let mut kept = Vec::new();
@@ -295,19 +346,23 @@ impl LocalBucket {
 
     fn end_fetch(&mut self, verdict: Verdict) -> Settled {
         self.fetching = false;
+        let Some(cold) = self.cold.as_deref_mut() else {
+            return Settled::default();
+        };
         Settled {
-            verdicts: self.cold.as_mut().map_or_else(Vec::new, |cold| {
-                cold.waiters.drain(..).map(|w| (w, verdict)).collect()
-            }),
+            verdicts: cold.waiters.drain(..).map(|w| (w, verdict)).collect(),
+            uncharged: u64::from(std::mem::take(&mut cold.owed)),
             ..Settled::default()
         }
     }
 
-    /// Adds a grant asked for at `sent_at` and received at `now` to the lease.
+    /// Adds a grant asked for at `sent_at` and received at `now` to the lease, once it has paid
+    /// what the bucket owes for credit (tokens granted first, then those reserved ahead).
     fn take_grant(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) {
         // From the time the call was sent, so that no request is refused while the global
         // bucket could already admit it.
         self.note_global(grant, sent_at, now, limit);
+        let grant = &self.pay_owed(*grant);
         if grant.granted > 0 {
             if self.tokens == 0 {
                 self.cold_mut().leased_at = now;
@@ -321,6 +376,19 @@ impl LocalBucket {
             let due = now.saturating_add(micros(grant.ready_in));
             self.cold_mut().reserved.add(due, grant.reserved);
         }
+    }
+
+    /// What is left of `grant` once it has paid what the bucket owes.
+    fn pay_owed(&mut self, mut grant: Grant) -> Grant {
+        let cold = self.cold_mut();
+        let owed = u64::from(cold.owed);
+        let from_granted = grant.granted.min(owed);
+        let from_reserved = grant.reserved.min(owed - from_granted);
+        grant.granted -= from_granted;
+        grant.reserved -= from_reserved;
+        // What is left is less than what was owed, which fit.
+        cold.owed = (owed - from_granted - from_reserved) as u32;
+        grant
     }
 
     /// Removes the usable tokens beyond capacity (after a limit was lowered).

@@ -65,6 +65,15 @@ struct Cold {
     reserved: Reserved,
     /// The host-local bucket used while the global store is unavailable (boxed: rarely there).
     fallback: Option<Box<Fallback>>,
+    /// Tokens admitted on credit (before the global store answered) that no answer has paid
+    /// for yet: at most the credit, and only while a fetch or a debt charge is under way.
+    owed: u32,
+    /// The tokens an answer could not pay are being charged into debt: no credit until then.
+    charging: bool,
+    /// No credit before then (clock micros): the last answer that found the global bucket
+    /// short, plus its wait, counted from when the answer came rather than when the call was
+    /// sent, so that a credit never lands on a debt the store has not recovered yet.
+    credit_after: u64,
     /// Which limit (a hash of its name and shape) this bucket was last used for.
     shape: u32,
     /// The global bucket whose tokens the lease holds (its limit's name's [id](Name::id); 0
@@ -89,6 +98,9 @@ impl Cold {
         next_token_at: 0,
         reserved: Reserved::NONE,
         fallback: None,
+        owed: 0,
+        charging: false,
+        credit_after: 0,
         shape: 0,
         dispenser: 0,
         global_left: NO_ANSWER,
@@ -99,6 +111,9 @@ impl Cold {
     /// Whether dropping this state at `now` (in demand interval `interval`) loses nothing.
     fn is_idle(&self, now: u64, interval: u64) -> bool {
         self.waiters.is_empty()
+            && self.owed == 0
+            && !self.charging
+            && self.credit_after == 0
             && self.reserved.is_empty()
             && self.fallback.as_ref().is_none_or(|f| f.is_full_at(now))
             && now >= self.quiet_at
@@ -174,9 +189,12 @@ impl LocalBucket {
         self.cold().waiters.len()
     }
 
-    /// Whether a batch for this bucket is being fetched: such a bucket must not be evicted.
+    /// Whether a batch for this bucket is being fetched, or it is paying for credit (tokens
+    /// it admitted on credit are being charged, or their debt may not be paid yet): such a
+    /// bucket must not be evicted (a bucket made afresh would give credit again).
     pub fn is_fetching(&self) -> bool {
-        self.fetching
+        let cold = self.cold();
+        self.fetching || cold.charging || cold.credit_after > 0
     }
 
     /// Marks the bucket as used; see [`take_used_mark`](Self::take_used_mark).
@@ -239,14 +257,41 @@ impl LocalBucket {
         let next_token_at = sent_at.saturating_add(micros(grant.refill_in));
         let cold = self.cold_mut();
         cold.next_token_at = next_token_at;
+        // An answer for credit (a batch paying it, or its charge) that finds the bucket short.
+        if !grant.refill_in.is_zero() && (cold.owed > 0 || cold.charging) {
+            cold.credit_after = now.saturating_add(micros(grant.refill_in));
+        }
         cold.global_left = grant.remaining.min(NO_ANSWER - 1);
         cold.global_seen_at = now;
         cold.quiet_at = global_full_at(grant.remaining, next_token_at, now, limit);
     }
 
-    /// Puts back `tokens` taken for a request that went away before it was served.
+    /// Puts back `tokens` taken for a request that went away before it was served: they pay
+    /// what the bucket owes for credit first, then go back to the lease.
     pub(crate) fn give_back(&mut self, tokens: u64) {
-        self.tokens = self.tokens.saturating_add(tokens);
+        let rest = match self.cold.as_deref_mut() {
+            Some(cold) if cold.owed > 0 => {
+                let paid = tokens.min(u64::from(cold.owed));
+                cold.owed -= paid as u32;
+                tokens - paid
+            }
+            _ => tokens,
+        };
+        self.tokens = self.tokens.saturating_add(rest);
+    }
+
+    /// Tokens admitted on credit that no answer has paid for yet.
+    #[cfg(test)]
+    pub(crate) fn owed(&self) -> u64 {
+        u64::from(self.cold().owed)
+    }
+
+    /// Ends the charge of what an answer could not pay (see [`Settled::unpaid`]): credit may be
+    /// given again once the key is not known to be short.
+    pub(crate) fn end_charge(&mut self) {
+        if let Some(cold) = self.cold.as_deref_mut() {
+            cold.charging = false;
+        }
     }
 
     /// Undoes the fetch ahead a [`take_leased`](Self::take_leased) asked for
@@ -267,29 +312,28 @@ impl LocalBucket {
     /// the global bucket no longer holds: it forgets that the key was throttled. When the name
     /// changed (the key moved to another tier), the lease holds another global bucket's tokens,
     /// which this limit may not use: they are taken out, reserved ones too, and returned as
-    /// forfeited.
-    pub(crate) fn reshape(&mut self, name: Name, shape: u32) -> u64 {
+    /// forfeited; what it owed that bucket for credit is returned as uncharged.
+    pub(crate) fn reshape(&mut self, name: Name, shape: u32) -> Reshaped {
         let cold = self.cold();
         if cold.shape == shape && cold.dispenser == name.id() {
-            return 0;
+            return Reshaped::default();
         }
         let moved = !self.holds_tokens_of(name);
-        let forfeited = match moved {
-            true => {
-                self.low_water = 0;
-                self.take_all_leased()
-            }
-            false => 0,
-        };
+        let mut reshaped = Reshaped::default();
+        if moved {
+            self.low_water = 0;
+            reshaped.forfeited = self.take_all_leased();
+        }
         let cold = self.cold_mut();
         if moved {
             cold.global_left = NO_ANSWER;
             cold.quiet_at = 0;
+            reshaped.uncharged = u64::from(std::mem::take(&mut cold.owed));
         }
         cold.shape = shape;
         cold.next_token_at = 0;
         cold.dispenser = name.id();
-        forfeited
+        reshaped
     }
 
     /// Whether the lease holds tokens of the global bucket called `name` (or of no known one:
@@ -346,7 +390,11 @@ impl LocalBucket {
             }
             left => left.saturating_add(limit.accrued_in(now.saturating_sub(cold.global_seen_at))),
         };
-        let tokens = lease.saturating_add(global).min(capacity);
+        // Tokens admitted on credit will be taken from the global bucket.
+        let tokens = lease
+            .saturating_add(global)
+            .saturating_sub(u64::from(cold.owed))
+            .min(capacity);
         if tokens >= capacity {
             return View::full(limit);
         }
@@ -421,6 +469,12 @@ impl LocalBucket {
     /// any more (at `now`, in demand interval `interval`).
     pub(crate) fn take_expired(&mut self, now: u64, ttl: u64, interval: u64) -> u64 {
         self.release_pending(now);
+        if let Some(cold) = self.cold.as_deref_mut()
+            && now >= cold.credit_after
+        {
+            // Its debt is paid: the bucket may be evicted again.
+            cold.credit_after = 0;
+        }
         if self.unrecorded > 0 {
             self.record_demand(now, interval);
         }
@@ -478,6 +532,15 @@ impl LocalBucket {
             taken.refill_in_micros.max(1)
         }
     }
+}
+
+/// What a bucket gave up when told it serves another limit (see [`LocalBucket::reshape`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reshaped {
+    /// Leased tokens of the global bucket the key left.
+    pub(crate) forfeited: u64,
+    /// Tokens admitted on credit that bucket never took.
+    pub(crate) uncharged: u64,
 }
 
 /// Half a batch, as a low-water mark.

@@ -92,22 +92,28 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let interval = self.interval(now);
         let store_up = self.health.is_up(now);
         let deadline = now.saturating_add(micros(self.config.store_timeout));
+        let credit = self.config.cold_start.credit(&limit);
         // Made only for a request that waits: a refusal allocates nothing.
         let mut verdict = None;
-        let mut forfeited = 0;
         let miss = self.local.with_bucket(id, |b| {
-            forfeited = self.serve(id, &bucket, b);
+            self.serve(id, &bucket, b);
             self.stats.admitted_local.add(b.take_uncounted());
-            b.miss(cost, now, interval, &limit, store_up, || {
+            b.miss(cost, now, interval, &limit, store_up, credit, || {
                 let (waiter, receiver) = Waiter::new(cost, deadline);
                 verdict = Some(receiver);
                 waiter
             })
         });
-        self.stats.tokens_forfeited.add(forfeited);
         let check = match miss {
             Miss::Admitted => {
                 self.stats.admitted_local.incr();
+                Check::Admit
+            }
+            Miss::Credited { start_fetch } => {
+                self.stats.admitted_on_credit.incr();
+                if start_fetch {
+                    self.start_fetch(id.clone());
+                }
                 Check::Admit
             }
             Miss::Throttled { until } => {
@@ -176,12 +182,14 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
 
     /// Tells bucket `b` (of `id`) the limit it serves now, `bucket`: a first bucket learns how
     /// many limits its key has, and a lease of another global bucket (the key changed tiers)
-    /// is forfeited. Returns the tokens forfeited.
-    pub(super) fn serve(&self, id: &LeaseKey<K>, bucket: &Resolved, b: &mut LocalBucket) -> u64 {
+    /// is forfeited, what it owed that bucket for credit uncharged.
+    pub(super) fn serve(&self, id: &LeaseKey<K>, bucket: &Resolved, b: &mut LocalBucket) {
         if id.slot == 0 {
             b.set_slots(bucket.slots);
         }
-        b.reshape(bucket.name, bucket.shape())
+        let reshaped = b.reshape(bucket.name, bucket.shape());
+        self.stats.tokens_forfeited.add(reshaped.forfeited);
+        self.stats.tokens_uncharged.add(reshaped.uncharged);
     }
 
     /// Waits for the verdict of the fetch the request was queued for.

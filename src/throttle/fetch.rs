@@ -9,8 +9,11 @@ use tracing::Instrument;
 
 use crate::batch::BatchContext;
 
+use crate::global::{Answer, Call};
 use crate::lease::{FetchOutcome, Settled, Verdict, Waiter};
 use crate::limit::Limit;
+use crate::throttle::calls::CallFailure;
+use crate::throttle::settle::Owed;
 use crate::throttle::{Global, KEY_HASH, Key, Local, Throttle};
 
 use std::sync::Arc;
@@ -37,7 +40,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     }
 
     /// Asks the global store for bucket `id`'s next batch.
-    pub(super) async fn fetch(&self, id: &LeaseKey<K>) -> FetchOutcome {
+    pub(super) async fn fetch(self: &Arc<Self>, id: &LeaseKey<K>) -> FetchOutcome {
         // Let requests already scheduled join this batch before it is sized.
         tokio::task::yield_now().await;
         let Some(bucket) = self.resolve(id) else {
@@ -49,12 +52,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let interval = self.interval(now);
         // Every batch reads the key's quota afresh: a limit changed at run time applies from
         // the next batch, even on a lease that never runs dry.
-        let mut forfeited = 0;
         let plan = self.local.with_bucket(id, |b| {
-            forfeited = self.serve(id, &bucket, b);
+            self.serve(id, &bucket, b);
             b.plan(now, interval, &limit)
         });
-        self.stats.tokens_forfeited.add(forfeited);
         let Some(plan) = plan else {
             return FetchOutcome::Skipped;
         };
@@ -74,22 +75,22 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             latency_us = tracing::field::Empty,
         );
         let key = self.global_key(id, bucket.name);
-        let call = self.global.acquire(&key, &limit, request);
-        let answer = tokio::time::timeout(self.config.store_timeout, call)
-            .instrument(span.clone())
-            .await;
+        let call = Call::Acquire {
+            key,
+            limit,
+            request,
+        };
+        let answer = self.call_store(call).instrument(span.clone()).await;
         let answered = self.now();
         let latency = answered.saturating_sub(now);
         span.record("latency_us", latency);
         #[cfg(feature = "metrics")]
         crate::metrics::global_call(&self.config.name, Duration::from_micros(latency));
-        if let Ok(Ok(grant)) = &answer {
-            span.record("granted", grant.granted);
-            span.record("reserved", grant.reserved);
-        }
         let _entered = span.enter();
         match answer {
-            Ok(Ok(grant)) => {
+            Ok(Answer::Granted(grant)) => {
+                span.record("granted", grant.granted);
+                span.record("reserved", grant.reserved);
                 tracing::debug!(
                     want = request.want,
                     granted = grant.granted,
@@ -104,16 +105,20 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                     shape: bucket.shape(),
                 }
             }
-            Ok(Err(error)) => {
+            Ok(Answer::Released) => FetchOutcome::Failed,
+            Err(CallFailure::Store {
+                error,
+                may_have_applied,
+            }) => {
                 self.stats.global_errors.incr();
                 tracing::debug!(%error, "global acquire failed");
-                if self.global.may_have_applied(&error) {
+                if may_have_applied {
                     self.stats.tokens_lost.add(request.want);
                 }
                 self.store_failed(now, answered, &error);
                 FetchOutcome::Failed
             }
-            Err(_) => {
+            Err(CallFailure::TimedOut) => {
                 self.stats.global_timeouts.incr();
                 self.stats.tokens_lost.add(request.want);
                 tracing::debug!(timeout = ?self.config.store_timeout, "global acquire timed out");
@@ -141,8 +146,13 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// lease cannot hold and starts the next fetch if requests still wait. The limit is read
     /// again: one changed while the call was under way makes its answer's times stale (and
     /// another name, its tokens another bucket's). Without a limit (the key's quota lost it)
-    /// the waiters pass: nothing is left to enforce.
-    pub(super) fn settle(self: &Arc<Self>, id: &LeaseKey<K>, outcome: &FetchOutcome) {
+    /// the waiters pass: nothing is left to enforce. Returns what the bucket owes for credit
+    /// that the answer did not pay, to charge into debt.
+    pub(super) fn settle(
+        self: &Arc<Self>,
+        id: &LeaseKey<K>,
+        outcome: &FetchOutcome,
+    ) -> Option<Owed<K>> {
         let now = self.now();
         if let FetchOutcome::Granted { grant, .. } = outcome {
             self.stats
@@ -150,25 +160,26 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 .add(grant.granted.saturating_add(grant.reserved));
         }
         let bucket = self.resolve(id);
-        let mut forfeited = 0;
         let (settled, dispenser) = self.local.with_bucket(id, |b| {
             let settled = match &bucket {
                 Some(bucket) => {
-                    forfeited = self.serve(id, bucket, b);
+                    self.serve(id, bucket, b);
                     b.settle(outcome, now, self.interval(now), &bucket.limit)
                 }
                 None => b.drop_limit(),
             };
             (settled, b.dispenser())
         });
-        self.stats.tokens_forfeited.add(forfeited);
         let Settled {
             verdicts,
             excess,
             forfeited,
             refetch,
+            unpaid,
+            uncharged,
         } = settled;
         self.stats.tokens_forfeited.add(forfeited);
+        self.stats.tokens_uncharged.add(uncharged);
         self.deliver(id, verdicts);
         if excess > 0 {
             self.defer_return(id.clone(), dispenser, excess);
@@ -176,6 +187,26 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         if refetch {
             self.start_fetch(id.clone());
         }
+        let bucket = bucket.filter(|_| unpaid > 0)?;
+        Some(Owed {
+            id: id.clone(),
+            name: bucket.name,
+            limit: bucket.limit,
+            tokens: unpaid,
+        })
+    }
+
+    /// Charges into debt what bucket `owed.id` owes for credit that an answer did not pay,
+    /// then lets the bucket give credit again. However it ends (an answer, a failure, its task
+    /// dropped), what the store did not take is counted as uncharged.
+    async fn charge_credit(self: &Arc<Self>, owed: Owed<K>) {
+        let mut charge = CreditCharge {
+            throttle: self.clone(),
+            id: owed.id.clone(),
+            uncharged: owed.tokens,
+        };
+        let charged = self.charge_debt(&owed).await;
+        charge.uncharged = owed.tokens.saturating_sub(charged);
     }
 
     /// Sends each verdict; tokens taken for a request that went away go back to the lease.
@@ -205,7 +236,26 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> FetchTask<K, G, L, C> {
     async fn run(mut self) {
         let outcome = self.throttle.fetch(&self.id).await;
         self.settled = true;
-        self.throttle.settle(&self.id, &outcome);
+        if let Some(owed) = self.throttle.settle(&self.id, &outcome) {
+            self.throttle.charge_credit(owed).await;
+        }
+    }
+}
+
+/// A charge of credit into debt under way: when it ends, however it ends, the bucket may give
+/// credit again, and what the store did not take is counted.
+struct CreditCharge<K: Key, G: Global<K>, L: Local<K>, C: Clock> {
+    throttle: Arc<Throttle<K, G, L, C>>,
+    id: LeaseKey<K>,
+    uncharged: u64,
+}
+
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for CreditCharge<K, G, L, C> {
+    fn drop(&mut self) {
+        self.throttle.stats.tokens_uncharged.add(self.uncharged);
+        self.throttle
+            .local
+            .with_bucket(&self.id, |b| b.end_charge());
     }
 }
 
@@ -219,6 +269,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for FetchTask<K, G, L, C>
             .throttle
             .local
             .with_bucket(&self.id, |b| b.fail_fetch());
+        self.throttle.stats.tokens_uncharged.add(failed.uncharged);
         self.throttle.deliver(&self.id, failed.verdicts);
     }
 }

@@ -36,6 +36,7 @@ use crate::rejection::Rejection;
 use crate::stats::Stats;
 
 mod admission;
+mod calls;
 mod check;
 mod fetch;
 mod health;
@@ -175,6 +176,10 @@ pub(crate) struct Config {
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) max_backoff: Duration,
     pub(crate) max_reservation: Duration,
+    /// The most global calls sent to the store in one batch.
+    pub(crate) global_batch: usize,
+    /// Whether a request the lease cannot serve may be admitted on credit.
+    pub(crate) cold_start: crate::credit::ColdStart,
     pub(crate) shadow: bool,
     /// Admitted responses get `RateLimit` fields (when the rejection handler writes them).
     pub(crate) ratelimit_fields: bool,
@@ -222,6 +227,8 @@ pub(crate) struct Throttle<K, G, L, C> {
     /// Requests waiting for a batch at the last sweep.
     pub(crate) waiting_for_batches: AtomicU64,
     pub(crate) shaper: Arc<shaping::Shaper<K>>,
+    /// Global calls waiting for the next batch.
+    calls: calls::CallQueue<K>,
     /// Tokens to hand back: evicted leases, and hand-backs the store did not take.
     returns: Mutex<Vec<Return<K>>>,
     /// When a request without a key was last logged at warn (clock micros; 0: never).
@@ -254,6 +261,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             refusals: crate::stats::RefusalsByLimit::default(),
             waiting_for_batches: AtomicU64::new(0),
             shaper: Arc::default(),
+            calls: calls::CallQueue::default(),
             returns: Mutex::default(),
             missing_key_warned_at: AtomicU64::new(0),
             store_location: global.location(),

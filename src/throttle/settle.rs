@@ -12,11 +12,12 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use crate::clock::Clock;
-use crate::global::TokenRequest;
+use crate::global::{Answer, Call, TokenRequest};
 use crate::limit::Limit;
 use crate::quota::{LeaseKey, Name, Quota};
 use crate::remaining::Remaining;
 use crate::stats::Counter;
+use crate::throttle::calls::CallFailure;
 use crate::throttle::{Admitted, Global, Key, Local, Throttle, TimedOut};
 
 /// What follows an admitted request's response: settling its cost, then adding the state of
@@ -78,11 +79,11 @@ impl Drop for Uncharged<'_> {
 pub(crate) type Drawn<K> = (LeaseKey<K>, Quota);
 
 /// What a bucket is owed beyond its lease: its id, the limit's name and shape, and the tokens.
-struct Owed<K> {
-    id: LeaseKey<K>,
-    name: Name,
-    limit: Limit,
-    tokens: u64,
+pub(super) struct Owed<K> {
+    pub(super) id: LeaseKey<K>,
+    pub(super) name: Name,
+    pub(super) limit: Limit,
+    pub(super) tokens: u64,
 }
 
 /// What settling leaves to do: nothing, or charging debt to the global store.
@@ -215,7 +216,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// Takes the tokens a host used beyond its lease from their global bucket, into debt if
     /// need be (reserving them ahead of the refill): one call, of at most a capacity, and none
     /// while the store is backing off. Returns how many the store took.
-    async fn charge_debt(&self, owed: &Owed<K>) -> u64 {
+    pub(super) async fn charge_debt(self: &Arc<Self>, owed: &Owed<K>) -> u64 {
         let sent_at = self.now();
         if !self.health.is_up(sent_at) {
             return 0;
@@ -232,9 +233,13 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         };
         self.stats.global_calls.incr();
         let key = self.global_key(&owed.id, owed.name);
-        let call = self.global.acquire(&key, limit, request);
-        match tokio::time::timeout(self.config.store_timeout, call).await {
-            Ok(Ok(grant)) => {
+        let call = Call::Acquire {
+            key,
+            limit: *limit,
+            request,
+        };
+        match self.call_store(call).await {
+            Ok(Answer::Granted(grant)) => {
                 self.store_answered();
                 let now = self.now();
                 // What the answer says of its bucket, for the lease of that bucket only, and
@@ -250,12 +255,13 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 }
                 grant.granted.saturating_add(grant.reserved)
             }
-            Ok(Err(error)) => {
+            Ok(Answer::Released) => 0,
+            Err(CallFailure::Store { error, .. }) => {
                 self.stats.global_errors.incr();
                 self.store_failed(sent_at, self.now(), &error);
                 0
             }
-            Err(_) => {
+            Err(CallFailure::TimedOut) => {
                 self.stats.global_timeouts.incr();
                 self.store_failed(sent_at, self.now(), &TimedOut(self.config.store_timeout));
                 0

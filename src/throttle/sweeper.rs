@@ -7,8 +7,10 @@ use std::sync::atomic::Ordering;
 use futures_util::{StreamExt, stream};
 
 use crate::clock::micros;
+use crate::global::Call;
 use crate::stats::ThrottleStats;
 use crate::sync::lock;
+use crate::throttle::calls::CallFailure;
 use crate::throttle::{Global, Key, Local, Throttle, TimedOut};
 
 use std::sync::Arc;
@@ -31,7 +33,7 @@ pub(crate) struct Return<K> {
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// Hands back leases not used within the lease time-to-live, those of evicted buckets, and
     /// earlier hand-backs the store did not take.
-    pub(crate) async fn return_unused_leases(&self) {
+    pub(crate) async fn return_unused_leases(self: &Arc<Self>) {
         let now = self.now();
         let ttl = micros(self.config.lease_ttl);
         let interval = self.interval(now);
@@ -61,7 +63,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// have reached the store are never sent twice: they are counted as lost. Tokens of a
     /// bucket the key no longer draws on are forfeited (the limit that would take them back
     /// is not known any more).
-    pub(super) async fn hand_back(&self, back: Return<K>) {
+    pub(super) async fn hand_back(self: &Arc<Self>, back: Return<K>) {
         let now = self.now();
         if !self.health.is_up(now) {
             lock(&self.returns).push(back);
@@ -78,22 +80,29 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             return;
         };
         let key = self.global_key(&id, bucket.name);
-        let call = self.global.release(&key, &bucket.limit, tokens);
-        match tokio::time::timeout(self.config.store_timeout, call).await {
-            Ok(Ok(())) => {
+        let call = Call::Release {
+            key,
+            limit: bucket.limit,
+            tokens,
+        };
+        match self.call_store(call).await {
+            Ok(_) => {
                 self.store_answered();
                 self.stats.tokens_returned.add(tokens);
             }
-            Ok(Err(error)) => {
+            Err(CallFailure::Store {
+                error,
+                may_have_applied,
+            }) => {
                 tracing::debug!(%error, tokens, "global release failed");
                 self.store_failed(now, self.now(), &error);
-                if self.global.may_have_applied(&error) {
+                if may_have_applied {
                     self.stats.tokens_lost.add(tokens);
                 } else {
                     self.defer_return(id, dispenser, tokens);
                 }
             }
-            Err(_) => {
+            Err(CallFailure::TimedOut) => {
                 tracing::debug!(tokens, "global release timed out");
                 self.store_failed(now, self.now(), &TimedOut(self.config.store_timeout));
                 self.stats.tokens_lost.add(tokens);

@@ -222,6 +222,88 @@ where
     }
     assert_reservation_conformance(store, clock).await;
     assert_level_conformance(store, clock).await;
+    assert_batch_conformance(store, clock).await;
+}
+
+/// The same cases through [`GlobalStore::call_many`], each step in a batch with calls on other
+/// buckets (a fresh one to acquire from, one to release into) before and after it: every
+/// answer reaches its own call, and the calls do not disturb each other.
+pub async fn assert_batch_conformance<G>(store: &G, clock: &ManualClock)
+where
+    G: GlobalStore<BucketKey<String>>,
+{
+    use futures_util::StreamExt;
+    use hierarchical_throttle::global::{Answer, Call};
+    let other = Limit::per_second(10).burst(10).unwrap();
+    for (n, (name, limit, steps, expected)) in cases().into_iter().enumerate() {
+        let stamp = clock.now().as_micros();
+        let key = BucketKey::new(format!("batch-{n}-{stamp}"), "default").unwrap();
+        let mut answers = Vec::new();
+        for (s, step) in steps.into_iter().enumerate() {
+            let noise = |tag: &str| {
+                BucketKey::new(format!("noise-{n}-{s}-{tag}-{stamp}"), "default").unwrap()
+            };
+            let (after_us, call) = match step {
+                Acquire {
+                    after_us,
+                    min,
+                    want,
+                } => (
+                    after_us,
+                    Call::Acquire {
+                        key: key.clone(),
+                        limit,
+                        request: TokenRequest::now(min, want),
+                    },
+                ),
+                Release { after_us, tokens } => (
+                    after_us,
+                    Call::Release {
+                        key: key.clone(),
+                        limit,
+                        tokens,
+                    },
+                ),
+            };
+            clock.advance(Duration::from_micros(after_us));
+            let calls = vec![
+                Call::Acquire {
+                    key: noise("a"),
+                    limit: other,
+                    request: TokenRequest::now(1, 3),
+                },
+                call,
+                Call::Release {
+                    key: noise("r"),
+                    limit: other,
+                    tokens: 4,
+                },
+            ];
+            let mut replies: Vec<_> = store.call_many(calls).collect().await;
+            replies.sort_by_key(|(i, _)| *i);
+            assert_eq!(replies.len(), 3, "case `{name}`: one answer per call");
+            match &replies[0].1 {
+                Ok(Answer::Granted(grant)) => {
+                    assert_eq!((grant.granted, grant.remaining), (3, 7), "case `{name}`")
+                }
+                other => panic!("case `{name}`: the fresh bucket answered {other:?}"),
+            }
+            assert!(
+                matches!(replies[2].1, Ok(Answer::Released)),
+                "case `{name}`"
+            );
+            match (&replies[1].1, step) {
+                (Ok(Answer::Granted(grant)), Acquire { .. }) => answers.push((
+                    grant.granted,
+                    grant.remaining,
+                    grant.refill_in.as_micros() as u64,
+                )),
+                (Ok(Answer::Released), Release { .. }) => {}
+                (other, step) => panic!("case `{name}`: {step:?} answered {other:?}"),
+            }
+        }
+        assert_eq!(answers, expected, "case `{name}` in batches");
+    }
 }
 
 /// Reading a bucket's level: exact values, for a bucket never seen, emptied, refilling and in

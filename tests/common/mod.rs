@@ -46,12 +46,15 @@ pub type Store = MemoryGlobalStore<String, ManualClock>;
 pub type HostLayer<G = Store> =
     HierarchicalThrottleLayer<Job, String, G, MemoryLocalStore<String>, ManualClock, Rejector>;
 
-/// A builder for a host of `Job`s on `clock`, keyed by `Job::key`, costing `Job::cost`.
+/// A builder for a host of `Job`s on `clock`, keyed by `Job::key`, costing `Job::cost`; its
+/// requests wait for the store rather than pass on credit (`ColdStart::Exact`), so that the
+/// lease's paths show in what these tests count (credit has tests of its own).
 pub fn host_builder(
     clock: &ManualClock,
     limit: Limit,
 ) -> Builder<Job, String, Unset, MemoryLocalStore<String>, ManualClock, Rejector> {
     HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .key(|job: &Job| job.key.clone())
         .clock(clock.clone())
         .cost(|job: &Job| job.cost)

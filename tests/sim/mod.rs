@@ -32,8 +32,8 @@ use hierarchical_throttle::clock::{Clock, TokioClock};
 use hierarchical_throttle::local::LocalStore;
 use hierarchical_throttle::quota::{BucketKey, LeaseKey};
 use hierarchical_throttle::{
-    FailurePolicy, HierarchicalThrottleLayer, Limit, MemoryLocalStore, OnRejection, Quota,
-    Rejection, RejectionReason, Shaping,
+    ColdStart, FailurePolicy, HierarchicalThrottleLayer, Limit, MemoryLocalStore, OnRejection,
+    Quota, Rejection, RejectionReason, Shaping,
 };
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -131,6 +131,10 @@ pub struct Scenario {
     /// A second layer, called `other`, on the same store, whose limits are these hot keys'
     /// scaled by `other_scale` (in tenths); half the traffic goes to it.
     pub other_scale: Option<u64>,
+    /// What a host does with a request its lease cannot serve before the store answers.
+    pub cold_start: ColdStart,
+    /// The most global calls in one batch (1: each on its own).
+    pub global_batch: usize,
 }
 
 /// A run-time change of hot-0's quota, at `at`.
@@ -228,6 +232,8 @@ impl Scenario {
             park_for: Duration::ZERO,
             shadow: false,
             other_scale: None,
+            cold_start: ColdStart::Exact,
+            global_batch: 1,
         }
         .draw_more(&mut rng)
     }
@@ -267,6 +273,13 @@ impl Scenario {
         }
         self.shadow = rng.chance(0.05);
         self.other_scale = rng.chance(0.15).then(|| [3, 20][rng.below(2) as usize]);
+        self.cold_start = match rng.below(4) {
+            0 => ColdStart::Exact,
+            n => ColdStart::Credit {
+                share: [0.01, 0.1, 0.5][n as usize - 1],
+            },
+        };
+        self.global_batch = [1, 4, 128][rng.below(3) as usize];
         self
     }
 
@@ -637,6 +650,14 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         return check_shadow(&log_now, &stats);
     }
     let unleased: u64 = stats.iter().map(|st| st.tokens_unleased).sum();
+    // Credit the store never took (its fetch failed, or the key moved tiers) is use the fleet
+    // did not record, like the failure policy's.
+    let uncharged: u64 = match s.cold_start {
+        ColdStart::Exact => 0,
+        _ => stats
+            .iter()
+            .fold(0u64, |sum, st| sum.saturating_add(st.tokens_uncharged)),
+    };
     for group in 0..groups {
         let admitted: Vec<&Admission> = log_now
             .admitted
@@ -649,7 +670,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             &histories[group],
             &admitted,
             &global,
-            unleased,
+            unleased.saturating_add(uncharged),
             grace[group],
         )?;
     }
@@ -709,6 +730,8 @@ fn build_host(
         .lease_ttl(s.lease_ttl)
         .demand_window(10, s.demand_interval)
         .max_reservation(s.max_reservation)
+        .cold_start(s.cold_start)
+        .global_batch(s.global_batch)
         .shaping(s.shaping)
         .shadow(s.shadow)
         .failure_policy(if s.faulty {
@@ -924,7 +947,9 @@ fn traffic(s: &Scenario, rng: &mut Rng) -> Vec<Arrival> {
 /// When responses settle costs, a request that used more than it was charged takes the rest
 /// into debt, which later requests pay: the tokens used by `t` stay within the allowance plus
 /// what was used beyond the charges by `t` (the most the debt can hold). Tokens the failure
-/// policy admitted without a lease (`unleased`, over the whole fleet) are allowed on top.
+/// policy admitted without a lease (`unleased`, over the whole fleet) are allowed on top, and so
+/// is what each host may owe a bucket for credit (`hosts x credit`, by the largest limit the
+/// bucket had).
 fn check_allowance(
     s: &Scenario,
     group: usize,
@@ -952,6 +977,13 @@ fn check_allowance(
                 .and_then(|b| b.in_layer(LAYERS[group]))
                 .expect("a valid name");
             let grace = if history.len() > 1 { grace } else { 0 };
+            let credit = history
+                .iter()
+                .filter_map(|(_, q)| q.get(name))
+                .map(|limit| s.cold_start.credit(limit))
+                .max()
+                .unwrap_or(0);
+            let credit = u128::from(credit) * s.hosts as u128;
             let mut total = 0u128;
             let mut beyond_charges = 0u128;
             for a in &events {
@@ -964,7 +996,8 @@ fn check_allowance(
                     + u128::from(global.forgiven(&bucket))
                     + beyond_charges
                     + u128::from(unleased)
-                    + u128::from(grace);
+                    + u128::from(grace)
+                    + credit;
                 if total > allowed {
                     return Err(format!(
                         "over-admission: {bucket} admitted {total} by {:?}, allowed {allowed} \

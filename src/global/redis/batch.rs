@@ -1,0 +1,198 @@
+//! Many calls in one round trip: one script over all the buckets of a node (on a Cluster, one
+//! per hash slot's tag, all at once), each bucket answered on its own.
+
+use futures_util::stream::{self, FuturesUnordered, Stream, StreamExt};
+use redis::{ErrorKind, RedisError};
+
+use super::{LuaScript, RedisGlobalStore, RedisKey};
+use crate::clock::micros;
+use crate::global::{Answer, Call, Grant};
+use crate::quota::BucketKey;
+
+/// The script: the bucket arithmetic wrapped as an acquire and a release function (their
+/// parameters shadow the script's `KEYS` and `ARGV`), and the loop over the buckets.
+pub(super) const MANY: &str = concat!(
+    "local function acquire(KEYS, ARGV)\n",
+    include_str!("bucket.lua"),
+    include_str!("acquire.lua"),
+    "\nend\nlocal function release(KEYS, ARGV)\n",
+    include_str!("bucket.lua"),
+    include_str!("release.lua"),
+    "\nend\n",
+    include_str!("many.lua"),
+);
+
+/// The calls of one script: their indexes in the batch, whether each acquires, and the
+/// script's keys and arguments.
+struct Group {
+    indexes: Vec<usize>,
+    acquires: Vec<bool>,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
+    /// Answers `calls` as their scripts answer.
+    pub(super) fn run_batch(
+        &self,
+        calls: Vec<Call<BucketKey<K>>>,
+    ) -> impl Stream<Item = (usize, Result<Answer, RedisError>)> + Send + '_ {
+        self.groups(calls)
+            .into_iter()
+            .map(|group| async move {
+                let replies = self.run_group(&group).await;
+                answers(group, replies)
+            })
+            .collect::<FuturesUnordered<_>>()
+            .flat_map(stream::iter)
+    }
+
+    /// The calls by script: all in one on a single node; on a Cluster, by hash tag (the keys
+    /// of one script must share a slot).
+    fn groups(&self, calls: Vec<Call<BucketKey<K>>>) -> Vec<Group> {
+        let mut groups: Vec<(Vec<u8>, Group)> = Vec::new();
+        for (i, call) in calls.into_iter().enumerate() {
+            let (key, limit, op, args) = match call {
+                Call::Acquire {
+                    key,
+                    limit,
+                    request,
+                } => (
+                    key,
+                    limit,
+                    "a",
+                    [request.min, request.want, micros(request.max_delay)],
+                ),
+                Call::Release { key, limit, tokens } => (key, limit, "r", [tokens, 0, 0]),
+            };
+            let redis_key = self.redis_key(&key);
+            let tag = match self.is_cluster() {
+                true => hash_tag(&redis_key).to_vec(),
+                false => Vec::new(),
+            };
+            let at = match groups.iter().position(|(t, _)| *t == tag) {
+                Some(at) => at,
+                None => {
+                    let group = Group {
+                        indexes: Vec::new(),
+                        acquires: Vec::new(),
+                        keys: Vec::new(),
+                        args: Vec::new(),
+                    };
+                    groups.push((tag, group));
+                    groups.len() - 1
+                }
+            };
+            let group = &mut groups[at].1;
+            group.indexes.push(i);
+            group.acquires.push(op == "a");
+            group.keys.push(redis_key);
+            group.args.push(op.as_bytes().to_vec());
+            let numbers = [
+                limit.capacity(),
+                limit.refill_amount(),
+                limit.period_micros(),
+            ];
+            for n in numbers.into_iter().chain(args) {
+                group.args.push(n.to_string().into_bytes());
+            }
+        }
+        groups.into_iter().map(|(_, group)| group).collect()
+    }
+
+    /// Runs one group's script: `EVALSHA`, and `EVAL` when the node does not know it.
+    async fn run_group(&self, group: &Group) -> Result<Vec<Vec<u64>>, RedisError> {
+        let script: &LuaScript = &self.scripts.many;
+        let call = |command: &str, script_arg: &str| {
+            let mut cmd = redis::cmd(command);
+            cmd.arg(script_arg).arg(group.keys.len());
+            for key in &group.keys {
+                cmd.arg(key);
+            }
+            for arg in &group.args {
+                cmd.arg(arg);
+            }
+            if let Some(now) = &self.now_override {
+                cmd.arg(now());
+            }
+            cmd
+        };
+        self.eval(&call("EVALSHA", &script.hash), || {
+            call("EVAL", script.source)
+        })
+        .await
+    }
+}
+
+/// Each call of `group` with its reply, or the script's error.
+fn answers(
+    group: Group,
+    replies: Result<Vec<Vec<u64>>, RedisError>,
+) -> Vec<(usize, Result<Answer, RedisError>)> {
+    let mut replies = match replies {
+        Ok(replies) => replies.into_iter().map(Some).collect(),
+        Err(error) => {
+            return group
+                .indexes
+                .into_iter()
+                .map(|i| (i, Err(error.clone())))
+                .collect();
+        }
+    };
+    let replies: &mut Vec<Option<Vec<u64>>> = &mut replies;
+    group
+        .indexes
+        .into_iter()
+        .zip(group.acquires)
+        .enumerate()
+        .map(|(n, (i, acquire))| {
+            let reply = replies.get_mut(n).and_then(Option::take);
+            (i, answer(acquire, reply))
+        })
+        .collect()
+}
+
+/// One bucket's reply as its call's answer.
+fn answer(acquire: bool, reply: Option<Vec<u64>>) -> Result<Answer, RedisError> {
+    match (acquire, reply.as_deref()) {
+        (true, Some(&[granted, reserved, ready_in, remaining, refill_in])) => {
+            Ok(Answer::Granted(Grant {
+                granted,
+                reserved,
+                ready_in: std::time::Duration::from_micros(ready_in),
+                remaining,
+                refill_in: std::time::Duration::from_micros(refill_in),
+            }))
+        }
+        (false, Some(&[_held])) => Ok(Answer::Released),
+        _ => Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "a batch script's reply does not match its call",
+        ))),
+    }
+}
+
+/// What decides a Redis key's Cluster slot: the text between its first `{` and the next `}`
+/// when that is not empty, else the whole key.
+fn hash_tag(key: &[u8]) -> &[u8] {
+    let Some(open) = key.iter().position(|&b| b == b'{') else {
+        return key;
+    };
+    match key[open + 1..].iter().position(|&b| b == b'}') {
+        Some(0) | None => key,
+        Some(len) => &key[open + 1..open + 1 + len],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hash_tag;
+
+    #[test]
+    fn the_hash_tag_follows_redis_rules() {
+        assert_eq!(hash_tag(b"ht:{k1}:default"), b"k1");
+        assert_eq!(hash_tag(b"ht:{}:x{y}"), b"ht:{}:x{y}");
+        assert_eq!(hash_tag(b"plain"), b"plain");
+        assert_eq!(hash_tag(b"a{b"), b"a{b");
+    }
+}

@@ -1,0 +1,178 @@
+//! Credit for cold keys ([`ColdStart::Credit`], the default): a request the host holds no
+//! tokens for is decided at once, without waiting for a store a network hop away, and charged
+//! behind the response; a fleet admits at most `capacity + rate x t + hosts x credit` per
+//! bucket, and the debt of a credit is paid before the key is admitted again.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Fault, FaultyStore};
+use hierarchical_throttle::clock::TokioClock;
+use hierarchical_throttle::global::GlobalStore;
+use hierarchical_throttle::quota::BucketKey;
+use hierarchical_throttle::{
+    ColdStart, ConfigError, FailurePolicy, HierarchicalThrottleLayer, Limit, MemoryGlobalStore,
+    MemoryLocalStore,
+};
+use tokio::time::Instant;
+
+type Store = FaultyStore<MemoryGlobalStore<String, TokioClock>>;
+
+fn slow_store(delay: Duration) -> Store {
+    let store = FaultyStore::new(MemoryGlobalStore::with_clock(TokioClock::new()));
+    store.delay(delay);
+    store
+}
+
+fn host(
+    store: &Store,
+    limit: Limit,
+    cold_start: ColdStart,
+) -> HierarchicalThrottleLayer<String, String, Store, MemoryLocalStore<String>, TokioClock> {
+    HierarchicalThrottleLayer::builder()
+        .key(|k: &String| Some(k.clone()))
+        .limit(limit)
+        .clock(TokioClock::new())
+        .cold_start(cold_start)
+        .global_store(store.clone())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cold_key_is_decided_at_once_and_an_exact_host_waits_for_the_store() {
+    let store = slow_store(Duration::from_millis(5));
+    let limit = Limit::per_second(100).burst(100).unwrap();
+    let credit = host(&store, limit, ColdStart::default());
+    let start = Instant::now();
+    assert!(credit.acquire("k".to_owned(), 1).await.is_ok());
+    assert_eq!(start.elapsed(), Duration::ZERO, "no round trip");
+    assert_eq!(credit.stats().admitted_on_credit, 1);
+
+    let exact = host(&store, limit, ColdStart::Exact);
+    let start = Instant::now();
+    assert!(exact.acquire("other".to_owned(), 1).await.is_ok());
+    assert_eq!(start.elapsed(), Duration::from_millis(5), "one round trip");
+    assert_eq!(exact.stats().admitted_on_credit, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_batch_of_a_credited_request_pays_for_it() {
+    let store = slow_store(Duration::from_millis(5));
+    let limit = Limit::per_second(100).burst(100).unwrap();
+    let layer = host(&store, limit, ColdStart::default());
+    assert!(layer.acquire("k".to_owned(), 1).await.is_ok());
+    // The fetch the credit started has answered: its batch paid the token and filled the lease.
+    tokio::time::sleep(Duration::from_millis(6)).await;
+    let bucket = BucketKey::new("k".to_owned(), "default").unwrap();
+    let level = store.level(&bucket, &limit).await.unwrap();
+    let leased = layer.stats().tokens_leased;
+    assert!(leased >= 1, "a batch came");
+    assert_eq!(
+        level.tokens,
+        100 - leased,
+        "the store dispensed what the host holds"
+    );
+    let held: u64 = layer.remaining("k")[0].tokens;
+    // The host's view: the global level and its lease, less the token it used.
+    assert_eq!(held, 99);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fleet_on_an_exhausted_key_over_admits_at_most_its_credit_and_pays_it_back() {
+    let store = slow_store(Duration::from_millis(2));
+    // 10 a second, burst 10: one token every 100 ms.
+    let limit = Limit::per_second(10).burst(10).unwrap();
+    let hosts: Vec<_> = (0..4)
+        .map(|_| host(&store, limit, ColdStart::default()))
+        .collect();
+    // Host 0 takes the whole burst (its first request on credit, the rest waiting for batches).
+    let mut admitted = 0;
+    for _ in 0..10 {
+        admitted += u64::from(hosts[0].acquire("k".to_owned(), 1).await.is_ok());
+    }
+    assert_eq!(admitted, 10);
+    // The three other hosts know nothing yet: each admits one request on credit, charged into
+    // debt, and is refused after.
+    for host in &hosts[1..] {
+        for _ in 0..3 {
+            admitted += u64::from(host.acquire("k".to_owned(), 1).await.is_ok());
+        }
+    }
+    let credit = ColdStart::default().credit(&limit);
+    assert_eq!(
+        admitted,
+        10 + 3 * credit,
+        "capacity and a credit per other host"
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let bucket = BucketKey::new("k".to_owned(), "default").unwrap();
+    let level = store.level(&bucket, &limit).await.unwrap();
+    assert_eq!(level.tokens, 0);
+    // The debt (3 tokens) and the next token: 400 ms from the start, less the time gone by.
+    assert!(
+        level.next_in > Duration::from_millis(300),
+        "the debt is owed: {level:?}"
+    );
+    for host in &hosts {
+        assert!(host.acquire("k".to_owned(), 1).await.is_err(), "debt first");
+    }
+    let stats: Vec<_> = hosts.iter().map(|h| h.stats()).collect();
+    assert_eq!(stats.iter().map(|s| s.tokens_uncharged).sum::<u64>(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn credit_whose_charge_fails_is_counted_and_the_store_back_off_stops_more_credit() {
+    let store = slow_store(Duration::from_millis(2));
+    store.set(Fault::Error);
+    let limit = Limit::per_second(100).burst(100).unwrap();
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|k: &String| Some(k.clone()))
+        .limit(limit)
+        .clock(TokioClock::new())
+        .failure_policy(FailurePolicy::Reject)
+        .global_store(store.clone())
+        .build()
+        .unwrap();
+    assert!(layer.acquire("k".to_owned(), 1).await.is_ok(), "on credit");
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    let stats = layer.stats();
+    assert_eq!((stats.admitted_on_credit, stats.tokens_uncharged), (1, 1));
+    // The store backs off: the failure policy decides (here: refuses), not credit.
+    assert!(layer.acquire("other".to_owned(), 1).await.is_err());
+    assert_eq!(layer.stats().admitted_on_credit, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_costing_more_than_the_credit_waits_for_its_batch() {
+    let store = slow_store(Duration::from_millis(5));
+    let limit = Limit::per_second(100).burst(100).unwrap();
+    let layer = host(&store, limit, ColdStart::Credit { share: 0.05 });
+    let start = Instant::now();
+    assert!(layer.acquire("k".to_owned(), 6).await.is_ok());
+    assert_eq!(start.elapsed(), Duration::from_millis(5));
+    assert!(layer.acquire("k2".to_owned(), 5).await.is_ok());
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_millis(5),
+        "within the credit"
+    );
+}
+
+#[test]
+fn a_credit_share_outside_zero_to_one_is_a_configuration_error() {
+    let built = HierarchicalThrottleLayer::builder()
+        .key(|k: &String| Some(k.clone()))
+        .limit(Limit::per_second(10).burst(10).unwrap())
+        .cold_start(ColdStart::Credit { share: 1.5 })
+        .global_store(MemoryGlobalStore::new())
+        .build();
+    assert!(matches!(
+        built,
+        Err(ConfigError::InvalidSetting {
+            setting: "cold_start",
+            ..
+        })
+    ));
+}
