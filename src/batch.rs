@@ -100,6 +100,11 @@ pub struct BatchContext<'a> {
     pub demand: &'a [u32],
     /// The number of intervals the throttle is configured to weigh.
     pub intervals: usize,
+    /// Tokens the lease may keep past its time-to-live: a sixteenth of the capacity (at least
+    /// one token) while the global bucket held at least half its capacity at the last answer,
+    /// none once the key is near its limit. [`WeightedDemand`] asks for at least this, so that
+    /// a slow key fetches a few requests' worth at a time rather than one token.
+    pub keep: u64,
 }
 
 /// Sizes the batch a host asks for. The throttle clamps the answer to at least
@@ -110,13 +115,14 @@ pub trait BatchPolicy: Send + Sync + 'static {
 }
 
 /// The default: the linearly weighted average of the tokens served per interval over the last
-/// `intervals` intervals ([`weighted_average`]), so a batch lasts about one interval.
+/// `intervals` intervals ([`weighted_average`]), so a batch lasts about one interval; and at
+/// least what the lease may keep ([`BatchContext::keep`]) while the key is far from its limit.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WeightedDemand;
 
 impl BatchPolicy for WeightedDemand {
     fn batch_size(&self, cx: &BatchContext<'_>) -> u64 {
-        weighted_average(cx.demand, cx.intervals)
+        weighted_average(cx.demand, cx.intervals).max(cx.keep)
     }
 }
 

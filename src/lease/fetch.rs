@@ -96,6 +96,9 @@ pub(crate) struct Plan {
     pub(crate) needed: u64,
     /// Tokens the lease has room for, and what it owes.
     pub(crate) room: u64,
+    /// The least worth asking for: what the lease may keep, while the global bucket is at
+    /// least half full (a slow key then fetches a few requests' worth, not one token).
+    pub(crate) keep: u64,
     pub(crate) demand: [u32; MAX_DEMAND_INTERVALS],
 }
 
@@ -203,7 +206,7 @@ impl LocalBucket {
         let cold = self.cold();
         let owed = u64::from(cold.owed).saturating_add(lacking);
         let credit = credit.min(u64::from(u32::MAX));
-        let blocked = cold.charging || now < cold.credit_after || !cold.waiters.is_empty();
+        let blocked = now < cold.credit_after || !cold.waiters.is_empty();
         if owed > credit || blocked {
             return false;
         }
@@ -244,9 +247,14 @@ impl LocalBucket {
         }
         let mut demand = [0; MAX_DEMAND_INTERVALS];
         demand.copy_from_slice(self.cold().demand.recent());
+        let keep = match self.cold().global_left {
+            super::NO_ANSWER => super::keep_of(limit),
+            _ => self.cold().keep,
+        };
         Some(Plan {
             needed,
             room,
+            keep: u64::from(keep),
             demand,
         })
     }
@@ -297,7 +305,7 @@ impl LocalBucket {
             .as_deref_mut()
             .map_or(0, |c| u64::from(std::mem::take(&mut c.owed)));
         if settled.unpaid > 0 {
-            self.cold_mut().charging = true;
+            self.cold_mut().credit_after = super::CHARGING;
         }
         self.release_pending(now);
         let throttled = now < self.cold().next_token_at;

@@ -17,7 +17,7 @@ use crate::limit::Limit;
 use crate::quota::Name;
 
 use fallback::Fallback;
-pub(crate) use fetch::{FetchOutcome, Miss, Settled, Verdict, Waiter};
+pub(crate) use fetch::{FetchOutcome, Miss, Plan, Settled, Verdict, Waiter};
 use reserved::Reserved;
 
 /// One key's state on one host. Its fields are the throttle's; a
@@ -68,12 +68,14 @@ struct Cold {
     /// Tokens admitted on credit (before the global store answered) that no answer has paid
     /// for yet: at most the credit, and only while a fetch or a debt charge is under way.
     owed: u32,
-    /// The tokens an answer could not pay are being charged into debt: no credit until then.
-    charging: bool,
-    /// No credit before then (clock micros): the last answer that found the global bucket
-    /// short, plus its wait, counted from when the answer came rather than when the call was
-    /// sent, so that a credit never lands on a debt the store has not recovered yet.
+    /// No credit before then (clock micros): the last answer for credit that found the global
+    /// bucket short, plus its wait, counted from when the answer came rather than when the
+    /// call was sent, so that a credit never lands on a debt the store has not recovered yet;
+    /// [`CHARGING`] while what an answer could not pay is being charged. 0: none.
     credit_after: u64,
+    /// Leased tokens the bucket may keep past the lease time-to-live: some when the global
+    /// bucket held at least half its capacity at the last answer, none when it did not.
+    keep: u32,
     /// Which limit (a hash of its name and shape) this bucket was last used for.
     shape: u32,
     /// The global bucket whose tokens the lease holds (its limit's name's [id](Name::id); 0
@@ -99,8 +101,8 @@ impl Cold {
         reserved: Reserved::NONE,
         fallback: None,
         owed: 0,
-        charging: false,
         credit_after: 0,
+        keep: 0,
         shape: 0,
         dispenser: 0,
         global_left: NO_ANSWER,
@@ -112,13 +114,37 @@ impl Cold {
     fn is_idle(&self, now: u64, interval: u64) -> bool {
         self.waiters.is_empty()
             && self.owed == 0
-            && !self.charging
             && self.credit_after == 0
             && self.reserved.is_empty()
             && self.fallback.as_ref().is_none_or(|f| f.is_full_at(now))
             && now >= self.quiet_at
             && self.demand.is_idle(interval)
     }
+}
+
+/// [`Cold::credit_after`] while a credit is being charged: no credit until the charge ends.
+pub(crate) const CHARGING: u64 = u64::MAX;
+
+/// A host keeps at most this share of a bucket's capacity past the lease time-to-live, and
+/// asks for at least that much in a batch, while the bucket is at least half full.
+const KEEP_SHARE: u64 = 16;
+
+/// A kept lease that nothing uses goes back after this many lease times-to-live all the same.
+const KEEP_TTLS: u64 = 10;
+
+/// What a bucket may keep past its lease time-to-live, after an answer that left `remaining`
+/// tokens in the global bucket of `limit`: a sixteenth of the capacity (at least one token)
+/// while at least half of it is left; nothing once the key is close to its limit.
+fn keep_after(remaining: u64, limit: &Limit) -> u32 {
+    match remaining.saturating_mul(2) >= limit.capacity() {
+        true => keep_of(limit),
+        false => 0,
+    }
+}
+
+/// A sixteenth of `limit`'s capacity, at least one token.
+fn keep_of(limit: &Limit) -> u32 {
+    u32::try_from((limit.capacity() / KEEP_SHARE).max(1)).unwrap_or(u32::MAX)
 }
 
 /// [`Cold::global_left`] before the global store has answered.
@@ -194,7 +220,7 @@ impl LocalBucket {
     /// bucket must not be evicted (a bucket made afresh would give credit again).
     pub fn is_fetching(&self) -> bool {
         let cold = self.cold();
-        self.fetching || cold.charging || cold.credit_after > 0
+        self.fetching || cold.credit_after > 0
     }
 
     /// Marks the bucket as used; see [`take_used_mark`](Self::take_used_mark).
@@ -258,9 +284,10 @@ impl LocalBucket {
         let cold = self.cold_mut();
         cold.next_token_at = next_token_at;
         // An answer for credit (a batch paying it, or its charge) that finds the bucket short.
-        if !grant.refill_in.is_zero() && (cold.owed > 0 || cold.charging) {
+        if !grant.refill_in.is_zero() && (cold.owed > 0 || cold.credit_after == CHARGING) {
             cold.credit_after = now.saturating_add(micros(grant.refill_in));
         }
+        cold.keep = keep_after(grant.remaining, limit);
         cold.global_left = grant.remaining.min(NO_ANSWER - 1);
         cold.global_seen_at = now;
         cold.quiet_at = global_full_at(grant.remaining, next_token_at, now, limit);
@@ -289,8 +316,10 @@ impl LocalBucket {
     /// Ends the charge of what an answer could not pay (see [`Settled::unpaid`]): credit may be
     /// given again once the key is not known to be short.
     pub(crate) fn end_charge(&mut self) {
-        if let Some(cold) = self.cold.as_deref_mut() {
-            cold.charging = false;
+        if let Some(cold) = self.cold.as_deref_mut()
+            && cold.credit_after == CHARGING
+        {
+            cold.credit_after = 0;
         }
     }
 
@@ -478,12 +507,22 @@ impl LocalBucket {
         if self.unrecorded > 0 {
             self.record_demand(now, interval);
         }
-        if now.saturating_sub(self.cold().leased_at) < ttl {
+        let unused_for = now.saturating_sub(self.cold().leased_at);
+        if unused_for < ttl {
             return 0;
         }
-        self.low_water = 0;
-        let expired = std::mem::take(&mut self.tokens);
-        self.shed_if_idle(now, interval);
+        // A small lease of a key far from its limit stays (a while), so that a slow key is not
+        // handed back and fetched again every time-to-live.
+        let keep = match unused_for < ttl.saturating_mul(KEEP_TTLS) {
+            true => u64::from(self.cold().keep),
+            false => 0,
+        };
+        let expired = self.tokens.saturating_sub(keep);
+        self.tokens -= expired;
+        if self.tokens == 0 {
+            self.low_water = 0;
+            self.shed_if_idle(now, interval);
+        }
         expired
     }
 

@@ -531,3 +531,58 @@ fn a_bucket_that_moves_tiers_drops_its_credit_as_uncharged() {
     assert_eq!(reshaped.uncharged, 1);
     assert_eq!(b.owed(), 0);
 }
+
+/// An answer granting `granted` tokens that left `remaining` in the global bucket.
+fn grant_leaving(granted: u64, remaining: u64) -> FetchOutcome {
+    FetchOutcome::Granted {
+        grant: Grant {
+            granted,
+            reserved: 0,
+            ready_in: Duration::ZERO,
+            remaining,
+            refill_in: Duration::ZERO,
+        },
+        sent_at: 0,
+        from: Name::intern("default"),
+        shape: 0,
+    }
+}
+
+#[test]
+fn a_key_far_from_its_limit_asks_for_what_its_lease_may_keep() {
+    let limit = Limit::per_second(160).burst(160).unwrap();
+    let mut b = LocalBucket::default();
+    // Never answered: the global bucket starts full, so a sixteenth of it.
+    assert_eq!(b.plan(0, 0, &limit).unwrap().keep, 10);
+    b.settle(&grant_leaving(10, 150), 0, 0, &limit);
+    b.take_up_to(10);
+    assert_eq!(b.plan(0, 0, &limit).unwrap().keep, 10);
+    // Near its limit (under half left): only what demand asks for.
+    b.settle(&grant_leaving(5, 79), 0, 0, &limit);
+    b.take_up_to(5);
+    assert_eq!(b.plan(0, 0, &limit).unwrap().keep, 0);
+}
+
+#[test]
+fn a_small_lease_of_a_key_far_from_its_limit_outlives_its_ttl_for_a_while() {
+    let limit = Limit::per_second(160).burst(160).unwrap();
+    let ttl = 1_000_000;
+    let mut b = LocalBucket::default();
+    b.settle(&grant_leaving(25, 135), 0, 0, &limit);
+    assert_eq!(b.take_expired(ttl - 1, ttl, 0), 0);
+    // Past its time-to-live, all but a sixteenth of the capacity goes back...
+    assert_eq!(b.take_expired(ttl, ttl, 0), 15);
+    assert_eq!(b.leased_tokens(), 10);
+    // ...and the rest once unused for ten times-to-live.
+    assert_eq!(b.take_expired(10 * ttl - 1, ttl, 0), 0);
+    assert_eq!(b.take_expired(10 * ttl, ttl, 0), 10);
+}
+
+#[test]
+fn a_lease_of_a_key_near_its_limit_goes_back_whole_at_its_ttl() {
+    let limit = Limit::per_second(160).burst(160).unwrap();
+    let ttl = 1_000_000;
+    let mut b = LocalBucket::default();
+    b.settle(&grant_leaving(25, 40), 0, 0, &limit);
+    assert_eq!(b.take_expired(ttl, ttl, 0), 25);
+}

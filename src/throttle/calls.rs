@@ -22,7 +22,10 @@ pub(crate) struct CallQueue<K> {
 }
 
 /// A queued call, and where its answer goes.
-type Pending<K> = (Call<BucketKey<K>>, oneshot::Sender<Result<Answer, CallFailure>>);
+type Pending<K> = (
+    Call<BucketKey<K>>,
+    oneshot::Sender<Result<Answer, CallFailure>>,
+);
 
 struct Queue<K> {
     pending: Vec<Pending<K>>,

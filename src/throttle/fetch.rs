@@ -10,7 +10,7 @@ use tracing::Instrument;
 use crate::batch::BatchContext;
 
 use crate::global::{Answer, Call};
-use crate::lease::{FetchOutcome, Settled, Verdict, Waiter};
+use crate::lease::{FetchOutcome, Plan, Settled, Verdict, Waiter};
 use crate::limit::Limit;
 use crate::throttle::calls::CallFailure;
 use crate::throttle::settle::Owed;
@@ -62,7 +62,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         if !self.health.is_up(now) {
             return FetchOutcome::Failed;
         }
-        let batch = self.batch_size(&limit, plan.needed, &plan.demand);
+        let batch = self.batch_size(&limit, &plan);
         let request = plan.request(batch, self.config.max_reservation);
         self.stats.global_calls.incr();
         let span = tracing::debug_span!(
@@ -129,16 +129,17 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     }
 
     /// The batch policy's answer; a policy that panics asks for what the waiters need.
-    pub(super) fn batch_size(&self, limit: &Limit, needed: u64, demand: &[u32]) -> u64 {
+    pub(super) fn batch_size(&self, limit: &Limit, plan: &Plan) -> u64 {
         let cx = BatchContext {
             limit,
-            needed,
-            demand,
+            needed: plan.needed,
+            demand: &plan.demand,
             intervals: self.config.demand_intervals,
+            keep: plan.keep,
         };
         catch_unwind(AssertUnwindSafe(|| self.batch.batch_size(&cx))).unwrap_or_else(|_| {
             tracing::debug!("the batch policy panicked; asking for what the waiters need");
-            needed
+            plan.needed
         })
     }
 

@@ -637,6 +637,9 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         layer.return_unused_leases().await;
     }
 
+    if s.change.is_none() {
+        check_stranded(every_layer().enumerate(), s.hosts, &quotas)?;
+    }
     let log_now = std::mem::take(&mut *log.lock().unwrap());
     if let Some(first) = log_now.late.first() {
         return Err(format!(
@@ -1115,6 +1118,38 @@ fn check_conservation<'a>(
              {unleased} != used {used} + returned {returned} + held {held} + lost {lost} + \
              forfeited {forfeited}"
         ));
+    }
+    Ok(())
+}
+
+/// Leases unused past their time-to-live go back: a host keeps at most a sixteenth of a
+/// bucket's capacity (at least one token) of a key far from its limit, so what hosts keep
+/// strands at most that per host.
+fn check_stranded<'a>(
+    layers: impl Iterator<Item = (usize, &'a Host)>,
+    hosts: usize,
+    quotas: &[Quotas],
+) -> Result<(), String> {
+    for (n, layer) in layers {
+        let quotas = quotas[n / hosts].lock().unwrap().clone();
+        let mut stranded = None;
+        layer.local_store().for_each_bucket(|id, b| {
+            let keep = quotas[id.key()]
+                .iter()
+                .map(|(_, limit)| (limit.capacity() / 16).max(1))
+                .max()
+                .unwrap_or(1);
+            if b.leased_tokens() > keep {
+                stranded = Some(format!(
+                    "{} holds {} unused tokens past the lease time-to-live (keeps {keep} at most)",
+                    id.key(),
+                    b.leased_tokens()
+                ));
+            }
+        });
+        if let Some(stranded) = stranded {
+            return Err(stranded);
+        }
     }
     Ok(())
 }
