@@ -1,17 +1,20 @@
-//! Run with: cargo run --release -p hierarchical-throttle-bench --example e2e_server -- MODE PORT
+//! Run with: cargo run --release -p hierarchical-throttle-bench --example e2e_server -- MODE PORT [LIMIT]
 //!
 //! The axum app of `examples/axum.rs` (one route, keyed by `x-api-key`), served on
-//! 127.0.0.1:PORT in one of five modes, for `scripts/bench-e2e.sh` to load in turn:
+//! 127.0.0.1:PORT in one of six modes, for `scripts/bench-e2e.sh` to load in turn:
 //!
 //! - `none`: no throttle;
 //! - `memory`: this crate with `MemoryGlobalStore`;
-//! - `redis`: this crate with `RedisGlobalStore` (`REDIS_URL`);
+//! - `redis`: this crate with `RedisGlobalStore` (`REDIS_URL`), configured as the README's lead
+//!   example (a borrowed header key, every other setting its default);
+//! - `redis-exact`: the same with `ColdStart::Exact` (no credit: a request this host holds no
+//!   tokens for waits for Redis);
 //! - `governor`: `tower_governor`, per-host GCRA;
 //! - `redis-per-request`: a Redis Lua token bucket asked on every request, as a plain axum
 //!   middleware (what the usual Redis rate limiters do).
 //!
-//! Every mode's limit is far above the load: this measures what throttling costs, not what it
-//! refuses.
+//! Each key's limit is `LIMIT` per second with a burst of `LIMIT` (default: far above the load,
+//! to measure what throttling costs, not what it refuses).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,7 +26,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use hierarchical_throttle::global::redis::RedisGlobalStore;
-use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
+use hierarchical_throttle::{ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
 use http::StatusCode;
 use redis::aio::ConnectionManager;
 use tower_governor::GovernorLayer;
@@ -40,19 +43,40 @@ async fn main() -> Result<(), Error> {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "none".into());
     let port: u16 = args.next().unwrap_or_else(|| "3000".into()).parse()?;
+    let rate: u64 = args.next().map_or(Ok(RATE), |r| r.parse())?;
     let app = Router::new().route("/", get(|| async { "hello\n" }));
+    let redis = || async {
+        let url = redis_url()?;
+        Ok::<_, Error>(RedisGlobalStore::<key::CompactKey>::connect(&url).await?)
+    };
     let app = match mode.as_str() {
         "none" => app,
-        "memory" => app.layer(throttle(MemoryGlobalStore::new())?),
-        "redis" => app.layer(throttle(
-            RedisGlobalStore::<String>::connect(&redis_url()?).await?,
+        "memory" => app.layer(throttle(
+            MemoryGlobalStore::new(),
+            rate,
+            ColdStart::default(),
         )?),
-        "governor" => app.layer(governor()?),
+        "redis" => {
+            let layer = throttle(redis().await?, rate, ColdStart::default())?;
+            if std::env::var_os("E2E_STATS").is_some() {
+                let layer = layer.clone();
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        eprintln!("{:?}", layer.stats());
+                    }
+                });
+            }
+            app.layer(layer)
+        }
+        "redis-exact" => app.layer(throttle(redis().await?, rate, ColdStart::Exact)?),
+        "governor" => app.layer(governor(rate)?),
         "redis-per-request" => {
             let redis = ConnectionManager::new(redis::Client::open(redis_url()?)?).await?;
             let limiter = Arc::new(PerRequestRedis {
                 redis,
                 script: redis::Script::new(PER_REQUEST_BUCKET),
+                rate,
             });
             app.layer(middleware::from_fn_with_state(limiter, per_request_redis))
         }
@@ -70,13 +94,21 @@ fn redis_url() -> Result<String, Error> {
 
 fn throttle<G>(
     global: G,
-) -> Result<HierarchicalThrottleLayer<Request, String, G>, hierarchical_throttle::ConfigError>
+    rate: u64,
+    cold_start: ColdStart,
+) -> Result<
+    HierarchicalThrottleLayer<Request, key::CompactKey, G>,
+    hierarchical_throttle::ConfigError,
+>
 where
-    G: hierarchical_throttle::global::GlobalStore<hierarchical_throttle::quota::BucketKey<String>>,
+    G: hierarchical_throttle::global::GlobalStore<
+            hierarchical_throttle::quota::BucketKey<key::CompactKey>,
+        >,
 {
     HierarchicalThrottleLayer::builder()
-        .key(|req: &Request| key::header_value(req, "x-api-key"))
-        .limit(Limit::per_second(RATE).burst(RATE)?)
+        .key_ref(|req: &Request| key::header_bytes(req, "x-api-key"))
+        .limit(Limit::per_second(rate).burst(rate)?)
+        .cold_start(cold_start)
         .global_store(global)
         .build()
 }
@@ -93,7 +125,9 @@ impl KeyExtractor for ApiKey {
     }
 }
 
-fn governor() -> Result<
+fn governor(
+    rate: u64,
+) -> Result<
     GovernorLayer<
         ApiKey,
         governor::middleware::NoOpMiddleware<governor::clock::QuantaInstant>,
@@ -102,8 +136,8 @@ fn governor() -> Result<
     Error,
 > {
     let config = GovernorConfigBuilder::default()
-        .per_nanosecond(1_000_000_000 / RATE)
-        .burst_size(RATE as u32)
+        .per_nanosecond(1_000_000_000 / rate)
+        .burst_size(u32::try_from(rate)?)
         .key_extractor(ApiKey)
         .finish()
         .ok_or("invalid governor config")?;
@@ -132,6 +166,7 @@ return allowed
 struct PerRequestRedis {
     redis: ConnectionManager,
     script: redis::Script,
+    rate: u64,
 }
 
 async fn per_request_redis(
@@ -146,8 +181,8 @@ async fn per_request_redis(
     let allowed: Result<i64, _> = limiter
         .script
         .key(format!("per-request:{{{key}}}"))
-        .arg(RATE)
-        .arg(RATE)
+        .arg(limiter.rate)
+        .arg(limiter.rate)
         .invoke_async(&mut redis)
         .await;
     match allowed {

@@ -219,8 +219,17 @@ impl LocalBucket {
     }
 
     /// What the fetch in flight should ask for, or `None` when nothing should be asked (the key
-    /// is throttled, or the lease is full).
-    pub(crate) fn plan(&mut self, now: u64, interval: u64, limit: &Limit) -> Option<Plan> {
+    /// is throttled, or the lease is full). With `reserving` (the store may reserve ahead), a
+    /// key over its limit whose reserved tokens have all come asks for the next ones at once,
+    /// before its next token is due: the store reserves them beyond those owed, so its
+    /// requests go on being refused from the cache rather than waiting for a batch.
+    pub(crate) fn plan(
+        &mut self,
+        now: u64,
+        interval: u64,
+        limit: &Limit,
+        reserving: bool,
+    ) -> Option<Plan> {
         self.release_pending(now);
         self.record_demand(now, interval);
         self.cold_mut().waiters.retain(|w| !w.is_gone());
@@ -230,7 +239,9 @@ impl LocalBucket {
             .waiters
             .iter()
             .fold(owed, |sum, w| sum.saturating_add(w.cost));
-        if now < self.cold().next_token_at {
+        let cold = self.cold();
+        let reserve_next = reserving && cold.reserved.is_empty() && needed == 0;
+        if now < cold.next_token_at && !reserve_next {
             // No prefetch either until a batch comes: each would be skipped again.
             self.low_water = 0;
             return None;

@@ -210,6 +210,11 @@ impl LocalBucket {
         self.tokens.saturating_add(self.cold().reserved.total())
     }
 
+    /// Leased tokens usable now: without those reserved ahead, which fall due later.
+    pub fn usable_tokens(&self) -> u64 {
+        self.tokens
+    }
+
     /// Requests waiting for the batch being fetched.
     pub fn waiting(&self) -> usize {
         self.cold().waiters.len()

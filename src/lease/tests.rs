@@ -104,7 +104,7 @@ fn one_fetch_per_key_and_everyone_waits_for_it() {
     let (first, _a) = queue(&mut b, 1, 0);
     let (second, _b) = queue(&mut b, 2, 0);
     assert_eq!((first, second), (Miss::StartFetch, Miss::Joined));
-    let plan = b.plan(0, 0, &limit()).unwrap();
+    let plan = b.plan(0, 0, &limit(), false).unwrap();
     assert_eq!((plan.needed, plan.room), (3, 10));
     assert_eq!(plan.request(0, Duration::ZERO).want, 3);
 }
@@ -177,12 +177,12 @@ fn reserved_tokens_are_used_only_once_due() {
 fn a_full_grant_keeps_late_joiners_for_the_next_batch() {
     let mut b = LocalBucket::default();
     let (_, _a) = queue(&mut b, 1, 0);
-    b.plan(0, 0, &limit());
+    b.plan(0, 0, &limit(), false);
     let (_, _b) = queue(&mut b, 1, 0);
     let settled = b.settle(&grant(1, 0, 0, 0), 0, 0, &limit());
     assert_eq!(verdicts(&settled), vec![(1, Verdict::Admitted)]);
     assert!(settled.refetch && b.is_fetching());
-    assert_eq!(b.plan(0, 0, &limit()).map(|p| p.needed), Some(1));
+    assert_eq!(b.plan(0, 0, &limit(), false).map(|p| p.needed), Some(1));
 }
 
 #[test]
@@ -227,7 +227,7 @@ fn a_waiter_that_went_away_takes_nothing() {
     let (_, gone) = queue(&mut b, 4, 0);
     let (_, _stays) = queue(&mut b, 1, 0);
     drop(gone);
-    assert_eq!(b.plan(0, 0, &limit()).map(|p| p.needed), Some(1));
+    assert_eq!(b.plan(0, 0, &limit(), false).map(|p| p.needed), Some(1));
     let settled = b.settle(&grant(5, 0, 0, 0), 0, 0, &limit());
     assert_eq!(verdicts(&settled), vec![(1, Verdict::Admitted)]);
     assert_eq!(b.leased_tokens(), 4);
@@ -289,7 +289,7 @@ fn a_lease_filled_by_refunds_serves_what_it_can_and_asks_for_the_rest() {
     assert_eq!(first, Miss::StartFetch);
     b.give_back(12);
     assert!(
-        b.plan(0, 0, &limit).is_none(),
+        b.plan(0, 0, &limit, false).is_none(),
         "a full lease asks for nothing"
     );
     let settled = b.settle(&FetchOutcome::Skipped, 0, 0, &limit);
@@ -297,7 +297,7 @@ fn a_lease_filled_by_refunds_serves_what_it_can_and_asks_for_the_rest() {
     assert_eq!(verdicts, [Verdict::Admitted, Verdict::Admitted]);
     assert!(settled.refetch, "the third waits for a batch");
     assert_eq!(b.waiting(), 1);
-    assert_eq!(b.plan(0, 0, &limit).map(|p| p.needed), Some(5));
+    assert_eq!(b.plan(0, 0, &limit, false).map(|p| p.needed), Some(5));
 }
 
 #[test]
@@ -391,7 +391,7 @@ fn a_waiter_costing_more_than_a_lowered_limit_is_refused_not_kept() {
     let (_, _rx) = queue(&mut b, 3, 0);
     let lower = Limit::per_second(2).burst(2).unwrap();
     assert!(
-        b.plan(0, 0, &lower).is_none(),
+        b.plan(0, 0, &lower, false).is_none(),
         "the lease is full under the new limit"
     );
     let settled = b.settle(&FetchOutcome::Skipped, 0, 0, &lower);
@@ -421,7 +421,7 @@ fn a_cold_bucket_admits_on_credit_and_its_batch_pays_first() {
     // The credit is spent: the next request waits for the batch, which asks for both.
     let (miss, _rx) = on_credit(&mut b, 1, 0, 1);
     assert_eq!(miss, Miss::Joined);
-    let plan = b.plan(0, 0, &limit()).unwrap();
+    let plan = b.plan(0, 0, &limit(), false).unwrap();
     assert_eq!(plan.needed, 2);
     assert_eq!(plan.room, 11, "the lease's room and what it owes");
     let settled = b.settle(&grant(5, 0, 0, 0), 0, 0, &limit());
@@ -553,14 +553,14 @@ fn a_key_far_from_its_limit_asks_for_what_its_lease_may_keep() {
     let limit = Limit::per_second(160).burst(160).unwrap();
     let mut b = LocalBucket::default();
     // Never answered: the global bucket starts full, so a sixteenth of it.
-    assert_eq!(b.plan(0, 0, &limit).unwrap().keep, 10);
+    assert_eq!(b.plan(0, 0, &limit, false).unwrap().keep, 10);
     b.settle(&grant_leaving(10, 150), 0, 0, &limit);
     b.take_up_to(10);
-    assert_eq!(b.plan(0, 0, &limit).unwrap().keep, 10);
+    assert_eq!(b.plan(0, 0, &limit, false).unwrap().keep, 10);
     // Near its limit (under half left): only what demand asks for.
     b.settle(&grant_leaving(5, 79), 0, 0, &limit);
     b.take_up_to(5);
-    assert_eq!(b.plan(0, 0, &limit).unwrap().keep, 0);
+    assert_eq!(b.plan(0, 0, &limit, false).unwrap().keep, 0);
 }
 
 #[test]
@@ -585,4 +585,25 @@ fn a_lease_of_a_key_near_its_limit_goes_back_whole_at_its_ttl() {
     let mut b = LocalBucket::default();
     b.settle(&grant_leaving(25, 40), 0, 0, &limit);
     assert_eq!(b.take_expired(ttl, ttl, 0), 25);
+}
+
+#[test]
+fn a_key_over_its_limit_asks_for_its_next_reservation_once_the_last_has_come() {
+    let limit = limit(); // 10 per second
+    let mut b = LocalBucket::default();
+    // Nothing there; 3 tokens reserved, due in 300 ms; the next free token in 400 ms.
+    b.settle(&grant(0, 3, 300, 400), 0, 0, &limit);
+    assert!(
+        b.plan(100_000, 0, &limit, true).is_none(),
+        "tokens still reserved"
+    );
+    assert_eq!(b.take_leased(1), Hit::Short);
+    // The tranche comes and is used up: the next reservation is asked for at once, before
+    // the next token is due (without reservations, nothing would be asked until then).
+    b.known_short(1, 300_000, &limit);
+    for _ in 0..3 {
+        assert_ne!(b.take_leased(1), Hit::Short);
+    }
+    assert!(b.plan(300_000, 0, &limit, false).is_none());
+    assert!(b.plan(300_000, 0, &limit, true).is_some());
 }

@@ -52,9 +52,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let interval = self.interval(now);
         // Every batch reads the key's quota afresh: a limit changed at run time applies from
         // the next batch, even on a lease that never runs dry.
+        let reserving = !self.config.max_reservation.is_zero();
         let plan = self.local.with_bucket(id, |b| {
             self.serve(id, &bucket, b);
-            b.plan(now, interval, &limit)
+            b.plan(now, interval, &limit, reserving)
         });
         let Some(plan) = plan else {
             return FetchOutcome::Skipped;

@@ -112,6 +112,7 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 impl StoreHealth {
     /// Whether the store answered the last call that ended: reachability, as an operator
     /// reads it (not whether this layer is backing off).
+    #[cfg(any(feature = "metrics", test))]
     pub(crate) fn is_reachable(&self) -> bool {
         self.reachable.load(Ordering::Relaxed)
     }

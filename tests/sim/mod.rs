@@ -637,7 +637,9 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         layer.return_unused_leases().await;
     }
 
-    if s.change.is_none() {
+    // Costs settled from responses can leave debts that hold reserved tokens back for seconds:
+    // those fall due (and start their time-to-live) after the quiet time.
+    if s.change.is_none() && !s.settle {
         check_stranded(every_layer().enumerate(), s.hosts, &quotas)?;
     }
     let log_now = std::mem::take(&mut *log.lock().unwrap());
@@ -1124,7 +1126,7 @@ fn check_conservation<'a>(
 
 /// Leases unused past their time-to-live go back: a host keeps at most a sixteenth of a
 /// bucket's capacity (at least one token) of a key far from its limit, so what hosts keep
-/// strands at most that per host.
+/// strands at most that per host (tokens reserved ahead are used once due).
 fn check_stranded<'a>(
     layers: impl Iterator<Item = (usize, &'a Host)>,
     hosts: usize,
@@ -1139,11 +1141,13 @@ fn check_stranded<'a>(
                 .map(|(_, limit)| (limit.capacity() / 16).max(1))
                 .max()
                 .unwrap_or(1);
-            if b.leased_tokens() > keep {
+            // Tokens reserved ahead stay until due (behind a debt, that can be long).
+            if b.usable_tokens() > keep {
                 stranded = Some(format!(
-                    "{} holds {} unused tokens past the lease time-to-live (keeps {keep} at most)",
+                    "{} holds {} unused tokens past the lease time-to-live (keeps {keep} at most; \
+                     layer {n})",
                     id.key(),
-                    b.leased_tokens()
+                    b.usable_tokens()
                 ));
             }
         });
