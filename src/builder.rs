@@ -271,8 +271,8 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
 
     /// How a request is decided when this host holds no leased tokens for it and the global
     /// bucket is not known to be short: admitted at once on a small credit, charged behind the
-    /// response (the default, [`ColdStart::Credit`] of 1 % of the capacity), or kept waiting
-    /// for the store ([`ColdStart::Exact`]). See [`ColdStart`] for the bound each gives. A
+    /// response (the default, [`ColdStart::Credit`](crate::ColdStart::Credit) of 1 % of the capacity), or kept waiting
+    /// for the store ([`ColdStart::Exact`](crate::ColdStart::Exact)). See [`ColdStart`](crate::ColdStart) for the bound each gives. A
     /// share outside `(0, 1]` is a configuration error.
     pub fn cold_start(mut self, cold_start: crate::ColdStart) -> Self {
         self.check(
