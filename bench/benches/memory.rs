@@ -89,9 +89,12 @@ fn measure(store: &str, keys: u64) {
             let global = MemoryGlobalStore::<u64>::new();
             // Slow enough that no global bucket is full again (and forgotten) during the run.
             let daily = Limit::per_day(100).burst(100).expect("a valid limit");
+            // Each request waits for its key's batch (no credit), so that every key's state is
+            // complete, here and in the global store, when it is measured.
             let layer = HierarchicalThrottleLayer::builder()
                 .key(|k: &u64| Some(*k))
                 .limit(daily)
+                .cold_start(hierarchical_throttle::ColdStart::Exact)
                 .local_store(MemoryLocalStore::with_max_keys(keys as usize * 2).expect("a bound"))
                 .global_store(global.clone())
                 .build()
