@@ -746,7 +746,13 @@ fn build_host(
         })
         .on_rejection(recorder)
         .global_store(global.clone())
-        .local_store(MemoryLocalStore::with_max_keys(s.local_max_keys).expect("bound"))
+        // A layout seeded by the run, so that a seed replays exactly: a random one would evict
+        // and sweep keys in another order each run.
+        .local_store(
+            MemoryLocalStore::with_max_keys(s.local_max_keys)
+                .expect("bound")
+                .with_hash_seed(s.seed ^ host as u64),
+        )
         .build()
         .expect("valid configuration")
 }

@@ -111,17 +111,15 @@ where
 }
 
 /// This layer with its key set by `$key_setter` (`key` or `key_ref`) to `$key`, the
-/// `RateLimit` fields on or off, and a limit no side reaches.
+/// `RateLimit` fields on or off, a limit no side reaches, and every other setting at its
+/// default (a slow key's batches are a sixteenth of the capacity while it is far from its
+/// limit, so the benchmark needs no tuned batch policy).
 #[macro_export]
 macro_rules! throttle {
     ($key_setter:ident, $key:expr, $fields:expr) => {
         hierarchical_throttle::HierarchicalThrottleLayer::builder()
             .$key_setter($key)
             .limit($crate::sides::limit())
-            .batch_policy(
-                hierarchical_throttle::batch::FractionOfCapacity::new(1.0).expect("a fraction"),
-            )
-            .lease_ttl(std::time::Duration::from_secs(3600))
             .ratelimit_fields($fields)
             .global_store(hierarchical_throttle::MemoryGlobalStore::new())
             .build()
