@@ -37,6 +37,7 @@ struct CountingStore {
     inner: MemoryGlobalStore<usize, TokioClock>,
     latency: Duration,
     calls: Arc<AtomicU64>,
+    releases: Arc<AtomicU64>,
     round_trips: Arc<AtomicU64>,
 }
 
@@ -69,6 +70,7 @@ impl GlobalStore<BucketKey<usize>> for CountingStore {
         tokens: u64,
     ) -> impl Future<Output = Result<(), Infallible>> + Send {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        self.releases.fetch_add(1, Ordering::Relaxed);
         self.inner.release(key, limit, tokens)
     }
 
@@ -155,6 +157,7 @@ fn arrivals(factor: f64) -> Vec<(u64, usize, usize)> {
 struct Outcome {
     requests: u64,
     calls: u64,
+    releases: u64,
     round_trips: u64,
     admitted_share: f64,
     over_bound: u64,
@@ -172,6 +175,7 @@ async fn simulate(
         inner: MemoryGlobalStore::with_clock(TokioClock::new()),
         latency,
         calls: Arc::default(),
+        releases: Arc::default(),
         round_trips: Arc::default(),
     };
     let hosts: Vec<_> = (0..HOSTS)
@@ -214,6 +218,7 @@ async fn simulate(
     Outcome {
         requests: arrivals.len() as u64,
         calls: store.calls.load(Ordering::Relaxed),
+        releases: store.releases.load(Ordering::Relaxed),
         round_trips: store.round_trips.load(Ordering::Relaxed),
         admitted_share: admitted.iter().sum::<u64>() as f64 / allowed as f64,
         over_bound: admitted
@@ -226,8 +231,8 @@ async fn simulate(
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut table = String::from(
         "| hottest key | store latency | configuration | requests | global calls per 1,000 \
-         requests | round trips per 1,000 | allowance admitted | admitted past the bound |\n\
-         |---|---:|---|---:|---:|---:|---:|---:|\n",
+         requests | of which hand-backs | round trips per 1,000 | allowance admitted | admitted \
+         past the bound |\n|---|---:|---|---:|---:|---:|---:|---:|---:|\n",
     );
     for factor in [1.0, 10.0] {
         let arrivals = arrivals(factor);
@@ -244,9 +249,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let out = runtime.block_on(simulate(&arrivals, cold_start, latency));
                 let per_1000 = |n: u64| 1000.0 * n as f64 / out.requests as f64;
                 let row = format!(
-                    "| {factor}x | {latency_ms} ms | {name} | {} | {:.1} | {:.1} | {:.1} % | {} |\n",
+                    "| {factor}x | {latency_ms} ms | {name} | {} | {:.1} | {:.1} | {:.1} | {:.1} % | {} |\n",
                     out.requests,
                     per_1000(out.calls),
+                    per_1000(out.releases),
                     per_1000(out.round_trips),
                     100.0 * out.admitted_share,
                     out.over_bound
