@@ -64,6 +64,10 @@ fn describe() {
             "Calls to the global store for tokens, by result (ok, error, timeout)"
         );
         ::metrics::describe_counter!(
+            "throttle_global_batches_total",
+            "Round trips to the global store: batches of calls (on Redis, scripts run)"
+        );
+        ::metrics::describe_counter!(
             "throttle_tokens_total",
             "Tokens through this host, by kind (leased, returned, lost, refunded, uncharged, \
              unleased, forfeited)"
@@ -149,6 +153,8 @@ pub(crate) fn publish(snapshot: &Snapshot<'_>) {
         ::metrics::counter!("throttle_global_calls_total", "layer" => layer.clone(), "result" => result)
             .absolute(value);
     }
+    ::metrics::counter!("throttle_global_batches_total", "layer" => layer.clone())
+        .absolute(stats.global_batches);
     for (kind, value) in [
         ("leased", stats.tokens_leased),
         ("returned", stats.tokens_returned),

@@ -25,6 +25,9 @@ pub struct ThrottleStats {
     pub missing_key: u64,
     /// Calls to the global store to acquire tokens.
     pub global_calls: u64,
+    /// Round trips to the global store: the batches the calls above (and hand-backs) went in
+    /// ([`global_batch`](crate::Builder::global_batch)); on Redis, the scripts run.
+    pub global_batches: u64,
     /// Global calls that returned an error.
     pub global_errors: u64,
     /// Global calls that did not answer within the time-out.
@@ -91,6 +94,7 @@ counters!(
     refused_cost,
     missing_key,
     global_calls,
+    global_batches,
     global_errors,
     global_timeouts,
     fallback_decisions,

@@ -139,6 +139,7 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
         "throttle_decisions_total",
         "throttle_refusals_total",
         "throttle_global_calls_total",
+        "throttle_global_batches_total",
         "throttle_tokens_total",
         "throttle_global_call_seconds",
         "throttle_store_up",

@@ -256,7 +256,9 @@ async fn fetches_of_many_keys_go_to_redis_as_one_script_per_batch() {
         let answers = futures_util::future::join_all(requests).await;
         assert!(answers.iter().all(Result::is_ok), "every key admitted");
         let scripts = scripts_run(&server) - before;
-        assert_eq!(layer.stats().global_calls, 300, "one call per key");
+        let stats = layer.stats();
+        assert_eq!(stats.global_calls, 300, "one call per key");
+        assert_eq!(stats.global_batches, scripts, "a batch is a script");
         assert!(
             scripts <= most,
             "batches of {batch}: {scripts} scripts for 300 keys"

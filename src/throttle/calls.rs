@@ -105,6 +105,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             }
             batch
         };
+        self.stats.global_batches.incr();
         let (calls, senders): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
         let mut senders: Vec<_> = senders.into_iter().map(Some).collect();
         let deadline = tokio::time::Instant::now() + self.config.store_timeout;
