@@ -19,13 +19,7 @@ delay_us=${5:-1000}
 export ZIPF_KEYS=100000 ZIPF_S=1.0
 modes=(none redis redis-exact governor redis-per-request)
 
-need() {
-    command -v "$1" >/dev/null && return
-    echo "==> installing $2 (Debian package)"
-    local sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2" >/dev/null
-}
+. scripts/bench-lib.sh
 need wrk wrk
 need redis-server redis-server
 need curl curl
@@ -33,8 +27,6 @@ need curl curl
 cargo build --release -p hierarchical-throttle-bench --example e2e_server --example delay_proxy
 server_bin=target/release/examples/e2e_server
 proxy_bin=target/release/examples/delay_proxy
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 work=$(mktemp -d)
 redis_port=$(free_port)

@@ -12,20 +12,12 @@ seconds=${2:-5}
 connections=${3:-32}
 modes=(none memory redis governor redis-per-request)
 
-need() {
-    command -v "$1" >/dev/null && return
-    echo "==> installing $2 (Debian package)"
-    local sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2" >/dev/null
-}
+. scripts/bench-lib.sh
 need wrk wrk
 need redis-server redis-server
 
 cargo build --release -p hierarchical-throttle-bench --example e2e_server
 server_bin=target/release/examples/e2e_server
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 work=$(mktemp -d)
 redis_port=$(free_port)

@@ -436,35 +436,36 @@ impl<K: RedisKey> RedisGlobalStore<K> {
         args: [u64; 3],
     ) -> Result<T, RedisError> {
         let redis_key = self.redis_key(key);
-        let call = |command: &str, script_arg: &str| {
-            let mut cmd = redis::cmd(command);
-            cmd.arg(script_arg)
-                .arg(1)
+        self.eval(script, |cmd| {
+            cmd.arg(1)
                 .arg(&redis_key)
                 .arg(limit.capacity())
                 .arg(limit.refill_amount())
                 .arg(limit.period_micros())
                 .arg(&args[..]);
+        })
+        .await
+    }
+
+    /// Runs `script` with the keys and arguments `add` puts after it (the test clock's time,
+    /// if any, last): `EVALSHA`, and `EVAL` when the node does not know the script.
+    async fn eval<T: redis::FromRedisValue>(
+        &self,
+        script: &LuaScript,
+        add: impl Fn(&mut redis::Cmd),
+    ) -> Result<T, RedisError> {
+        let call = |command: &str, script_arg: &str| {
+            let mut cmd = redis::cmd(command);
+            cmd.arg(script_arg);
+            add(&mut cmd);
             if let Some(now) = &self.now_override {
                 cmd.arg(now());
             }
             cmd
         };
-        self.eval(&call("EVALSHA", &script.hash), || {
-            call("EVAL", script.source)
-        })
-        .await
-    }
-
-    /// Sends `evalsha`; when the node does not know the script, the command `eval` makes.
-    async fn eval<T: redis::FromRedisValue>(
-        &self,
-        evalsha: &redis::Cmd,
-        eval: impl FnOnce() -> redis::Cmd,
-    ) -> Result<T, RedisError> {
-        match self.query(evalsha).await {
+        match self.query(&call("EVALSHA", &script.hash)).await {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.query(&eval()).await
+                self.query(&call("EVAL", script.source)).await
             }
             answer => answer,
         }

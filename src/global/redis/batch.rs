@@ -4,7 +4,7 @@
 use futures_util::stream::{self, FuturesUnordered, Stream, StreamExt};
 use redis::{ErrorKind, RedisError};
 
-use super::{LuaScript, RedisGlobalStore, RedisKey};
+use super::{RedisGlobalStore, RedisKey};
 use crate::clock::micros;
 use crate::global::{Answer, Call, Grant};
 use crate::quota::BucketKey;
@@ -102,23 +102,8 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
 
     /// Runs one group's script: `EVALSHA`, and `EVAL` when the node does not know it.
     async fn run_group(&self, group: &Group) -> Result<Vec<Vec<u64>>, RedisError> {
-        let script: &LuaScript = &self.scripts.many;
-        let call = |command: &str, script_arg: &str| {
-            let mut cmd = redis::cmd(command);
-            cmd.arg(script_arg).arg(group.keys.len());
-            for key in &group.keys {
-                cmd.arg(key);
-            }
-            for arg in &group.args {
-                cmd.arg(arg);
-            }
-            if let Some(now) = &self.now_override {
-                cmd.arg(now());
-            }
-            cmd
-        };
-        self.eval(&call("EVALSHA", &script.hash), || {
-            call("EVAL", script.source)
+        self.eval(&self.scripts.many, |cmd| {
+            cmd.arg(group.keys.len()).arg(&group.keys).arg(&group.args);
         })
         .await
     }
