@@ -106,7 +106,10 @@ where
             return self.acquire_shaped(key, cost);
         }
         match self.throttle.check_key(key, cost) {
-            Check::Admit => Acquire::admitted(),
+            Check::Admit => {
+                self.throttle.stats.requests_admitted.incr();
+                Acquire::admitted()
+            }
             Check::Reject(rejection) => self.refused(rejection),
             Check::Wait(decision) => self.decided_later(decision, cost),
         }
@@ -234,7 +237,10 @@ where
     fn acquire_shaped(&self, key: K, cost: u64) -> Acquire<K> {
         let id = LeaseKey::new(key, 0, 0);
         let decision: Decision<K> = match self.throttle.check_first_bucket(&id, cost) {
-            Check::Admit => return Acquire::admitted(),
+            Check::Admit => {
+                self.throttle.stats.requests_admitted.incr();
+                return Acquire::admitted();
+            }
             Check::Reject(refusal) if !self.throttle.may_wait(&refusal) => {
                 return self.refused(refusal);
             }

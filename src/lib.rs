@@ -97,6 +97,9 @@
 //! The service must run on a Tokio runtime with the time driver enabled (as axum and tonic do):
 //! global calls have a time-out and background fetches are spawned.
 
+// A refusal travels as a `Rejection` by value: boxing it would cost an allocation per refusal,
+// on the path a key flood takes.
+#![allow(clippy::result_large_err)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
@@ -108,6 +111,7 @@ pub mod clock;
 mod credit;
 mod error;
 mod failure;
+mod fields;
 mod future;
 pub mod global;
 pub mod key;
@@ -132,6 +136,7 @@ pub use builder::{Builder, MAX_LEVELS, Unset};
 pub use credit::ColdStart;
 pub use error::ConfigError;
 pub use failure::FailurePolicy;
+pub use fields::{PartitionKey, RateLimitFields, Revision};
 pub use future::{Acquire, ResponseFuture};
 pub use global::memory::MemoryGlobalStore;
 pub use key::MissingKey;
@@ -142,7 +147,10 @@ pub use quota::Quota;
 pub use rejection::{Rejection, RejectionReason};
 pub use remaining::Remaining;
 pub use response::grpc;
-pub use response::{DefaultRejection, OnRejection, Settle, append_ratelimit_fields, http_response};
+pub use response::{
+    DefaultRejection, OnRejection, Settle, append_ratelimit_fields, http_problem_response,
+    http_response,
+};
 pub use service::HierarchicalThrottle;
 pub use stats::ThrottleStats;
 pub use throttle::Admitted;

@@ -27,13 +27,33 @@ use crate::error::ConfigError;
 /// ```
 ///
 /// The rate is kept as an exact fraction (`amount / period` in lowest terms), so refills never
-/// drift, in memory and in Redis alike.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// drift, in memory and in Redis alike. Two limits are equal when they refill alike and hold
+/// alike, however they were written (`60/min` equals `1/s`); each prints in the period it was
+/// written in.
+#[derive(Debug, Clone, Copy)]
 pub struct Limit {
     capacity: u64,
     /// Tokens added every `per_micros` microseconds, in lowest terms with it.
     amount: u64,
     per_micros: u64,
+    /// The period as it was written (`60/min`: a minute), for printing it back and for
+    /// `RateLimit-Policy`'s window; not part of the limit's identity.
+    written_micros: u64,
+}
+
+impl PartialEq for Limit {
+    fn eq(&self, other: &Self) -> bool {
+        (self.capacity, self.amount, self.per_micros)
+            == (other.capacity, other.amount, other.per_micros)
+    }
+}
+
+impl Eq for Limit {}
+
+impl std::hash::Hash for Limit {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.capacity, self.amount, self.per_micros).hash(state);
+    }
 }
 
 /// A refill rate waiting for its burst; see [`Limit`].
@@ -103,6 +123,23 @@ impl Limit {
         self.per_micros
     }
 
+    /// The period the limit was written with (`100/min`: one minute; `Limit::per(5,
+    /// 3 s)`: three seconds), and the tokens it adds over that period.
+    pub fn written_rate(&self) -> (u64, Duration) {
+        (
+            self.written_amount(),
+            Duration::from_micros(self.written_micros),
+        )
+    }
+
+    /// Tokens per written period: exact, since the written period is a whole number of the
+    /// reduced one.
+    fn written_amount(&self) -> u64 {
+        let tokens =
+            u128::from(self.amount) * u128::from(self.written_micros) / u128::from(self.per_micros);
+        u64::try_from(tokens).unwrap_or(u64::MAX)
+    }
+
     /// How long an empty bucket takes to accrue `tokens`, rounded up to the microsecond.
     pub fn time_to_accrue(&self, tokens: u64) -> Duration {
         let micros =
@@ -129,6 +166,7 @@ impl Limit {
             capacity: self.capacity.div_ceil(parts).max(1),
             amount,
             per_micros,
+            written_micros: per_micros,
         }
     }
 }
@@ -161,6 +199,7 @@ impl LimitBuilder {
             capacity,
             amount: a,
             per_micros: p,
+            written_micros: micros,
         })
     }
 
@@ -181,38 +220,41 @@ const UNITS: &[(&[&str], u64)] = &[
     (&["d", "day", "days"], 86_400_000_000),
 ];
 
-/// Units a limit is printed in, most readable first.
+impl std::fmt::Display for Limit {
+    /// `100/s`, `100/s burst 200`, `30/h burst 15`, `1 per 3ms`: the tokens per period in the
+    /// unit the limit was written in, and the burst when it is not one period's worth. It
+    /// reads back as the same limit.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tokens = self.written_amount();
+        let (count, unit) = largest_unit(self.written_micros);
+        match count {
+            1 => write!(f, "{tokens}/{unit}")?,
+            _ => write!(f, "{tokens} per {count}{unit}")?,
+        }
+        if self.capacity != tokens {
+            write!(f, " burst {}", self.capacity)?;
+        }
+        Ok(())
+    }
+}
+
+/// Units a period is printed in, shortest first.
 const PRINTED: &[(&str, u64)] = &[
+    ("us", 1),
+    ("ms", 1_000),
     ("s", 1_000_000),
     ("min", 60_000_000),
     ("h", 3_600_000_000),
     ("day", 86_400_000_000),
 ];
 
-impl std::fmt::Display for Limit {
-    /// `100/s`, `100/s burst 200`, `30/h burst 15`: tokens per unit, and the burst when it is
-    /// not one unit's worth. It reads back as the same limit.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let per_unit = PRINTED.iter().find_map(|&(name, micros)| {
-            let tokens = u128::from(self.amount) * u128::from(micros);
-            (tokens % u128::from(self.per_micros) == 0)
-                .then(|| (name, tokens / u128::from(self.per_micros)))
-        });
-        let one_period = match per_unit {
-            Some((name, tokens)) => {
-                write!(f, "{tokens}/{name}")?;
-                tokens
-            }
-            None => {
-                write!(f, "{} per {}us", self.amount, self.per_micros)?;
-                u128::from(self.amount)
-            }
-        };
-        if u128::from(self.capacity) != one_period {
-            write!(f, " burst {}", self.capacity)?;
-        }
-        Ok(())
-    }
+/// `micros` as a whole count of the largest unit that divides it: `(3, "ms")`, `(2, "min")`.
+fn largest_unit(micros: u64) -> (u64, &'static str) {
+    PRINTED
+        .iter()
+        .rev()
+        .find(|&&(_, unit)| micros.is_multiple_of(unit))
+        .map_or((micros, "us"), |&(name, unit)| (micros / unit, name))
 }
 
 impl std::str::FromStr for Limit {
@@ -398,25 +440,68 @@ mod tests {
             (
                 "15 per 2min",
                 Limit::per(15, Duration::from_secs(120)).build(),
-                "450/h burst 15",
+                "15 per 2min",
             ),
             (
                 "1 per 2 minutes burst 15",
                 Limit::per(1, Duration::from_secs(120)).burst(15),
-                "30/h burst 15",
+                "1 per 2min burst 15",
             ),
             (
                 "3 per 7ms",
                 Limit::per(3, Duration::from_millis(7)).build(),
-                "3 per 7000us",
+                "3 per 7ms",
+            ),
+            (
+                "1 per 3ms",
+                Limit::per(1, Duration::from_millis(3)).build(),
+                "1 per 3ms",
+            ),
+            ("60/min", Limit::per_minute(60).build(), "60/min"),
+            (
+                "100/10s",
+                Limit::per(100, Duration::from_secs(10)).build(),
+                "100 per 10s",
+            ),
+            (
+                "1 per 90s",
+                Limit::per(1, Duration::from_secs(90)).build(),
+                "1 per 90s",
             ),
         ];
         for (text, expected, printed) in cases {
             let limit: Limit = text.parse().unwrap();
+            assert_eq!(
+                limit.to_string(),
+                expected.clone().unwrap().to_string(),
+                "{text}"
+            );
             assert_eq!(Ok(limit), expected, "{text}");
             assert_eq!(limit.to_string(), printed, "{text}");
             assert_eq!(printed.parse::<Limit>(), Ok(limit), "{printed}");
         }
+    }
+
+    /// Equal limits written in other units stay equal (and hash alike), each printing as it
+    /// was written.
+    #[test]
+    fn the_written_unit_is_kept_for_printing_only() {
+        use std::hash::BuildHasher;
+        let per_minute: Limit = "60/min".parse().unwrap();
+        let per_second: Limit = "1/s burst 60".parse().unwrap();
+        assert_eq!(per_minute, per_second);
+        let hasher = std::collections::hash_map::RandomState::new();
+        assert_eq!(hasher.hash_one(per_minute), hasher.hash_one(per_second));
+        assert_eq!(per_minute.to_string(), "60/min");
+        assert_eq!(per_second.to_string(), "1/s burst 60");
+        assert_eq!(per_minute.written_rate(), (60, Duration::from_secs(60)));
+        assert_eq!(
+            Limit::per(1, Duration::from_millis(3))
+                .build()
+                .unwrap()
+                .written_rate(),
+            (1, Duration::from_millis(3))
+        );
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! Metrics through the `metrics` crate facade (feature `metrics`), so any exporter works
 //! (Prometheus, StatsD, OpenTelemetry).
 //!
-//! The hot path records nothing: the layer's background sweeper publishes its counters every
-//! half lease time, and the slow path records each global call's latency. Labels are the
+//! The hot path records through the `metrics` facade nothing: the layer's background sweeper
+//! publishes its counters every half lease time, and the slow path records each global call's
+//! latency. Labels are the
 //! layer's [name](crate::Builder::name) and the outcome; never a key (keys are unbounded).
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
+//! | `throttle_requests_total` | counter | `layer`, `outcome` (`admitted`, `refused`, `shadow_admitted`: a partition, each request once) |
 //! | `throttle_decisions_total` | counter | `layer`, `outcome` (`admitted`, `refused`, `policy`, `shadow_admitted`, `waited`), `reason` |
 //! | `throttle_refusals_total` | counter | `layer`, `limit` (`per-second`, `tenant/per-day`; `none` when no limit refused), `reason` (`throttled`, `cost_above_capacity`, `missing_key`, `store_unavailable`) |
 //! | `throttle_global_calls_total` | counter | `layer`, `result` (`ok`, `error`, `timeout`: a partition, they add up to the calls made) |
@@ -16,6 +18,8 @@
 //! | `throttle_local_keys` | gauge | `layer` |
 //! | `throttle_waiting` | gauge | `layer`: requests waiting for a batch or (shaping) for their tokens |
 //!
+//! `throttle_requests_total` counts each request (and each
+//! [`acquire`](crate::HierarchicalThrottleLayer::acquire)d use) once, by its outcome;
 //! `throttle_decisions_total` counts each bucket's decisions (a request drawing on three
 //! limits counts three times); `throttle_refusals_total` counts each refused request once, by
 //! the limit its answer names. Every metric is described (`# HELP` in Prometheus).
@@ -51,6 +55,10 @@ pub const GLOBAL_CALL_BUCKETS: &[f64] = &[
 fn describe() {
     static DESCRIBED: Once = Once::new();
     DESCRIBED.call_once(|| {
+        ::metrics::describe_counter!(
+            "throttle_requests_total",
+            "Requests decided, once each, by outcome (admitted, refused, shadow_admitted)"
+        );
         ::metrics::describe_counter!(
             "throttle_decisions_total",
             "Decisions of each bucket a request drew on, by outcome and reason"
@@ -129,6 +137,14 @@ pub(crate) fn publish(snapshot: &Snapshot<'_>) {
             "reason" => reason
         )
         .absolute(value);
+    }
+    for (outcome, value) in [
+        ("admitted", stats.requests_admitted),
+        ("refused", stats.requests_refused),
+        ("shadow_admitted", stats.shadow_admitted),
+    ] {
+        ::metrics::counter!("throttle_requests_total", "layer" => layer.clone(), "outcome" => outcome)
+            .absolute(value);
     }
     for ((level, limit, reason), value) in snapshot.refusals {
         let limit = match (level, limit) {

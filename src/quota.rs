@@ -244,6 +244,30 @@ impl serde::Serialize for Quota {
     }
 }
 
+/// A limit's name as the `RateLimit` fields show it: the layer's name (when named), the
+/// level's and the limit's joined by `/`, leaving a lone limit's `default` out after another
+/// name (names hold no `/`, so no two items of distinct layers, levels or limits meet).
+pub(crate) fn item_name(
+    layer: Option<&'static str>,
+    level: Option<&'static str>,
+    limit: &'static str,
+) -> Cow<'static, str> {
+    let limit = (limit != DEFAULT_NAME || (layer.is_none() && level.is_none())).then_some(limit);
+    let mut parts = [layer, level, limit].into_iter().flatten();
+    let first = parts.next().unwrap_or(DEFAULT_NAME);
+    match parts.next() {
+        None => Cow::Borrowed(first),
+        Some(second) => {
+            let mut name = format!("{first}/{second}");
+            for part in parts {
+                name.push('/');
+                name.push_str(part);
+            }
+            Cow::Owned(name)
+        }
+    }
+}
+
 /// A limit's name as clients and operators see it: `per-second`, or `tenant/per-second` at a
 /// further level (names hold no `/`, so the two never meet).
 pub(crate) fn scope(level: Option<&'static str>, limit: &'static str) -> Cow<'static, str> {

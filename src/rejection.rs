@@ -65,6 +65,12 @@ pub struct Rejection<K> {
     pub status: Option<StatusCode>,
     /// What to tell the client instead of the reason, when the layer was told.
     pub message: Option<&'static str>,
+    /// The layer's name, when it was [named](crate::Builder::name).
+    pub layer: Option<&'static str>,
+    /// What the refusing limit's tokens count: its quota unit (`qu`).
+    pub unit: &'static str,
+    /// The partition key of the refused key, when the layer's fields carry them.
+    pub partition_key: Option<crate::fields::PartitionKey>,
 }
 
 impl<K> Rejection<K> {
@@ -78,6 +84,9 @@ impl<K> Rejection<K> {
             level: None,
             status: None,
             message: None,
+            layer: None,
+            unit: crate::fields::REQUESTS,
+            partition_key: None,
         }
     }
 
@@ -99,10 +108,15 @@ impl<K> Rejection<K> {
         self
     }
 
-    /// The refusing limit's name as `RateLimit-Policy` shows it: `per-second`, or
-    /// `tenant/per-second` at a further level.
+    /// The refusing limit's name as the `RateLimit` fields show it (see
+    /// [`Remaining::policy_name`](crate::Remaining::policy_name)): `per-second`,
+    /// `tenant/per-second`, `api/per-second` in a layer named `api`.
     pub fn policy_name(&self) -> Option<std::borrow::Cow<'static, str>> {
-        Some(crate::quota::scope(self.level, self.limit_name?))
+        Some(crate::quota::item_name(
+            self.layer,
+            self.level,
+            self.limit_name?,
+        ))
     }
 
     pub(crate) fn with_retry_after(mut self, wait: Duration) -> Self {

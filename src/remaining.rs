@@ -4,8 +4,9 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use crate::fields::{PartitionKey, REQUESTS};
 use crate::limit::Limit;
-use crate::quota::scope;
+use crate::quota::item_name;
 use crate::rejection::{Rejection, RejectionReason};
 
 /// What one limit of a key holds, without taking anything.
@@ -23,7 +24,9 @@ pub struct Remaining {
     pub limit_name: &'static str,
     /// The level the limit belongs to; `None` at the layer's first level.
     pub level: Option<&'static str>,
-    /// The limit.
+    /// The limit; while the global store is down and this host decides alone
+    /// ([`FailurePolicy::local_fallback`](crate::FailurePolicy::local_fallback)), its share of
+    /// it, which is what it holds to then.
     pub limit: Limit,
     /// Whole tokens left, at most the capacity.
     pub tokens: u64,
@@ -31,6 +34,16 @@ pub struct Remaining {
     pub next_in: Duration,
     /// How long until the bucket is full again (zero when it is).
     pub full_in: Duration,
+    /// The layer's name, when it was [named](crate::Builder::name).
+    pub layer: Option<&'static str>,
+    /// What the limit's tokens count: its quota unit (`qu`), such as `requests`; see
+    /// [`RateLimitFields::unit`](crate::RateLimitFields::unit).
+    pub unit: &'static str,
+    /// The partition key of the request's key at this level, when the layer's fields carry
+    /// them ([`RateLimitFields::partition_keys`](crate::RateLimitFields::partition_keys)).
+    pub partition_key: Option<PartitionKey>,
+    /// A refusal's state (shadow mode): nothing left until the wait is over.
+    pub(crate) refused: bool,
 }
 
 impl Remaining {
@@ -49,12 +62,42 @@ impl Remaining {
             tokens: 0,
             next_in: wait,
             full_in: wait.max(limit.time_to_accrue(limit.capacity())),
+            layer: rejection.layer,
+            unit: rejection.unit,
+            partition_key: rejection.partition_key,
+            refused: true,
         })
     }
 
-    /// The limit's name as `RateLimit-Policy` shows it: `per-second`, or `tenant/per-second`
-    /// at a further level.
+    /// A limit's state with the defaults of an unnamed layer, whose fields carry no partition
+    /// keys and whose requests each cost one token.
+    pub(crate) fn new(
+        limit_name: &'static str,
+        level: Option<&'static str>,
+        limit: Limit,
+        tokens: u64,
+        next_in: Duration,
+        full_in: Duration,
+    ) -> Self {
+        Self {
+            limit_name,
+            level,
+            limit,
+            tokens,
+            next_in,
+            full_in,
+            layer: None,
+            unit: REQUESTS,
+            partition_key: None,
+            refused: false,
+        }
+    }
+
+    /// The limit's name as the `RateLimit` fields show it: the layer's name when it was named,
+    /// the level's and the limit's, joined by `/` (`per-second`, `tenant/per-second`,
+    /// `api/tenant/per-second`); a lone limit's `default` is left out after another name
+    /// (`api`, `api/tenant`), so that every layer and level names its items apart.
     pub fn policy_name(&self) -> Cow<'static, str> {
-        scope(self.level, self.limit_name)
+        item_name(self.layer, self.level, self.limit_name)
     }
 }

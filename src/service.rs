@@ -124,7 +124,10 @@ where
         match check {
             // The common case first and on its own, so the request moves straight into the
             // inner service (a shared `respond` made the compiler copy it twice on the way).
-            Check::Admit => ResponseFuture::called(self.inner.call(request)),
+            Check::Admit => {
+                self.throttle.stats.requests_admitted.incr();
+                ResponseFuture::called(self.inner.call(request))
+            }
             check => self.respond(check, request, None, cost),
         }
     }
@@ -147,7 +150,7 @@ where
     /// Whether admitted responses get the state of their limits.
     #[inline(always)]
     fn annotates(&self) -> bool {
-        self.throttle.config.ratelimit_fields
+        self.throttle.config.fields.on()
             && OnRejection::<Req, K, S::Response, S::Error>::annotates_admitted(
                 &self.policy.on_rejection,
             )
@@ -182,6 +185,7 @@ where
         match check {
             Check::Admit => match keys {
                 Some(keys) => {
+                    self.throttle.stats.requests_admitted.incr();
                     let (annotate, settle) = (self.annotates(), self.settles());
                     let leased = Admitted::LEASED;
                     let admission = self
@@ -189,7 +193,10 @@ where
                         .admission(keys, cost, leased, annotate, settle);
                     self.admitted(request, admission)
                 }
-                None => ResponseFuture::called(self.inner.call(request)),
+                None => {
+                    self.throttle.stats.requests_admitted.incr();
+                    ResponseFuture::called(self.inner.call(request))
+                }
             },
             Check::Reject(rejection) if self.throttle.config.shadow => {
                 let admission = self.throttle.admit_in_shadow(&rejection, self.annotates());

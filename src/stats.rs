@@ -68,6 +68,13 @@ pub struct ThrottleStats {
     /// Requests refused at once by [`Shaping::Wait`](crate::Shaping): their tokens were due
     /// later than the wait allows, or their key's queue was full.
     pub shaped_refusals: u64,
+    /// Requests (and [`acquire`](crate::HierarchicalThrottleLayer::acquire)d uses) admitted:
+    /// once each, whatever the number of buckets they drew on (the counters above count each
+    /// bucket's decision). With [`requests_refused`](Self::requests_refused) and
+    /// [`shadow_admitted`](Self::shadow_admitted), every request decided is counted once.
+    pub requests_admitted: u64,
+    /// Requests (and uses) refused, once each, for any reason.
+    pub requests_refused: u64,
 }
 
 macro_rules! counters {
@@ -108,6 +115,8 @@ counters!(
     tokens_forfeited,
     shaped_waits,
     shaped_refusals,
+    requests_admitted,
+    requests_refused,
 );
 
 /// Requests refused, by the refusing limit (`per-second`, `tenant/per-day`) and reason: once per

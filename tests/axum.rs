@@ -55,7 +55,11 @@ async fn serves_then_answers_429_with_retry_after_and_ratelimit_fields() {
     // 0.8 s until the next token: Retry-After rounds up to 1.
     assert_eq!(headers["retry-after"], "1");
     assert_eq!(headers["ratelimit"], "\"default\";r=0;t=1");
-    assert_eq!(headers["ratelimit-policy"], "\"default\";q=3;w=3");
+    // One token a second, burst 3, each request costing 1 or 5: counted in tokens.
+    assert_eq!(
+        headers["ratelimit-policy"],
+        "\"default\";q=1;qu=\"tokens\";w=1;ht-burst=3"
+    );
 
     // Other keys have their own buckets.
     assert_eq!(

@@ -21,8 +21,14 @@ fn the_example_file_loads_tiers_and_levels() {
         free.get("per-minute"),
         Some(&Limit::per_minute(60).burst(10).unwrap())
     );
-    // Printed in the most readable unit; it reads back as the same quota.
-    assert_eq!(free.to_string(), "per-minute: 1/s burst 10");
+    // Printed in the unit it was written in; it reads back as the same quota.
+    assert_eq!(free.to_string(), "per-minute: 60/min burst 10");
+    assert_eq!(
+        free.to_string()
+            .parse::<hierarchical_throttle::Quota>()
+            .unwrap(),
+        *free
+    );
     let pro = &settings.tiers["pro"];
     assert_eq!(
         pro.get("per-second"),

@@ -19,6 +19,7 @@ const FLOORS: &[(&str, &[&str])] = &[
             "rejection",
             "remaining",
             "failure",
+            "fields",
             "batch",
             "credit",
             "stats",

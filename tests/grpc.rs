@@ -126,12 +126,13 @@ async fn calls_past_the_limit_get_resource_exhausted_with_retry_information() {
         let mut client = EchoClient::connect(format!("http://{addr}")).await.unwrap();
         for left in (0..3).rev() {
             let reply = client.say(say("k1")).await.expect("within the limit");
-            // Admitted calls carry the RateLimit fields as initial metadata.
-            let state = format!("\"default\";r={left};t=1");
+            // Admitted calls carry the RateLimit fields as initial metadata: within the
+            // second, the tokens left and the two that refill before it ends.
+            let state = format!("\"default\";r={};t=1", left + 2);
             assert_eq!(reply.metadata().get("ratelimit").unwrap(), state.as_str());
             assert_eq!(
                 reply.metadata().get("ratelimit-policy").unwrap(),
-                "\"default\";q=3;w=1"
+                "\"default\";q=3;qu=\"requests\";w=1"
             );
             assert_eq!(reply.into_inner().message, "hi");
         }
@@ -246,7 +247,7 @@ async fn plain_http_to_the_same_layer_still_gets_429() {
     assert_eq!(response.headers()["retry-after"], "1");
     assert_eq!(
         response.headers()["ratelimit-policy"],
-        "\"default\";q=3;w=1"
+        "\"default\";q=3;qu=\"requests\";w=1"
     );
     assert!(response.headers().get("grpc-status").is_none());
 }

@@ -77,6 +77,19 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
     let refused = decisions("refused", "throttled_cached").unwrap_or(0.0)
         + decisions("refused", "throttled").unwrap_or(0.0);
     assert_eq!((admitted, refused), (2.0, 3.0), "{scrape}");
+    // Each request once, by outcome.
+    for (outcome, n) in [
+        ("admitted", 2.0),
+        ("refused", 3.0),
+        ("shadow_admitted", 0.0),
+    ] {
+        let labels = ["layer=\"api\"", &format!("outcome=\"{outcome}\"")];
+        assert_eq!(
+            sample(&scrape, "throttle_requests_total", &labels),
+            Some(n),
+            "{outcome}: {scrape}"
+        );
+    }
     // One call: its batch paid for the credit and served the waiting request, which emptied
     // the bucket, so the three refusals needed none.
     // The results are a partition: they add up to the calls made.
@@ -136,6 +149,7 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
         "{scrape}"
     );
     for metric in [
+        "throttle_requests_total",
         "throttle_decisions_total",
         "throttle_refusals_total",
         "throttle_global_calls_total",

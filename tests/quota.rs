@@ -42,7 +42,7 @@ async fn every_limit_must_admit_and_the_refusal_names_the_limit_with_the_longest
     assert_eq!(refused.headers()["ratelimit"], "\"per-second\";r=0;t=1");
     assert_eq!(
         refused.headers()["ratelimit-policy"],
-        "\"per-second\";q=2;w=1"
+        "\"per-second\";q=2;qu=\"requests\";w=1"
     );
 
     clock.advance(Duration::from_secs(1));
@@ -184,7 +184,10 @@ async fn a_tenants_ceiling_holds_whatever_its_users_do_and_a_users_limit_within_
         StatusCode::OK
     );
     let refused = call(&app, "/", "u1", Some("acme")).await;
-    assert_eq!(refused.headers()["ratelimit-policy"], "\"default\";q=2;w=1");
+    assert_eq!(
+        refused.headers()["ratelimit-policy"],
+        "\"default\";q=2;qu=\"requests\";w=1"
+    );
     // u2 has its own 2, but acme has only 1 left.
     assert_eq!(
         call(&app, "/", "u2", Some("acme")).await.status(),
@@ -194,7 +197,7 @@ async fn a_tenants_ceiling_holds_whatever_its_users_do_and_a_users_limit_within_
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         refused.headers()["ratelimit-policy"],
-        "\"tenant/default\";q=3;w=1"
+        "\"tenant\";q=3;qu=\"requests\";w=1"
     );
     // Another tenant is not touched; a user without a tenant is limited as a user only.
     assert_eq!(
@@ -210,7 +213,7 @@ async fn a_tenants_ceiling_holds_whatever_its_users_do_and_a_users_limit_within_
     let refused = call(&app, "/bulk", "u6", Some("other")).await;
     assert_eq!(
         refused.headers()["ratelimit-policy"],
-        "\"route/default\";q=1;w=1"
+        "\"route\";q=1;qu=\"requests\";w=1"
     );
     // The refused u2 request took a u2 token and gave it back: a second later u2 has that one
     // and the two refilled (its bucket allows 2 + 2/s: 4 by now, 1 used), and acme its 3.
@@ -345,4 +348,47 @@ async fn a_first_bucket_remade_with_tokens_still_draws_on_every_limit() {
         Some("slow"),
         "5 a minute, whatever the fast bucket holds"
     );
+}
+
+/// `requests_admitted` and `requests_refused` count each request once, while the per-bucket
+/// counters count each limit it drew on.
+#[tokio::test]
+async fn requests_are_counted_once_whatever_the_buckets_they_drew_on() {
+    let clock = ManualClock::new();
+    let global = MemoryGlobalStore::with_clock(clock.clone());
+    let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
+        .key(user)
+        .clock(clock.clone())
+        .quota(per_second_and_minute())
+        .level("tenant", tenant, Limit::per_minute(100).build().unwrap())
+        .global_store(global)
+        .build()
+        .unwrap();
+    let app = router().layer(layer.clone());
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(call(&app, "/", "u1", Some("acme")).await.status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    let stats = layer.stats();
+    assert_eq!((stats.requests_admitted, stats.requests_refused), (2, 1));
+    let per_bucket = stats.admitted_local + stats.admitted_after_fetch + stats.admitted_on_credit;
+    assert!(
+        per_bucket >= 6,
+        "three buckets per admitted request: {stats:?}"
+    );
+    // `acquire` uses count alike.
+    assert!(layer.acquire("u2".to_owned(), 1).await.is_ok());
+    assert!(layer.acquire("u2".to_owned(), 1).await.is_ok());
+    assert!(layer.acquire("u2".to_owned(), 1).await.is_err());
+    let stats = layer.stats();
+    assert_eq!((stats.requests_admitted, stats.requests_refused), (4, 2));
 }

@@ -42,6 +42,7 @@ impl Fallback {
             tokens,
             next_in: micros(level.next_in),
             full_in: micros(level.full_in),
+            share: Some(self.share),
         }
     }
 }

@@ -162,6 +162,9 @@ pub(crate) struct View {
     pub(crate) next_in: u64,
     /// Microseconds until the bucket is full again (zero when full).
     pub(crate) full_in: u64,
+    /// The host's share of the limit, when the view is of the bucket it decides with alone
+    /// while the store is down: what it refills at and holds.
+    pub(crate) share: Option<Limit>,
 }
 
 impl View {
@@ -171,6 +174,7 @@ impl View {
             tokens: limit.capacity(),
             next_in: 0,
             full_in: 0,
+            share: None,
         }
     }
 }
@@ -445,6 +449,7 @@ impl LocalBucket {
             tokens,
             next_in,
             full_in,
+            share: None,
         }
     }
 

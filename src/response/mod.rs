@@ -15,7 +15,7 @@ use crate::remaining::Remaining;
 
 pub use self::headers::append_ratelimit_fields;
 pub(crate) use self::headers::insert_ratelimit_fields;
-pub use self::http::http_response;
+pub use self::http::{http_problem_response, http_response};
 pub use self::settle::Settle;
 
 /// Turns a [`Rejection`] into the wrapped service's response or error, and tells admitted
@@ -86,13 +86,16 @@ where
 /// request drew on ([`append_ratelimit_fields`]), unless the layer is built with
 /// [`ratelimit_fields(false)`](crate::Builder::ratelimit_fields).
 ///
-/// Bodies say why, in words, when the body type holds text ([`http_response`]); a
-/// [`MissingKey::RejectWith`](crate::MissingKey::RejectWith) sets its own status and words.
+/// Bodies say why, in words, when the body type holds text ([`http_response`]), or as problem
+/// details ([`http_problem_response`]) to a client whose `Accept` names
+/// `application/problem+json`; a [`MissingKey::RejectWith`](crate::MissingKey::RejectWith)
+/// sets its own status and words.
 ///
-/// `Retry-After` is in whole seconds rounded up. `RateLimit-Policy` and `RateLimit` follow the
-/// IETF draft, naming the refusing limit (`"per-day";q=<capacity>;w=<seconds an empty bucket
-/// takes to fill>` and `"per-day";r=0;t=<seconds>`; `tenant/per-day` at a further level), with
-/// every integer clamped to the 15 digits Structured Fields allow.
+/// `Retry-After` is in whole seconds rounded up. `RateLimit-Policy` and `RateLimit` follow
+/// revision 11 of the IETF draft ([`RateLimitFields`](crate::RateLimitFields)), naming the
+/// refusing limit (`"per-day";q=<tokens per window>;qu="requests";w=<window>` and
+/// `"per-day";r=0;t=<Retry-After>`; `tenant/per-day` at a further level), with every integer
+/// clamped to the 15 digits Structured Fields allow.
 ///
 /// gRPC ([`grpc_response`](crate::grpc::grpc_response)): HTTP 200 with `grpc-status`
 /// `RESOURCE_EXHAUSTED` (throttled), `UNAVAILABLE` (store unavailable) or `INVALID_ARGUMENT`
@@ -149,6 +152,8 @@ where
         };
         Ok(if grpc {
             grpc::grpc_response(&rejection)
+        } else if self::http::accepts_problem(request.headers()) {
+            http_problem_response(&rejection)
         } else {
             http_response(&rejection)
         })

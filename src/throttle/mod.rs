@@ -181,8 +181,12 @@ pub(crate) struct Config {
     /// Whether a request the lease cannot serve may be admitted on credit.
     pub(crate) cold_start: crate::credit::ColdStart,
     pub(crate) shadow: bool,
-    /// Admitted responses get `RateLimit` fields (when the rejection handler writes them).
-    pub(crate) ratelimit_fields: bool,
+    /// What the `RateLimit` fields say, and whether admitted responses get them (when the
+    /// rejection handler writes them).
+    pub(crate) fields: crate::fields::RateLimitFields,
+    /// Whether requests may cost other than one token (a cost closure, settled costs): their
+    /// limits' unit is then `tokens`, unless named.
+    pub(crate) costs_vary: bool,
     /// Whether throttled requests wait for their tokens.
     pub(crate) shaping: shaping::Shaping,
     /// The most added at random to a refusal's `retry_after`.
@@ -191,6 +195,18 @@ pub(crate) struct Config {
     pub(crate) name: std::sync::Arc<str>,
     /// The layer's name in its global buckets' identities.
     pub(crate) layer: Name,
+}
+
+impl Config {
+    /// The layer's name for clients, when it was named.
+    pub(crate) fn layer_name(&self) -> Option<&'static str> {
+        (self.layer != Name::intern(crate::quota::DEFAULT_LAYER)).then(|| self.layer.as_str())
+    }
+
+    /// The quota unit of limit `name` at `level`.
+    pub(crate) fn unit(&self, level: Option<Name>, name: Name) -> &'static str {
+        self.fields.unit_of_limit(level, name, self.costs_vary)
+    }
 }
 
 /// What a throttle key must be: hashed, compared, cloned into tasks.

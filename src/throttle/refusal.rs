@@ -67,11 +67,44 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
     /// failure policy admitted without a lease (once the use is sure to go ahead, so that one
     /// refused by another bucket, or dropped, counts nothing).
     pub(crate) fn count_admitted(&self, admitted: Admitted, cost: u64) -> Admitted {
+        self.stats.requests_admitted.incr();
         let buckets = u64::from(admitted.policy_buckets());
         if buckets > 0 {
             self.stats.tokens_unleased.add(cost.saturating_mul(buckets));
         }
         admitted
+    }
+
+    /// The partition key of `key` at `level`, when the layer's fields carry them.
+    pub(crate) fn partition_key(
+        &self,
+        level: Option<Name>,
+        key: &K,
+    ) -> Option<crate::fields::PartitionKey>
+    where
+        K: std::hash::Hash,
+    {
+        self.config
+            .fields
+            .partition_key(self.config.layer, level, key)
+    }
+
+    /// Describes a refusal's limit as the layer's fields describe it: the layer's name, the
+    /// limit's unit, the key's partition key.
+    fn describe(&self, rejection: &mut Rejection<K>)
+    where
+        K: std::hash::Hash,
+    {
+        rejection.layer = self.config.layer_name();
+        let Some(name) = rejection.limit_name else {
+            return;
+        };
+        let level = rejection.level.map(Name::intern);
+        rejection.unit = self.config.unit(level, Name::intern(name));
+        rejection.partition_key = match &rejection.key {
+            Some(key) => self.partition_key(level, key),
+            None => None,
+        };
     }
 
     /// Counts and logs a refusal that shadow mode turns into an admission.
@@ -85,7 +118,10 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
     pub(crate) fn finish_or_shadow(
         &self,
         mut rejection: Rejection<K>,
-    ) -> Result<Admitted, Rejection<K>> {
+    ) -> Result<Admitted, Rejection<K>>
+    where
+        K: std::hash::Hash,
+    {
         if self.config.shadow {
             self.count_shadow(&rejection);
             return Ok(Admitted::SHADOW);
@@ -106,7 +142,12 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
 
     /// A refusal on its way to the client: counted once, by its limit and reason, and its wait
     /// given the configured random delay.
-    pub(crate) fn finish_refusal(&self, rejection: &mut Rejection<K>) {
+    pub(crate) fn finish_refusal(&self, rejection: &mut Rejection<K>)
+    where
+        K: std::hash::Hash,
+    {
+        self.describe(rejection);
+        self.stats.requests_refused.incr();
         let reason = match rejection.reason {
             RejectionReason::Throttled => "throttled",
             RejectionReason::CostExceedsCapacity { .. } => "cost_above_capacity",
@@ -123,9 +164,18 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
 
     /// Serves a request shadow mode would have refused: counted, logged, and given its
     /// refusal's `RateLimit` fields when `annotate`; never settled (it took no tokens).
-    pub(crate) fn admit_in_shadow(&self, rejection: &Rejection<K>, annotate: bool) -> Admission {
+    pub(crate) fn admit_in_shadow(&self, rejection: &Rejection<K>, annotate: bool) -> Admission
+    where
+        K: std::hash::Hash + Clone,
+    {
         self.count_shadow(rejection);
-        let remaining = crate::remaining::Remaining::of_refusal(rejection).filter(|_| annotate);
+        let remaining = annotate
+            .then(|| {
+                let mut rejection = rejection.clone();
+                self.describe(&mut rejection);
+                crate::remaining::Remaining::of_refusal(&rejection)
+            })
+            .flatten();
         Admission {
             remaining: remaining.into_iter().collect(),
             settle: None,

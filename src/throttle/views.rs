@@ -10,19 +10,32 @@ use crate::quota::{BucketKey, LeaseKey, Name};
 use crate::remaining::Remaining;
 use crate::throttle::{Global, Key, Local, Throttle};
 
-/// What limit `name` (at `level`) holds, as `view` tells it.
-fn remaining(name: Name, level: Option<Name>, limit: Limit, view: View) -> Remaining {
-    Remaining {
-        limit_name: name.as_str(),
-        level: level.map(Name::as_str),
-        limit,
-        tokens: view.tokens,
-        next_in: Duration::from_micros(view.next_in),
-        full_in: Duration::from_micros(view.full_in),
-    }
-}
-
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
+    /// What limit `name` of `key` (at `level`) holds, as `view` tells it, described as the
+    /// layer's fields describe it.
+    fn remaining_of_limit(
+        &self,
+        key: &K,
+        name: Name,
+        level: Option<Name>,
+        limit: Limit,
+        view: View,
+    ) -> Remaining {
+        // While the host decides alone, its share is the limit it holds to.
+        let mut remaining = Remaining::new(
+            name.as_str(),
+            level.map(Name::as_str),
+            view.share.unwrap_or(limit),
+            view.tokens,
+            Duration::from_micros(view.next_in),
+            Duration::from_micros(view.full_in),
+        );
+        remaining.layer = self.config.layer_name();
+        remaining.unit = self.config.unit(level, name);
+        remaining.partition_key = self.partition_key(level, key);
+        remaining
+    }
+
     /// This host's view of every limit of the key of bucket `id` at its level, appended to
     /// `out`; `id`'s slot is left at the key's first bucket. A bucket this host does not hold
     /// is full as far as it knows (global buckets start full).
@@ -37,7 +50,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 .local
                 .peek_bucket(id, |bucket| bucket.view(now, &limit, store_up))
                 .unwrap_or_else(|| View::full(&limit));
-            out.push(remaining(name, level_name, limit, view));
+            out.push(self.remaining_of_limit(&id.key, name, level_name, limit, view));
         }
         id.slot = 0;
     }
@@ -69,8 +82,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 tokens: level.tokens.min(limit.capacity()),
                 next_in: micros(level.next_in),
                 full_in: micros(level.full_in),
+                share: None,
             };
-            out.push(remaining(name, level_name, limit, view));
+            out.push(self.remaining_of_limit(key, name, level_name, limit, view));
         }
         Ok(out)
     }

@@ -1,4 +1,6 @@
-//! The builder: every setting checked, and the layer made from them.
+//! The builder: every setting checked, and the layer made from them (in `build`).
+
+mod build;
 
 use std::fmt;
 use std::hash::Hash;
@@ -15,11 +17,11 @@ use crate::layer::HierarchicalThrottleLayer;
 use crate::limit::Limit;
 use crate::local::LocalStore;
 use crate::local::memory::MemoryLocalStore;
-use crate::policy::{CostFn, RequestPolicy};
+use crate::policy::CostFn;
 use crate::quota::{BucketKey, LeaseKey, Name, Quota};
 use crate::response::DefaultRejection;
 use crate::throttle::key::{BorrowKey, KeyFn, KeyReader};
-use crate::throttle::{Config, Level, MAX_SETTING, QuotaSource, Throttle};
+use crate::throttle::{Config, MAX_SETTING, QuotaSource};
 
 impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
     /// Starts a builder. Set the key first, then the limit and the global store:
@@ -61,7 +63,8 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
                 cold_start: crate::credit::ColdStart::default(),
                 global_batch: DEFAULT_GLOBAL_BATCH,
                 shadow: false,
-                ratelimit_fields: true,
+                fields: crate::RateLimitFields::default(),
+                costs_vary: false,
                 shaping: crate::Shaping::Refuse,
                 retry_jitter: Duration::ZERO,
                 name: Arc::from(crate::quota::DEFAULT_LAYER),
@@ -315,14 +318,24 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
         self
     }
 
-    /// Whether admitted responses carry `RateLimit-Policy` and `RateLimit` (one item per limit
-    /// the request drew on, at every level), as refusals always do. It costs reading each
-    /// limit's state and formatting two fields per response; turn it off when clients do not
-    /// read them. Only a rejection handler that writes them
-    /// ([`OnRejection::on_admitted`](crate::OnRejection::on_admitted), as
-    /// [`DefaultRejection`](crate::DefaultRejection) does) adds anything. Default: on.
-    pub fn ratelimit_fields(mut self, on: bool) -> Self {
-        self.config.ratelimit_fields = on;
+    /// What the `RateLimit-Policy` and `RateLimit` fields say ([`RateLimitFields`]: a draft
+    /// revision, quota units, partition keys), and whether admitted responses carry them (one
+    /// item per limit the request drew on, at every level), as refusals always do. `true` and
+    /// `false` turn them on and off. It costs reading each limit's state and writing two
+    /// fields per response; turn it off when clients do not read them. Only a rejection
+    /// handler that writes them ([`OnRejection::on_admitted`](crate::OnRejection::on_admitted),
+    /// as [`DefaultRejection`](crate::DefaultRejection) does) adds anything. Default:
+    /// [`RateLimitFields::draft_11`], requests counted in `requests` (in `tokens` with a
+    /// [`cost`](Self::cost) or [`settle`](Self::settle)), no partition keys.
+    ///
+    /// [`RateLimitFields`]: crate::RateLimitFields
+    /// [`RateLimitFields::draft_11`]: crate::RateLimitFields::draft_11
+    pub fn ratelimit_fields(mut self, fields: impl Into<crate::RateLimitFields>) -> Self {
+        let fields = fields.into();
+        if let Some(error) = fields.error() {
+            self.error.get_or_insert_with(|| error.clone());
+        }
+        self.config.fields = fields;
         self
     }
 
@@ -453,14 +466,16 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     where
         F: Fn(&Res, u64) -> u64 + Send + Sync + 'static,
     {
-        self.swap(|global, local, clock, on_rejection| {
+        let mut settling = self.swap(|global, local, clock, on_rejection| {
             (
                 global,
                 local,
                 clock,
                 crate::Settle::new(on_rejection, settle),
             )
-        })
+        });
+        settling.config.costs_vary = true;
+        settling
     }
 
     /// This builder with its store, clock and rejection types replaced by `f`'s.
@@ -507,6 +522,7 @@ where
     /// capacity is refused at once ([`RejectionReason::CostExceedsCapacity`](crate::RejectionReason)).
     pub fn cost(mut self, cost: impl Fn(&Req) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Some(Box::new(cost));
+        self.config.costs_vary = true;
         self
     }
 
@@ -610,89 +626,4 @@ where
     ) -> Builder<Req, K, G, L2, C, R> {
         self.swap(|global, _, clock, on_rejection| (global, local, clock, on_rejection))
     }
-}
-
-impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    G: GlobalStore<BucketKey<K>>,
-    L: LocalStore<LeaseKey<K>>,
-    C: Clock,
-{
-    /// The layer, or the first invalid setting.
-    pub fn build(self) -> Result<HierarchicalThrottleLayer<Req, K, G, L, C, R>, ConfigError> {
-        if let Some(error) = self.error {
-            return Err(error);
-        }
-        let first = match self.quota {
-            Some(QuotaSetting::PerKey(per_key)) => QuotaSource::PerKey(per_key),
-            Some(QuotaSetting::Fixed(quota)) => QuotaSource::Fixed(quota),
-            None => {
-                return Err(ConfigError::InvalidSetting {
-                    setting: "limit",
-                    expected: "a limit: call .limit(), .quota() or .limit_per_key()",
-                });
-            }
-        };
-        let mut levels = vec![Level {
-            name: None,
-            quota: first,
-        }];
-        let mut level_keys = Vec::with_capacity(self.levels.len());
-        for level in self.levels {
-            levels.push(Level {
-                name: Some(level.name),
-                quota: level.quota,
-            });
-            level_keys.push(level.key);
-        }
-        let registration = match self.global.layers() {
-            Some(registry) => Some(
-                registry
-                    .register(self.config.layer.as_str(), limits_fingerprint(&levels))
-                    .ok_or(ConfigError::InvalidSetting {
-                        setting: "name",
-                        expected: "a layer name that no other live layer on this global store \
-                                   uses with other limits (their buckets would collide): give \
-                                   each layer its own .name()",
-                    })?,
-            ),
-            None => None,
-        };
-        let mut throttle = Throttle::new(
-            self.global,
-            self.local,
-            self.clock,
-            levels.into_boxed_slice(),
-            self.batch,
-            self.config,
-        );
-        throttle.registration = registration;
-        let policy = RequestPolicy {
-            key: self.key,
-            levels: level_keys.into_boxed_slice(),
-            cost: self.cost,
-            missing_key: self.missing_key,
-            on_rejection: self.on_rejection,
-        };
-        Ok(HierarchicalThrottleLayer {
-            throttle: Arc::new(throttle),
-            policy: Arc::new(policy),
-        })
-    }
-}
-
-/// What tells a layer's limits apart from another's of the same name on one store: each
-/// level's name and its quota (or that it is chosen per key).
-fn limits_fingerprint<K>(levels: &[Level<K>]) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = foldhash::fast::FixedState::with_seed(0).build_hasher();
-    for level in levels {
-        level.name.map(Name::as_str).hash(&mut hasher);
-        match &level.quota {
-            QuotaSource::Fixed(quota) => quota.to_string().hash(&mut hasher),
-            QuotaSource::PerKey(_) => "per key".hash(&mut hasher),
-        }
-    }
-    hasher.finish()
 }

@@ -1,0 +1,105 @@
+//! The layer made from the builder's settings: levels, the store's registration, the engine
+//! and the request policy.
+
+use std::hash::Hash;
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::error::ConfigError;
+use crate::global::GlobalStore;
+use crate::layer::HierarchicalThrottleLayer;
+use crate::local::LocalStore;
+use crate::policy::RequestPolicy;
+use crate::quota::{BucketKey, LeaseKey, Name};
+use crate::throttle::{Level, QuotaSource, Throttle};
+
+use super::{Builder, QuotaSetting};
+
+impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
+    C: Clock,
+{
+    /// The layer, or the first invalid setting.
+    pub fn build(self) -> Result<HierarchicalThrottleLayer<Req, K, G, L, C, R>, ConfigError> {
+        if let Some(error) = self.error {
+            return Err(error);
+        }
+        let first = match self.quota {
+            Some(QuotaSetting::PerKey(per_key)) => QuotaSource::PerKey(per_key),
+            Some(QuotaSetting::Fixed(quota)) => QuotaSource::Fixed(quota),
+            None => {
+                return Err(ConfigError::InvalidSetting {
+                    setting: "limit",
+                    expected: "a limit: call .limit(), .quota() or .limit_per_key()",
+                });
+            }
+        };
+        let mut levels = vec![Level {
+            name: None,
+            quota: first,
+        }];
+        let mut level_keys = Vec::with_capacity(self.levels.len());
+        for level in self.levels {
+            levels.push(Level {
+                name: Some(level.name),
+                quota: level.quota,
+            });
+            level_keys.push(level.key);
+        }
+        let registration = match self.global.layers() {
+            Some(registry) => Some(
+                registry
+                    .register(self.config.layer.as_str(), limits_fingerprint(&levels))
+                    .ok_or(ConfigError::InvalidSetting {
+                        setting: "name",
+                        expected: "a layer name that no other live layer on this global store \
+                                   uses with other limits (their buckets would collide): give \
+                                   each layer its own .name()",
+                    })?,
+            ),
+            None => None,
+        };
+        let mut throttle = Throttle::new(
+            self.global,
+            self.local,
+            self.clock,
+            levels.into_boxed_slice(),
+            self.batch,
+            self.config,
+        );
+        throttle.registration = registration;
+        let policy = RequestPolicy {
+            key: self.key,
+            levels: level_keys.into_boxed_slice(),
+            cost: self.cost,
+            missing_key: self.missing_key,
+            on_rejection: self.on_rejection,
+        };
+        Ok(HierarchicalThrottleLayer {
+            throttle: Arc::new(throttle),
+            policy: Arc::new(policy),
+        })
+    }
+}
+
+/// What tells a layer's limits apart from another's of the same name on one store: each
+/// level's name and its quota (or that it is chosen per key).
+fn limits_fingerprint<K>(levels: &[Level<K>]) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = foldhash::fast::FixedState::with_seed(0).build_hasher();
+    for level in levels {
+        level.name.map(Name::as_str).hash(&mut hasher);
+        match &level.quota {
+            QuotaSource::Fixed(quota) => {
+                let mut limits: Vec<_> = quota.iter().collect();
+                limits.sort_unstable_by_key(|&(name, _)| name);
+                limits.hash(&mut hasher);
+            }
+            QuotaSource::PerKey(_) => "per key".hash(&mut hasher),
+        }
+    }
+    hasher.finish()
+}
