@@ -69,6 +69,15 @@ where
         self.throttle.stats()
     }
 
+    /// Whether the global store answered the last call made to it: by any layer on the same
+    /// store in this process (every store of this crate shares that among its clones), else by
+    /// this one. `false` until a call has been answered, and from a failed call until the next
+    /// answer, whether or not this layer is backing off. For readiness probes, and the
+    /// `throttle_store_up` gauge.
+    pub fn store_up(&self) -> bool {
+        self.throttle.store_reachable()
+    }
+
     /// Decides one use of `key` costing `cost` tokens, outside a tower service: a message on a
     /// WebSocket, a job taken from a queue, one step of a handler.
     ///

@@ -14,7 +14,7 @@
 //! | `throttle_global_calls_total` | counter | `layer`, `result` (`ok`, `error`, `timeout`: a partition, they add up to the calls made) |
 //! | `throttle_tokens_total` | counter | `layer`, `kind` (`leased`, `returned`, `lost`, `refunded`, `uncharged`, `unleased`, `forfeited`; see [`ThrottleStats`]) |
 //! | `throttle_global_call_seconds` | histogram | `layer` |
-//! | `throttle_store_up` | gauge (1: the store answered the layer's last call; 0: it failed, or never answered yet) | `layer` |
+//! | `throttle_store_up` | gauge (1: the store answered the last call any layer on it made; 0: it failed, or never answered yet) | `layer` |
 //! | `throttle_local_keys` | gauge | `layer` |
 //! | `throttle_waiting` | gauge | `layer`: requests waiting for a batch or (shaping) for their tokens |
 //!
@@ -87,8 +87,8 @@ fn describe() {
         );
         ::metrics::describe_gauge!(
             "throttle_store_up",
-            "1 when the global store answered this layer's last call, 0 when it failed or has \
-             not answered yet"
+            "1 when the global store answered the last call made to it (by any layer on it), 0 \
+             when it failed or has not answered yet"
         );
         ::metrics::describe_gauge!(
             "throttle_local_keys",

@@ -156,3 +156,44 @@ async fn a_failing_store_is_left_alone_during_back_off_then_probed() {
     }
     assert_eq!(served, 10);
 }
+
+/// `store_up` is the store's reachability, shared by every layer on it: false until a call is
+/// answered, false for all of them once one fails (even a layer that made no call and is not
+/// backing off), true again at the next answer, whoever made the call.
+#[tokio::test(flavor = "current_thread")]
+async fn every_layer_on_a_store_reports_it_down_alike() {
+    let clock = ManualClock::new();
+    let store = faulty(&clock, Fault::None);
+    let layer = |name: &str| {
+        host_builder(&clock, limit())
+            .name(name)
+            .failure_policy(FailurePolicy::Admit)
+            .global_store(store.clone())
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (layer("a"), layer("b"));
+    assert!(!a.store_up() && !b.store_up(), "never answered yet");
+    let (mut host_a, mut host_b) = (a.layer(backend()), b.layer(backend()));
+    assert_eq!(send(&mut host_a, "k", 1).await, Outcome::Served);
+    assert!(
+        a.store_up() && b.store_up(),
+        "b made no call, the store answered a's"
+    );
+
+    store.set(Fault::Error);
+    assert_eq!(send(&mut host_a, "other", 1).await, Outcome::Served);
+    assert_eq!(a.stats().global_errors, 1);
+    assert!(
+        !a.store_up() && !b.store_up(),
+        "b is not backing off, but the store is down"
+    );
+
+    store.set(Fault::None);
+    assert_eq!(send(&mut host_b, "k", 1).await, Outcome::Served);
+    assert_eq!(b.stats().global_calls, 1);
+    assert!(
+        a.store_up() && b.store_up(),
+        "a is still backing off, but the store answers"
+    );
+}

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use futures_util::Stream;
@@ -118,8 +119,11 @@ pub trait GlobalStore<K>: Send + Sync + 'static {
     fn maintain(&self) {}
 
     /// The layers built on this store in this process, so that a second layer of the same name
-    /// with other limits is refused at build (their buckets would collide). Default: none
-    /// kept; a store of your own may hold a [`LayerRegistry`] and return it.
+    /// with other limits is refused at build (their buckets would collide), and so that every
+    /// layer on the store reports it reachable or not alike
+    /// ([`store_up`](crate::HierarchicalThrottleLayer::store_up)). Default: none kept (each
+    /// layer then reports the answers to its own calls); a store of your own may hold a
+    /// [`LayerRegistry`] and return it.
     fn layers(&self) -> Option<&LayerRegistry> {
         None
     }
@@ -163,16 +167,30 @@ pub enum Answer {
 }
 
 /// The live layers built on one global store in this process, by name, each with a
-/// fingerprint of its limits: see [`GlobalStore::layers`]. Clones of a store share one.
+/// fingerprint of its limits, and whether the store answered the last call any of them made:
+/// see [`GlobalStore::layers`]. Clones of a store share one.
 #[derive(Debug, Default)]
 pub struct LayerRegistry {
     layers: Mutex<HashMap<&'static str, (u64, Weak<()>)>>,
+    /// The store answered the last call that ended, whichever layer made it (false until one
+    /// has).
+    reachable: AtomicBool,
 }
 
 impl LayerRegistry {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A call of any layer on the store ended: answered (`true`) or failed.
+    pub(crate) fn set_reachable(&self, answered: bool) {
+        self.reachable.store(answered, Ordering::Relaxed);
+    }
+
+    /// Whether the store answered the last call any layer made to it.
+    pub(crate) fn is_reachable(&self) -> bool {
+        self.reachable.load(Ordering::Relaxed)
     }
 
     /// Registers a layer called `layer` whose limits have `fingerprint`: the returned token

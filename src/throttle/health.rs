@@ -69,6 +69,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// A call sent at `sent_at` failed at `failed_at`: the store's back-off steps. Logged at
     /// warn once when the store goes down (not once per call), naming the layer and the store.
     pub(crate) fn store_failed(&self, sent_at: u64, failed_at: u64, error: &dyn std::fmt::Display) {
+        if let Some(registry) = self.global.layers() {
+            registry.set_reachable(false);
+        }
         let went_down = self
             .health
             .failed(sent_at, failed_at, self.config.max_backoff);
@@ -85,12 +88,24 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
 
     /// A call was answered: the store is up (logged when it was down).
     pub(crate) fn store_answered(&self) {
+        if let Some(registry) = self.global.layers() {
+            registry.set_reachable(true);
+        }
         if self.health.succeeded() {
             tracing::info!(
                 layer = %self.config.name,
                 store = %self.store_location,
                 "the global store answers again"
             );
+        }
+    }
+
+    /// Whether the global store answered the last call that ended: of any layer on it when
+    /// the store keeps a [`LayerRegistry`](crate::global::LayerRegistry), else of this one.
+    pub(crate) fn store_reachable(&self) -> bool {
+        match self.global.layers() {
+            Some(registry) => registry.is_reachable(),
+            None => self.health.is_reachable(),
         }
     }
 }
@@ -112,7 +127,6 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 impl StoreHealth {
     /// Whether the store answered the last call that ended: reachability, as an operator
     /// reads it (not whether this layer is backing off).
-    #[cfg(any(feature = "metrics", test))]
     pub(crate) fn is_reachable(&self) -> bool {
         self.reachable.load(Ordering::Relaxed)
     }

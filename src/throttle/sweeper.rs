@@ -195,7 +195,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Sweeper<K, G, L, C> {
                 local_keys: throttle.local.len(),
                 waiting: throttle.waiting_for_batches.load(Ordering::Relaxed)
                     + throttle.shaper.waiting() as u64,
-                store_up: throttle.health.is_reachable(),
+                store_up: throttle.store_reachable(),
             });
         }
     }

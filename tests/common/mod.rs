@@ -346,4 +346,8 @@ impl<K: Sync, G: GlobalStore<K>> GlobalStore<K> for FaultyStore<G> {
     fn may_have_applied(&self, _: &StoreDown) -> bool {
         false
     }
+
+    fn layers(&self) -> Option<&hierarchical_throttle::global::LayerRegistry> {
+        self.inner.layers()
+    }
 }
