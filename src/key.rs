@@ -358,6 +358,43 @@ impl From<String> for CompactKey {
     }
 }
 
+/// The keys one use draws on, at the layer's first level and at further levels: made by
+/// [`HierarchicalThrottleLayer::keys`](crate::HierarchicalThrottleLayer::keys) for
+/// [`acquire_keys`](crate::HierarchicalThrottleLayer::acquire_keys),
+/// [`reserve_keys`](crate::HierarchicalThrottleLayer::reserve_keys) and
+/// [`settle_keys`](crate::HierarchicalThrottleLayer::settle_keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys<K> {
+    /// The first bucket of each level's key, the first level's first, by level.
+    ids: Vec<crate::quota::LeaseKey<K>>,
+}
+
+impl<K> Keys<K> {
+    /// Keys sorted by level, the first level's first.
+    pub(crate) fn new(ids: Vec<crate::quota::LeaseKey<K>>) -> Self {
+        Self { ids }
+    }
+
+    /// The first level's key alone.
+    pub(crate) fn first_level(key: K) -> Self {
+        Self::new(vec![crate::quota::LeaseKey::new(key, 0, 0)])
+    }
+
+    /// The key at the layer's first level.
+    pub fn first(&self) -> &K {
+        // Never empty: made with the first level's key.
+        &self.ids[0].key
+    }
+
+    pub(crate) fn ids(&self) -> &[crate::quota::LeaseKey<K>] {
+        &self.ids
+    }
+
+    pub(crate) fn into_ids(self) -> Vec<crate::quota::LeaseKey<K>> {
+        self.ids
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::hash::BuildHasher;

@@ -139,7 +139,7 @@ pub use failure::FailurePolicy;
 pub use fields::{PartitionKey, RateLimitFields, Revision};
 pub use future::{Acquire, ResponseFuture};
 pub use global::memory::MemoryGlobalStore;
-pub use key::MissingKey;
+pub use key::{Keys, MissingKey};
 pub use layer::HierarchicalThrottleLayer;
 pub use limit::{Limit, LimitBuilder};
 pub use local::memory::MemoryLocalStore;

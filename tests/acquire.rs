@@ -143,3 +143,104 @@ async fn views_take_a_borrowed_key_as_maps_do() {
     assert_eq!(layer.remaining(&"k".to_owned())[0].tokens, 7);
     assert!(layer.remaining_global("k").await.unwrap()[0].tokens <= 7);
 }
+
+/// A layer of 10 a second per user and a tenant level of 15 a second, on a manual clock,
+/// for uses outside a service.
+type JobLayer = HierarchicalThrottleLayer<
+    (String, String),
+    String,
+    MemoryGlobalStore<String, ManualClock>,
+    hierarchical_throttle::MemoryLocalStore<String>,
+    ManualClock,
+>;
+
+fn user_and_tenant(clock: &ManualClock) -> JobLayer {
+    HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
+        .key(|job: &(String, String)| Some(job.0.clone()))
+        .clock(clock.clone())
+        .limit(Limit::per_second(10).build().unwrap())
+        .level(
+            "tenant",
+            |job: &(String, String)| Some(job.1.clone()),
+            Limit::per_second(15).build().unwrap(),
+        )
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn acquire_keys_draws_on_every_level() {
+    let clock = ManualClock::new();
+    let layer = user_and_tenant(&clock);
+    let job = |user: &str| layer.keys(key(user), [("tenant", "acme")]).unwrap();
+    for _ in 0..10 {
+        assert!(layer.acquire_keys(job("alice"), 1).await.is_ok());
+    }
+    for _ in 0..5 {
+        assert!(layer.acquire_keys(job("bob"), 1).await.is_ok());
+    }
+    let refused = layer.acquire_keys(job("bob"), 1).await.unwrap_err();
+    assert_eq!(refused.level, Some("tenant"), "the tenant's 15 are used up");
+    assert_eq!(refused.key.as_deref(), Some("acme"));
+    // Without the tenant's key, bob is limited as a user only: 5 of his own are left.
+    assert!(layer.acquire(key("bob"), 5).await.is_ok());
+    assert!(layer.acquire(key("bob"), 1).await.is_err());
+    // The refused use took nothing: a second later the tenant has its 15 again.
+    clock.advance(Duration::from_secs(1));
+    assert!(layer.acquire_keys(job("carol"), 10).await.is_ok());
+    assert!(layer.acquire_keys(job("dave"), 5).await.is_ok());
+    assert!(layer.acquire_keys(job("dave"), 1).await.is_err());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn keys_name_the_layers_levels_each_once() {
+    let clock = ManualClock::new();
+    let layer = user_and_tenant(&clock);
+    let error = layer.keys(key("a"), [("team", "x")]).unwrap_err();
+    assert!(error.to_string().contains("levels"), "{error}");
+    assert!(
+        layer
+            .keys(key("a"), [("tenant", "x"), ("tenant", "y")])
+            .is_err()
+    );
+    let keys = layer
+        .keys(key("a"), std::iter::empty::<(&str, String)>())
+        .unwrap();
+    assert_eq!(keys.first(), "a");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn reservations_and_settlements_cover_every_level() {
+    let clock = ManualClock::new();
+    let layer = user_and_tenant(&clock);
+    let job = |user: &str| layer.keys(key(user), [("tenant", "acme")]).unwrap();
+    // A reservation admitted at once and dropped unused gives its tokens back at both levels.
+    let dropped = layer
+        .reserve_keys(job("alice"), 10, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(dropped.delay(), Duration::ZERO);
+    drop(dropped);
+    assert_eq!(layer.remaining("alice")[0].tokens, 10);
+    // The tenant's tokens came back too: 15 can be taken at once.
+    assert!(layer.acquire_keys(job("bob"), 10).await.is_ok());
+    assert!(layer.acquire_keys(job("carol"), 5).await.is_ok());
+    // The tenant is empty: a reservation for it waits for its next token (1/15 s).
+    let later = layer
+        .reserve_keys(job("dave"), 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(later.delay(), Duration::from_micros(66_667));
+    drop(later);
+    // A use charged 10 that cost 2 is refunded at both levels: the tenant has 13 left.
+    clock.advance(Duration::from_secs(1));
+    let admitted = layer.acquire_keys(job("erin"), 10).await.unwrap();
+    layer.settle_keys(job("erin"), admitted, 10, 2).await;
+    assert_eq!(layer.stats().tokens_refunded, 2 * 8);
+    assert_eq!(layer.remaining("erin")[0].tokens, 8);
+    assert!(layer.acquire_keys(job("frank"), 8).await.is_ok());
+    assert!(layer.acquire_keys(job("gina"), 5).await.is_ok());
+    assert!(layer.acquire_keys(job("gina"), 1).await.is_err());
+}

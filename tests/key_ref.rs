@@ -332,3 +332,50 @@ async fn a_key_borrowed_as_bytes_is_kept_compactly_and_decided_as_the_same_key_m
     use StatusCode as S;
     assert_eq!(statuses, [S::OK, S::OK, S::TOO_MANY_REQUESTS]);
 }
+
+/// A level's keys may be of another type than the main key, converted into it: a tenant
+/// level read with `header_value` (a `String`) beside a main key borrowed as bytes.
+#[tokio::test]
+async fn a_level_keyed_by_another_type_converts_into_the_key_type() {
+    let clock = ManualClock::new();
+    let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
+        .key_ref(|req: &Request<Body>| key::header_bytes(req, &API_KEY))
+        .clock(clock.clone())
+        .limit(Limit::per_minute(10).build().unwrap())
+        .level(
+            "tenant",
+            |req: &Request<Body>| key::header_value(req, "x-tenant"),
+            Limit::per_minute(3).build().unwrap(),
+        )
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer.clone());
+    let call = |user: &'static str| {
+        let request = Request::get("/")
+            .header(API_KEY, user)
+            .header("x-tenant", "acme")
+            .body(Body::empty())
+            .unwrap();
+        app.clone().oneshot(request)
+    };
+    let mut statuses = Vec::new();
+    for user in ["u1", "u2", "u3", "u4"] {
+        statuses.push(call(user).await.unwrap().status());
+    }
+    // Four users, each well within their own 10 a minute; the tenant's 3 a minute refuses
+    // the fourth.
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert_eq!(layer.stats().requests_refused, 1);
+}

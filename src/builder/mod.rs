@@ -547,6 +547,13 @@ where
     /// follow [`Quota`]'s rules for names and prefix the level's limit names in responses
     /// (`tenant/per-second`).
     ///
+    /// A level's closure may give any type that converts into the layer's key type: a
+    /// `String` from [`key::header_value`](crate::key::header_value) beside a
+    /// [`CompactKey`](crate::key::CompactKey) main key from
+    /// [`key::header_bytes`](crate::key::header_bytes). Keys of unrelated types are written
+    /// into the key type (`tenant_id.to_string()`); a level's keys never meet another level's,
+    /// whatever their values.
+    ///
     /// ```
     /// use axum::body::Body;
     /// use http::Request;
@@ -561,25 +568,27 @@ where
     ///     .build()?;
     /// # Ok::<(), hierarchical_throttle::ConfigError>(())
     /// ```
-    pub fn level(
+    pub fn level<Q: Into<K>>(
         self,
         name: &str,
-        key: impl Fn(&Req) -> Option<K> + Send + Sync + 'static,
+        key: impl Fn(&Req) -> Option<Q> + Send + Sync + 'static,
         quota: impl Into<Quota>,
     ) -> Self {
-        self.add_level(name, Box::new(key), QuotaSource::Fixed(quota.into()))
+        let key = Box::new(move |request: &Req| key(request).map(Into::into));
+        self.add_level(name, key, QuotaSource::Fixed(quota.into()))
     }
 
     /// A [`level`](Self::level) whose limits are chosen per key, as
     /// [`limit_per_key`](Self::limit_per_key) chooses them at the first level.
-    pub fn level_per_key<Q: Into<Quota>>(
+    pub fn level_per_key<Q: Into<K>, T: Into<Quota>>(
         self,
         name: &str,
-        key: impl Fn(&Req) -> Option<K> + Send + Sync + 'static,
-        quota: impl Fn(&K) -> Q + Send + Sync + 'static,
+        key: impl Fn(&Req) -> Option<Q> + Send + Sync + 'static,
+        quota: impl Fn(&K) -> T + Send + Sync + 'static,
     ) -> Self {
         let quota = QuotaSource::PerKey(Box::new(move |key: &K| quota(key).into()));
-        self.add_level(name, Box::new(key), quota)
+        let key = Box::new(move |request: &Req| key(request).map(Into::into));
+        self.add_level(name, key, quota)
     }
 
     fn add_level(mut self, name: &str, key: KeyFn<Req, K>, quota: QuotaSource<K>) -> Self {

@@ -287,6 +287,15 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     }
 
     /// The quota of `key` at `level`.
+    /// The index of the further level called `name`.
+    pub(crate) fn level_named(&self, name: &str) -> Option<u8> {
+        let index = self
+            .levels
+            .iter()
+            .position(|level| level.name.is_some_and(|n| n.as_str() == name))?;
+        u8::try_from(index).ok()
+    }
+
     pub(crate) fn quota(&self, level: u8, key: &K) -> Option<Quota> {
         Some(self.level_quota(level, key)?.1.into_owned())
     }

@@ -18,6 +18,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::clock::Clock;
+use crate::key::Keys;
 use crate::quota::LeaseKey;
 use crate::rejection::{Rejection, RejectionReason};
 use crate::sync::lock;
@@ -108,7 +109,7 @@ impl<K> std::fmt::Debug for Reservation<K> {
 /// is dropped before it is awaited (only into the leases that gave them).
 struct Taken<K: Key, G: Global<K>, L: Local<K>, C: Clock> {
     throttle: Arc<Throttle<K, G, L, C>>,
-    id: LeaseKey<K>,
+    keys: Keys<K>,
     cost: u64,
     at_once: bool,
     admitted: Admitted,
@@ -127,12 +128,15 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for Taken<K, G, L, C> {
         if self.used {
             return;
         }
-        let slots = self.throttle.resolve(&self.id).map_or(1, |b| b.slots);
-        for slot in (0..slots).filter(|&slot| self.admitted.leased(self.id.level, slot)) {
-            self.id.slot = slot;
-            match self.at_once {
-                true => self.throttle.undo(&self.id, self.cost),
-                false => self.throttle.give_back(&self.id, self.cost),
+        for id in self.keys.ids() {
+            let slots = self.throttle.resolve(id).map_or(1, |b| b.slots);
+            let mut id = id.clone();
+            for slot in (0..slots).filter(|&slot| self.admitted.leased(id.level, slot)) {
+                id.slot = slot;
+                match self.at_once {
+                    true => self.throttle.undo(&id, self.cost),
+                    false => self.throttle.give_back(&id, self.cost),
+                }
             }
         }
     }
@@ -303,19 +307,19 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         }
     }
 
-    /// A reservation admitted (`admitted`) at once on bucket `id`'s key (its tokens taken
+    /// A reservation admitted (`admitted`) at once on `keys` (its tokens taken
     /// `at_once` from the leases, or after a batch): they go back if it is dropped without
     /// being awaited.
     pub(crate) fn admitted_reservation(
         self: &Arc<Self>,
-        id: LeaseKey<K>,
+        keys: Keys<K>,
         cost: u64,
         at_once: bool,
         admitted: Admitted,
     ) -> Reservation<K> {
         let taken = Taken {
             throttle: self.clone(),
-            id,
+            keys,
             cost,
             at_once,
             admitted,

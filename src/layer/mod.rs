@@ -1,0 +1,156 @@
+//! The layer: what every service it wraps shares, and the uses of keys outside a tower service
+//! (in `uses`).
+
+mod uses;
+
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::global::GlobalStore;
+use crate::local::LocalStore;
+use crate::local::memory::MemoryLocalStore;
+use crate::policy::RequestPolicy;
+use crate::quota::{BucketKey, LeaseKey};
+use crate::response::DefaultRejection;
+use crate::service::HierarchicalThrottle;
+use crate::stats::ThrottleStats;
+use crate::throttle::Throttle;
+
+/// Applies hierarchical token-bucket throttling to requests, per key, across a fleet.
+///
+/// Built with [`HierarchicalThrottleLayer::builder`]. Cloning the layer does **not** create new
+/// buckets: every clone, and every service it wraps, shares one local store, one connection to
+/// the global store and one set of [`stats`](Self::stats). Build one layer per limit you want
+/// enforced, and clone it freely.
+///
+/// Type parameters: `Req` the request, `K` the throttle key, `G` the [`GlobalStore`], `L` the
+/// [`LocalStore`], `C` the [`Clock`] and `R` the [`OnRejection`](crate::OnRejection) handler.
+pub struct HierarchicalThrottleLayer<
+    Req,
+    K,
+    G,
+    L = MemoryLocalStore<K>,
+    C = MonotonicClock,
+    R = DefaultRejection,
+> {
+    pub(crate) throttle: Arc<Throttle<K, G, L, C>>,
+    pub(crate) policy: Arc<RequestPolicy<Req, K, R>>,
+}
+
+impl<Req, K, G, L, C, R> Clone for HierarchicalThrottleLayer<Req, K, G, L, C, R> {
+    fn clone(&self) -> Self {
+        Self {
+            throttle: self.throttle.clone(),
+            policy: self.policy.clone(),
+        }
+    }
+}
+
+impl<Req, K, G, L, C, R> fmt::Debug for HierarchicalThrottleLayer<Req, K, G, L, C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HierarchicalThrottleLayer")
+            .field("config", &self.throttle.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Req, K, G, L, C, R> HierarchicalThrottleLayer<Req, K, G, L, C, R>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    G: GlobalStore<BucketKey<K>>,
+    L: LocalStore<LeaseKey<K>>,
+    C: Clock,
+{
+    /// Counters of the decisions made so far, shared by all clones.
+    pub fn stats(&self) -> ThrottleStats {
+        self.throttle.stats()
+    }
+
+    /// Whether the global store answered the last call made to it: by any layer on the same
+    /// store in this process (every store of this crate shares that among its clones), else by
+    /// this one. `false` until a call has been answered, and from a failed call until the next
+    /// answer, whether or not this layer is backing off. For readiness probes, and the
+    /// `throttle_store_up` gauge.
+    pub fn store_up(&self) -> bool {
+        self.throttle.store_reachable()
+    }
+
+    /// What every limit of `key` (at the layer's first level) holds as this host sees it,
+    /// without taking anything or calling the global store: the host's lease plus the global
+    /// bucket's level at its last answer and what has refilled since. Other hosts may have
+    /// taken some of that since, so this is an estimate; a limit this host has not used yet
+    /// shows full. [`remaining_global`](Self::remaining_global) asks the store.
+    ///
+    /// ```
+    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = HierarchicalThrottleLayer::builder()
+    ///     .key(|user: &u64| Some(*user))
+    ///     .limit(Limit::per_second(10).burst(10)?)
+    ///     .global_store(MemoryGlobalStore::new())
+    ///     .build()?;
+    /// layer.acquire(7, 3).await?;
+    ///
+    /// let left = layer.remaining(&7);
+    /// assert_eq!((left[0].limit_name, left[0].tokens), ("default", 7));
+    /// // The global bucket alone: without the tokens leased to this host.
+    /// assert!(layer.remaining_global(&7).await?[0].tokens <= 7);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// `key` may be a borrowed form of the key type, as a map's lookups take it (`&str` for a
+    /// `String` key, `&[u8]` for a `CompactKey`).
+    pub fn remaining<Q>(&self, key: &Q) -> Vec<crate::Remaining>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: crate::key::BorrowedKey<Key = K> + ?Sized,
+    {
+        self.throttle
+            .remaining_of(&mut [LeaseKey::new(key.to_key(), 0, 0)])
+    }
+
+    /// What every limit of `key` (at the layer's first level) holds in the global store: one
+    /// read per limit, taking nothing. Tokens leased to hosts are not in it. `key` may be a
+    /// borrowed form of the key type, as for [`remaining`](Self::remaining).
+    pub async fn remaining_global<Q>(&self, key: &Q) -> Result<Vec<crate::Remaining>, G::Error>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: crate::key::BorrowedKey<Key = K> + ?Sized,
+    {
+        self.throttle.remaining_global(0, &key.to_key()).await
+    }
+
+    /// Hands back to the global store the leased tokens not used within the lease time-to-live,
+    /// and the leases of evicted buckets.
+    ///
+    /// A background task does this every half lease time once the layer has served its first
+    /// request; call it yourself to do it at a moment of your choosing (for example in tests on
+    /// a manual clock).
+    pub async fn return_unused_leases(&self) {
+        self.throttle.return_unused_leases().await;
+    }
+
+    /// The local store, to inspect it.
+    pub fn local_store(&self) -> &L {
+        &self.throttle.local
+    }
+
+    /// The global store.
+    pub fn global_store(&self) -> &G {
+        &self.throttle.global
+    }
+}
+
+impl<S, Req, K, G, L, C, R> Layer<S> for HierarchicalThrottleLayer<Req, K, G, L, C, R> {
+    type Service = HierarchicalThrottle<S, Req, K, G, L, C, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        HierarchicalThrottle::from_parts(inner, self.throttle.clone(), self.policy.clone())
+    }
+}
