@@ -140,7 +140,12 @@ pub use fields::{PartitionKey, RateLimitFields, Revision};
 pub use future::{Acquire, ResponseFuture};
 pub use global::memory::MemoryGlobalStore;
 pub use key::{Keys, MissingKey};
-pub use layer::HierarchicalThrottleLayer;
+#[cfg(feature = "redis")]
+pub use layer::RedisThrottleLayer;
+pub use layer::{
+    BoxSettle, HierarchicalThrottleLayer, MemorySettlingLayer, MemoryThrottleLayer, SettleFn,
+    ThrottleHandle,
+};
 pub use limit::{Limit, LimitBuilder};
 pub use local::memory::MemoryLocalStore;
 pub use quota::Quota;

@@ -1,9 +1,10 @@
 //! The local fast path against governor's keyed `check_key`, in the same run, on one and two
 //! threads; and the slow path that fetches a batch from the global store.
 //!
-//! Three ways to decide, each taking a `u64` key and calling the same trivial inner service when
-//! admitted: this crate's decision alone (`acquire`), this crate's whole service (key closure,
-//! decision, response future), and governor's keyed `check_key`. Every key holds tokens before
+//! Four ways to decide, each taking a `u64` key and calling the same trivial inner service when
+//! admitted: this crate's decision alone (`acquire`, on the layer and through the type-erased
+//! `ThrottleHandle`), this crate's whole service (key closure, decision, response future), and
+//! governor's keyed `check_key`. Every key holds tokens before
 //! measuring, so each iteration is a hit on a known key.
 //!
 //! Run with: cargo bench -p hierarchical-throttle-bench --bench fast_path
@@ -23,7 +24,7 @@ use hierarchical_throttle::batch::{BatchContext, FractionOfCapacity};
 use hierarchical_throttle::clock::MonotonicClock;
 use hierarchical_throttle::{
     Builder, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore, Rejection,
-    Unset,
+    ThrottleHandle, Unset,
 };
 use support::{keys, poll_once};
 use tower::{Layer, Service, ServiceExt};
@@ -110,6 +111,8 @@ fn next(i: usize, len: usize) -> usize {
 enum Way {
     /// `HierarchicalThrottleLayer::acquire`: the decision alone.
     Acquire,
+    /// `ThrottleHandle::acquire`: the decision through the type-erased handle.
+    Handle,
     /// The throttling service: key closure, decision and response future.
     Service,
     /// governor's keyed `check_key`.
@@ -117,11 +120,12 @@ enum Way {
 }
 
 impl Way {
-    const ALL: [Way; 3] = [Way::Acquire, Way::Service, Way::Governor];
+    const ALL: [Way; 4] = [Way::Acquire, Way::Handle, Way::Service, Way::Governor];
 
     fn name(self) -> &'static str {
         match self {
             Way::Acquire => "hierarchical_throttle_acquire",
+            Way::Handle => "hierarchical_throttle_handle_acquire",
             Way::Service => "hierarchical_throttle_service",
             Way::Governor => "governor_check_key",
         }
@@ -131,7 +135,7 @@ impl Way {
 /// What one thread decides with: its own clone of our service (clones share the buckets), or
 /// the shared governor limiter.
 enum Decider<'a> {
-    Ours(&'a OursLayer, Ours),
+    Ours(&'a OursLayer, Ours, ThrottleHandle<u64>),
     Governor(&'a DefaultKeyedRateLimiter<u64>),
 }
 
@@ -140,9 +144,13 @@ impl Decider<'_> {
     fn decide(&mut self, way: Way, key: u64) -> Option<Result<u64, Infallible>> {
         let mut echo = Echo;
         match (way, self) {
-            (Way::Service, Decider::Ours(_, service)) => poll_once(service.call(key)),
-            (Way::Acquire, Decider::Ours(layer, _)) => {
+            (Way::Service, Decider::Ours(_, service, _)) => poll_once(service.call(key)),
+            (Way::Acquire, Decider::Ours(layer, _, _)) => {
                 let admitted = poll_once(layer.acquire(key, 1)).is_some_and(|d| d.is_ok());
+                admitted.then(|| poll_once(echo.call(key)))?
+            }
+            (Way::Handle, Decider::Ours(_, _, handle)) => {
+                let admitted = poll_once(handle.acquire(key, 1)).is_some_and(|d| d.is_ok());
                 admitted.then(|| poll_once(echo.call(key)))?
             }
             (_, Decider::Governor(limiter)) => {
@@ -172,7 +180,7 @@ fn one_thread(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
                     _ => {
                         let (layer, service) =
                             ours_state.get_or_insert_with(|| ours(runtime, &keys));
-                        Decider::Ours(layer, service.clone())
+                        Decider::Ours(layer, service.clone(), layer.handle())
                     }
                 };
                 b.iter(|| {
@@ -204,7 +212,7 @@ fn two_threads(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
                     in_parallel(&halves, |keys| {
                         let mut decider = match way {
                             Way::Governor => Decider::Governor(&limiter),
-                            _ => Decider::Ours(&layer, service.clone()),
+                            _ => Decider::Ours(&layer, service.clone(), layer.handle()),
                         };
                         let mut i = 0;
                         for _ in 0..iters {

@@ -1,7 +1,10 @@
 //! The layer: what every service it wraps shares, and the uses of keys outside a tower service
 //! (in `uses`).
 
+mod handle;
 mod uses;
+
+pub use handle::ThrottleHandle;
 
 use std::fmt;
 use std::hash::Hash;
@@ -146,6 +149,63 @@ where
         &self.throttle.global
     }
 }
+
+/// A layer on the in-memory global store (one process) with the default local store, clock
+/// and answers: what `builder().key(..).limit(..).global_store(MemoryGlobalStore::new())
+/// .build()` gives, nameable in a struct field or a function's return type.
+///
+/// ```
+/// use axum::{Router, body::Body, routing::get};
+/// use http::Request;
+/// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryThrottleLayer, key};
+///
+/// fn per_user() -> Result<MemoryThrottleLayer<Request<Body>, String>, hierarchical_throttle::ConfigError> {
+///     HierarchicalThrottleLayer::builder()
+///         .key(|req: &Request<Body>| key::header_value(req, "x-user"))
+///         .limit(Limit::per_second(10).build()?)
+///         .global_store(MemoryGlobalStore::new())
+///         .build()
+/// }
+///
+/// struct AppState {
+///     throttle: MemoryThrottleLayer<Request<Body>, String>,
+/// }
+///
+/// # fn main() -> Result<(), hierarchical_throttle::ConfigError> {
+/// let state = AppState { throttle: per_user()? };
+/// let app: Router = Router::new()
+///     .route("/", get(|| async { "hi" }))
+///     .layer(state.throttle.clone());
+/// # let _ = app;
+/// # Ok(()) }
+/// ```
+pub type MemoryThrottleLayer<Req, K> =
+    HierarchicalThrottleLayer<Req, K, crate::global::memory::MemoryGlobalStore<K>>;
+
+/// A layer on Redis (feature `redis`) with the default local store, clock and answers.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub type RedisThrottleLayer<Req, K> =
+    HierarchicalThrottleLayer<Req, K, crate::global::redis::RedisGlobalStore<K>>;
+
+/// A settle hook as a function pointer, so that a settling layer can be named: `fn` items,
+/// and closures that capture nothing, coerce to it (`.settle(tokens_used as SettleFn<_>)`).
+pub type SettleFn<Res> = fn(&Res, u64) -> u64;
+
+/// A settle hook of any closure, boxed, so that a settling layer can be named
+/// (`.settle(Box::new(move |res, charged| ..) as BoxSettle<_>)`).
+pub type BoxSettle<Res> = Box<dyn Fn(&Res, u64) -> u64 + Send + Sync>;
+
+/// A layer on the in-memory global store that [settles](crate::Builder::settle) costs with
+/// `F`: a [`SettleFn`] or a [`BoxSettle`] of the response type.
+pub type MemorySettlingLayer<Req, K, F> = HierarchicalThrottleLayer<
+    Req,
+    K,
+    crate::global::memory::MemoryGlobalStore<K>,
+    MemoryLocalStore<K>,
+    MonotonicClock,
+    crate::response::Settle<DefaultRejection, F>,
+>;
 
 impl<S, Req, K, G, L, C, R> Layer<S> for HierarchicalThrottleLayer<Req, K, G, L, C, R> {
     type Service = HierarchicalThrottle<S, Req, K, G, L, C, R>;
