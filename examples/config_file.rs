@@ -1,6 +1,6 @@
 //! Tiers and levels loaded from a TOML file (`examples/tiers.toml`).
 //!
-//! Run with: `cargo run --example config_file --features serde`
+//! Run with: `cargo run -p hierarchical-throttle-suite --example config_file`
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! Run with: cargo run --release --features redis --example fleet
+//! Run with: cargo run --release -p hierarchical-throttle-suite --example fleet
 //!
 //! A fleet of three axum hosts on three loopback ports, throttled by one limit shared through
 //! one Redis (from `REDIS_URL`, or a redis-server this example starts on a free port). A load

@@ -1,4 +1,4 @@
-//! Run with: cargo run --features metrics --example prometheus
+//! Run with: cargo run -p hierarchical-throttle-suite --example prometheus
 //!
 //! A throttled route on 127.0.0.1:3001 (3 requests per 10 s per `x-api-key`) and, beside it,
 //! `/metrics` for Prometheus to scrape. The layer publishes its counters every half lease time

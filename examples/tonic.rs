@@ -1,11 +1,11 @@
-//! Run with: cargo run --features tonic --example tonic
+//! Run with: cargo run -p hierarchical-throttle-suite --example tonic
 //!
 //! A gRPC server (`demo.Echo`) on 127.0.0.1:50051, throttled per `x-api-key` metadata (or per
 //! peer IP without one): 5 calls per 10 seconds, bursts of 5. In another terminal, the client
 //! mode sends 8 calls and prints what each got:
 //!
 //! ```text
-//! cargo run --features tonic --example tonic -- client
+//! cargo run -p hierarchical-throttle-suite --example tonic -- client
 //! ```
 //!
 //! The sixth call on gets `RESOURCE_EXHAUSTED` with `retry-after` metadata and a
@@ -43,7 +43,7 @@ async fn server() -> Result<(), Error> {
         .global_store(MemoryGlobalStore::new())
         .build()?;
     println!("serving demo.Echo on {ADDR} (5 calls per 10 s per key)");
-    println!("try: cargo run --features tonic --example tonic -- client");
+    println!("try: cargo run -p hierarchical-throttle-suite --example tonic -- client");
     Server::builder()
         .layer(throttle)
         .add_service(EchoServer)

@@ -41,7 +41,7 @@ echo "==> cargo test (all targets, all features)"
 cargo test --workspace --all-targets --all-features
 
 echo "==> the fleet simulation in release (2,000 seeds; the debug run above has 300)"
-cargo test --release --all-features --test simulation
+cargo test --release --all-features -p hierarchical-throttle-suite --test simulation
 
 echo "==> cargo test --doc"
 cargo test --doc --all-features

@@ -3,7 +3,7 @@
 //! for over-admission, liveness, token conservation, exact refusals and bounded waits.
 //!
 //! A failing seed prints the command that replays it alone:
-//! `SIM_SEED=<seed> cargo test --test simulation -- --nocapture`. `SIM_SEEDS=<n>` runs more,
+//! `SIM_SEED=<seed> cargo test -p hierarchical-throttle-suite --test simulation -- --nocapture`. `SIM_SEEDS=<n>` runs more,
 //! `SIM_SEEDS=<from>..<to>` a range of them.
 
 mod sim;
@@ -47,7 +47,7 @@ const REGRESSIONS: &[u64] = &[
 ];
 
 /// Seeds run by default: a few hundred in a debug build (about a minute on two cores), two
-/// thousand in release (`cargo test --release --test simulation`, as CI runs it too).
+/// thousand in release (`cargo test --release -p hierarchical-throttle-suite --test simulation`, as CI runs it too).
 const DEFAULT_SEEDS: u64 = if cfg!(debug_assertions) { 300 } else { 2_000 };
 
 fn seeds() -> Vec<u64> {
@@ -95,7 +95,7 @@ fn the_fleet_invariant_holds_for_every_seed() {
     });
     for (seed, error) in &failures {
         eprintln!(
-            "seed {seed} failed: {error}\n  replay: SIM_SEED={seed} cargo test --test simulation -- --nocapture"
+            "seed {seed} failed: {error}\n  replay: SIM_SEED={seed} cargo test -p hierarchical-throttle-suite --test simulation -- --nocapture"
         );
     }
     assert!(
