@@ -244,3 +244,49 @@ async fn reservations_and_settlements_cover_every_level() {
     assert!(layer.acquire_keys(job("gina"), 5).await.is_ok());
     assert!(layer.acquire_keys(job("gina"), 1).await.is_err());
 }
+
+/// `acquire_ref` decides exactly as `acquire` on the same buckets, for a key given in a
+/// borrowed form, with one limit or several, on the lease and after a batch.
+#[tokio::test(flavor = "current_thread")]
+async fn acquire_ref_takes_a_borrowed_key_and_decides_as_acquire() {
+    let clock = ManualClock::new();
+    let quota: hierarchical_throttle::Quota = "per-second: 3/s; per-minute: 5/min".parse().unwrap();
+    let build = || {
+        HierarchicalThrottleLayer::builder()
+            .cold_start(hierarchical_throttle::ColdStart::Exact)
+            .key(|k: &String| Some(k.clone()))
+            .clock(clock.clone())
+            .quota(quota.clone())
+            .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+            .build()
+            .unwrap()
+    };
+    let (owned, borrowed) = (build(), build());
+    let mut decisions = (Vec::new(), Vec::new());
+    for step in 0..8 {
+        decisions
+            .0
+            .push(owned.acquire(key("k"), 1).await.map_err(|r| r.limit_name));
+        decisions
+            .1
+            .push(borrowed.acquire_ref("k", 1).await.map_err(|r| r.limit_name));
+        if step == 3 {
+            clock.advance(Duration::from_secs(1));
+        }
+    }
+    assert_eq!(decisions.0, decisions.1);
+    let admitted = decisions.1.iter().filter(|d| d.is_ok()).count();
+    assert_eq!(admitted, 5, "per-minute's 5, whatever per-second allows");
+    assert_eq!(borrowed.stats().requests_admitted, 5);
+    assert_eq!(borrowed.remaining("k")[1].tokens, 0);
+
+    // A `CompactKey` by its bytes.
+    let bytes = HierarchicalThrottleLayer::builder()
+        .key(|k: &hierarchical_throttle::key::CompactKey| Some(k.clone()))
+        .limit(Limit::per_minute(1).build().unwrap())
+        .global_store(MemoryGlobalStore::new())
+        .build()
+        .unwrap();
+    assert!(bytes.acquire_ref(&b"k1"[..], 1).await.is_ok());
+    assert!(bytes.acquire("k1".into(), 1).await.is_err());
+}

@@ -67,6 +67,41 @@ where
         }
     }
 
+    /// [`acquire`](Self::acquire) for a key given in a borrowed form, as a map's lookups take
+    /// it (`&str` for a `String` key, `&[u8]` for a [`CompactKey`](crate::key::CompactKey)):
+    /// the key is made only when the host's leased tokens cannot decide alone, as with
+    /// [`key_ref`](crate::Builder::key_ref).
+    ///
+    /// ```
+    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = HierarchicalThrottleLayer::builder()
+    ///     .key(|user: &String| Some(user.clone()))
+    ///     .limit(Limit::per_second(1).build()?)
+    ///     .global_store(MemoryGlobalStore::new())
+    ///     .build()?;
+    /// assert!(layer.acquire_ref("alice", 1).await.is_ok());
+    /// assert!(layer.acquire("alice".to_owned(), 1).await.is_err(), "the same bucket");
+    /// # Ok(()) }
+    /// ```
+    pub fn acquire_ref<Q>(&self, key: &Q, cost: u64) -> Acquire<K>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+        for<'q> &'q Q: Into<K>,
+    {
+        if self.throttle.shapes() {
+            return self.acquire_shaped(Keys::first_level(key.into()), cost);
+        }
+        match self.throttle.check_by(key, || key.into(), cost) {
+            Check::Admit => self.admitted_at_once(),
+            Check::Reject(rejection) => self.refused(rejection),
+            Check::Wait(decision) => self.decided_later(decision, cost),
+        }
+    }
+
     /// The keys of one use at every level: `first` at the layer's first level, and at each
     /// further [level](crate::Builder::level) named in `levels` its key (a level left out
     /// does not limit the use, as a request whose level closure finds no key). For

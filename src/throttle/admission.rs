@@ -62,6 +62,28 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         Some(self.after_group_hit(&LeaseKey::new(key, 0, 0), hit, cost))
     }
 
+    /// Decides a use of the key whose borrowed form is `key` at the first level, making the
+    /// key (`make`) only when the leases cannot decide alone.
+    pub(crate) fn check_by<Q>(
+        self: &Arc<Self>,
+        key: &Q,
+        make: impl FnOnce() -> K,
+        cost: u64,
+    ) -> Check<K>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        let Some(memory) = self.memory_store() else {
+            return self.check_key(make(), cost);
+        };
+        let hit = memory.take_group_by(key, 0, cost);
+        if hit.is_plain_admission() {
+            return Check::Admit;
+        }
+        self.after_group_hit(&LeaseKey::new(make(), 0, 0), hit, cost)
+    }
+
     /// The default local store, when it is this throttle's.
     #[inline(always)]
     fn memory_store(&self) -> Option<&MemoryLocalStore<K>> {
