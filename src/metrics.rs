@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | `throttle_requests_total` | counter | `layer`, `outcome` (`admitted`, `refused`, `shadow_admitted`: a partition, each request once) |
 //! | `throttle_decisions_total` | counter | `layer`, `outcome` (`admitted`, `refused`, `policy`, `shadow_admitted`, `waited`), `reason` |
-//! | `throttle_refusals_total` | counter | `layer`, `limit` (`per-second`, `tenant/per-day`; `none` when no limit refused), `reason` (`throttled`, `cost_above_capacity`, `missing_key`, `store_unavailable`) |
+//! | `throttle_refusals_total` | counter | `layer`, `limit` (`per-second`, `tenant/per-day`; `none` when no limit refused), `reason` (`throttled`, `cost_above_capacity`, `missing_key`, `store_unavailable`; `shadow`: a limit in [shadow](crate::Builder::shadow_limit) would have refused) |
 //! | `throttle_global_calls_total` | counter | `layer`, `result` (`ok`, `error`, `timeout`: a partition, they add up to the calls made) |
 //! | `throttle_tokens_total` | counter | `layer`, `kind` (`leased`, `returned`, `lost`, `refunded`, `uncharged`, `unleased`, `forfeited`; see [`ThrottleStats`]) |
 //! | `throttle_global_call_seconds` | histogram | `layer` |

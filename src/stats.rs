@@ -75,6 +75,11 @@ pub struct ThrottleStats {
     pub requests_admitted: u64,
     /// Requests (and uses) refused, once each, for any reason.
     pub requests_refused: u64,
+    /// Refusals a limit in [shadow](crate::Builder::shadow_limit) would have made, per bucket
+    /// decision: the requests went on to the other limits (a request another limit refused
+    /// at the same time may count too). By limit in `throttle_refusals_total` with reason
+    /// `shadow`.
+    pub shadow_limit_refusals: u64,
 }
 
 macro_rules! counters {
@@ -117,6 +122,7 @@ counters!(
     shaped_refusals,
     requests_admitted,
     requests_refused,
+    shadow_limit_refusals,
 );
 
 /// Requests refused, by the refusing limit (`per-second`, `tenant/per-day`) and reason: once per

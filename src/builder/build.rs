@@ -49,6 +49,7 @@ where
             });
             level_keys.push(level.key);
         }
+        check_shadow_limits(&self.config.shadow_limits, &levels)?;
         let registration = match self.global.layers() {
             Some(registry) => Some(
                 registry
@@ -102,4 +103,32 @@ fn limits_fingerprint<K>(levels: &[Level<K>]) -> u64 {
         }
     }
     hasher.finish()
+}
+
+/// Every limit put in shadow names a level of the layer, and a limit of it when its quota is
+/// fixed.
+fn check_shadow_limits<K>(
+    shadow: &[(Option<Name>, Option<Name>)],
+    levels: &[Level<K>],
+) -> Result<(), ConfigError> {
+    for &(level, limit) in shadow {
+        let Some(found) = levels.iter().find(|l| l.name == level) else {
+            return Err(ConfigError::Unreadable {
+                part: level.map_or("", Name::as_str).to_owned(),
+                expected: "a level of the layer, for a limit in shadow",
+            });
+        };
+        let known = match (&found.quota, limit) {
+            (QuotaSource::Fixed(quota), Some(limit)) => quota.get(limit.as_str()).is_some(),
+            _ => true,
+        };
+        if !known {
+            return Err(ConfigError::Unreadable {
+                part: limit.map_or("", Name::as_str).to_owned(),
+                expected: "a limit of the layer (`per-day`, or `tenant/per-day` at a further \
+                           level), for a limit in shadow",
+            });
+        }
+    }
+    Ok(())
 }

@@ -69,6 +69,7 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
                 retry_jitter: Duration::ZERO,
                 name: Arc::from(crate::quota::DEFAULT_LAYER),
                 layer: Name::intern(crate::quota::DEFAULT_LAYER),
+                shadow_limits: Vec::new(),
             },
             error: None,
         }
@@ -315,6 +316,42 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     /// traffic before enforcing it. Default: off.
     pub fn shadow(mut self, on: bool) -> Self {
         self.config.shadow = on;
+        self
+    }
+
+    /// One limit in shadow, beside enforced ones: `"per-day"` at the first level, or
+    /// `"tenant/per-day"` at level `tenant`. Its bucket takes tokens as usual, but when it
+    /// would refuse, the request goes on to the other limits and is served if they admit it;
+    /// the would-be refusal is counted under the limit's name
+    /// ([`ThrottleStats::shadow_limit_refusals`](crate::ThrottleStats::shadow_limit_refusals),
+    /// `throttle_refusals_total{reason="shadow"}`). For rolling out a new limit on live
+    /// traffic; [`shadow`](Self::shadow) puts the whole layer in shadow. A name that is not one
+    /// of the layer's limits (when its quotas are fixed) is an error at
+    /// [`build`](Self::build).
+    pub fn shadow_limit(mut self, limit: &str) -> Self {
+        let scope = match limit.split_once('/') {
+            Some((level, limit)) => {
+                Name::new(level).and_then(|level| Ok((Some(level), Name::new(limit)?)))
+            }
+            None => Name::new(limit).map(|limit| (None, limit)),
+        };
+        match scope {
+            Ok((level, limit)) => self.config.shadow_limits.push((level, Some(limit))),
+            Err(error) => {
+                self.error.get_or_insert(error);
+            }
+        }
+        self
+    }
+
+    /// Every limit of level `level` in shadow: see [`shadow_limit`](Self::shadow_limit).
+    pub fn shadow_level(mut self, level: &str) -> Self {
+        match Name::new(level) {
+            Ok(level) => self.config.shadow_limits.push((Some(level), None)),
+            Err(error) => {
+                self.error.get_or_insert(error);
+            }
+        }
         self
     }
 

@@ -11,7 +11,7 @@ use crate::throttle::{Admitted, Check, Global, Key, Local, Resolved, Throttle};
 use std::sync::Arc;
 
 use crate::clock::Clock;
-use crate::quota::LeaseKey;
+use crate::quota::{LeaseKey, Name};
 
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// Decides one bucket's share of a request costing `cost` tokens, and tells how many limits
@@ -78,6 +78,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             return (Check::Admit, 1);
         };
         let limit = bucket.limit;
+        if cost > limit.capacity() && bucket.shadow {
+            return (self.refused_in_shadow(id, &bucket).into(), bucket.slots);
+        }
         if cost > limit.capacity() {
             self.stats.refused_cost.incr();
             tracing::debug!(
@@ -116,6 +119,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 }
                 Check::Admit
             }
+            Miss::Throttled { .. } if bucket.shadow => self.refused_in_shadow(id, &bucket).into(),
             Miss::Throttled { until } => {
                 if self.counts_throttled() {
                     self.stats.rejected_cached.incr();
@@ -157,6 +161,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let Some(bucket) = self.resolve(id) else {
             return (None, 1);
         };
+        if bucket.shadow {
+            return (None, bucket.slots);
+        }
         if cost > bucket.limit.capacity() {
             return (Some(bucket.cost_rejection(id, cost)), bucket.slots);
         }
@@ -166,6 +173,16 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             .with_bucket(id, |b| b.known_short(cost, now, &bucket.limit));
         let refusal = until.map(|until| bucket.throttled(id, until.saturating_sub(now)));
         (refusal, bucket.slots)
+    }
+
+    /// A refusal by bucket `id` of a limit in shadow: counted under the limit's name, and the
+    /// use goes on, this bucket having taken nothing.
+    pub(crate) fn refused_in_shadow(&self, id: &LeaseKey<K>, bucket: &Resolved) -> Admitted {
+        self.stats.shadow_limit_refusals.incr();
+        let (level, name) = (bucket.level.map(Name::as_str), bucket.name.as_str());
+        self.refusals.count((level, Some(name), "shadow"));
+        tracing::debug!(limit = name, "a limit in shadow would have refused");
+        Admitted::untaken(id)
     }
 
     /// Puts back the `cost` tokens a request took from bucket `id` when another of its buckets
@@ -205,6 +222,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             Verdict::Admitted => {
                 this.stats.admitted_after_fetch.incr();
                 Ok(Admitted::LEASED)
+            }
+            Verdict::Throttled { .. } | Verdict::CostAboveCapacity if bucket.shadow => {
+                Ok(this.refused_in_shadow(id, &bucket))
             }
             Verdict::Throttled { until } => {
                 if this.counts_throttled() {

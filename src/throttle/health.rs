@@ -34,6 +34,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         cost: u64,
         bucket: &Resolved,
     ) -> Result<(), Rejection<K>> {
+        if bucket.shadow {
+            // A limit in shadow never refuses, whatever the store does.
+            return Ok(());
+        }
         let now = self.now();
         let until_probe = self.health.down_until().saturating_sub(now).max(1);
         let limit = &bucket.limit;
@@ -50,17 +54,20 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                         .rejection(id, RejectionReason::Throttled, share)
                         .with_retry_after(Duration::from_micros(wait))
                 };
-                if cost > share.capacity() {
+                if cost > share.capacity() && !bucket.shadow {
                     // This host's share can never hold it: it waits for the store instead.
                     return Err(throttled(until_probe));
                 }
                 let wait = self
                     .local
                     .with_bucket(id, |b| b.take_fallback(&share, now, cost));
-                if wait == 0 {
-                    Ok(())
-                } else {
-                    Err(throttled(wait))
+                match (wait, bucket.shadow) {
+                    (0, _) => Ok(()),
+                    (_, true) => {
+                        self.refused_in_shadow(id, bucket);
+                        Ok(())
+                    }
+                    (wait, false) => Err(throttled(wait)),
                 }
             }
         }

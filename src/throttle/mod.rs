@@ -77,6 +77,9 @@ pub(crate) type Decision<K> = BoxFuture<'static, Result<Admitted, Rejection<K>>>
 pub struct Admitted {
     /// Bit `level * 16 + slot` set for each bucket the failure policy decided.
     by_policy: u128,
+    /// Bit `level * 16 + slot` set for each bucket of a limit in shadow that would have
+    /// refused: it took nothing.
+    untaken: u128,
     /// Admitted in shadow mode: it took nothing, and has nothing to settle.
     shadow: bool,
 }
@@ -85,12 +88,14 @@ impl Admitted {
     /// Every bucket admitted with leased tokens.
     pub(crate) const LEASED: Self = Self {
         by_policy: 0,
+        untaken: 0,
         shadow: false,
     };
 
     /// Served in shadow mode instead of refused.
     pub(crate) const SHADOW: Self = Self {
         by_policy: u128::MAX,
+        untaken: 0,
         shadow: true,
     };
 
@@ -98,7 +103,15 @@ impl Admitted {
     fn by_policy<K>(id: &LeaseKey<K>) -> Self {
         Self {
             by_policy: 1 << Self::bit(id.level, id.slot),
-            shadow: false,
+            ..Self::LEASED
+        }
+    }
+
+    /// Bucket `id`, of a limit in shadow, would have refused: it took nothing.
+    fn untaken<K>(id: &LeaseKey<K>) -> Self {
+        Self {
+            untaken: 1 << Self::bit(id.level, id.slot),
+            ..Self::LEASED
         }
     }
 
@@ -110,6 +123,7 @@ impl Admitted {
     pub(crate) fn and(self, other: Self) -> Self {
         Self {
             by_policy: self.by_policy | other.by_policy,
+            untaken: self.untaken | other.untaken,
             shadow: self.shadow || other.shadow,
         }
     }
@@ -128,20 +142,29 @@ impl Admitted {
     }
 
     /// Whether every bucket the use drew on admitted it with leased tokens (`false` when the
-    /// failure policy decided any of them: a refund then goes nowhere).
+    /// failure policy decided any of them, or a limit in [shadow](crate::Builder::shadow_limit)
+    /// let it through: a refund then goes nowhere on those).
     pub fn from_leases(&self) -> bool {
-        self.by_policy == 0
+        self.by_policy | self.untaken == 0
     }
 
     /// Whether the bucket at `level` and `slot` admitted it with leased tokens.
     pub(crate) fn leased(&self, level: u8, slot: u8) -> bool {
-        self.by_policy & (1 << Self::bit(level, slot)) == 0
+        (self.by_policy | self.untaken) & (1 << Self::bit(level, slot)) == 0
     }
 }
 
 impl<K> Check<K> {
     pub(crate) fn reject(rejection: Rejection<K>) -> Self {
         Self::Reject(Box::new(rejection))
+    }
+}
+
+/// An admission decided already, but not from leased tokens on every bucket (the failure
+/// policy, a limit in shadow): a ready decision that carries which.
+impl<K: Send + 'static> From<Admitted> for Check<K> {
+    fn from(admitted: Admitted) -> Self {
+        Self::Wait(Box::pin(std::future::ready(Ok(admitted))))
     }
 }
 
@@ -165,6 +188,8 @@ pub(crate) struct Resolved {
     pub(crate) level: Option<Name>,
     /// How many limits the key's quota has.
     pub(crate) slots: u8,
+    /// The limit is in shadow: its refusals are counted, never made.
+    pub(crate) shadow: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -195,12 +220,21 @@ pub(crate) struct Config {
     pub(crate) name: std::sync::Arc<str>,
     /// The layer's name in its global buckets' identities.
     pub(crate) layer: Name,
+    /// Limits in shadow: a level (`None`: the first) and a limit (`None`: every one of it).
+    pub(crate) shadow_limits: Vec<(Option<Name>, Option<Name>)>,
 }
 
 impl Config {
     /// The layer's name for clients, when it was named.
     pub(crate) fn layer_name(&self) -> Option<&'static str> {
         (self.layer != Name::intern(crate::quota::DEFAULT_LAYER)).then(|| self.layer.as_str())
+    }
+
+    /// Whether limit `name` at `level` is in shadow.
+    pub(crate) fn in_shadow(&self, level: Option<Name>, name: Name) -> bool {
+        self.shadow_limits
+            .iter()
+            .any(|&(l, n)| l == level && n.is_none_or(|n| n == name))
     }
 
     /// The quota unit of limit `name` at `level`.
@@ -319,11 +353,13 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     pub(crate) fn resolve(&self, id: &LeaseKey<K>) -> Option<Resolved> {
         let quota = self.quota(id.level, &id.key)?;
         let (name, limit) = quota.slot(id.slot)?;
+        let level = self.levels.get(usize::from(id.level))?.name;
         Some(Resolved {
             limit,
             name,
-            level: self.levels.get(usize::from(id.level))?.name,
+            level,
             slots: quota.slots(),
+            shadow: self.config.in_shadow(level, name),
         })
     }
 

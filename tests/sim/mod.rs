@@ -135,6 +135,13 @@ pub struct Scenario {
     pub cold_start: ColdStart,
     /// The most global calls in one batch (1: each on its own).
     pub global_batch: usize,
+    /// One in this many arrivals (of those not reserving) is a use through `acquire` instead
+    /// of a request (0: none); `acquire_ref` (a borrowed key) for those when `by_ref`.
+    pub acquire_one_in: u64,
+    pub by_ref: bool,
+    /// With `two_limits`, the second limit (`slow`) is in shadow: it never refuses, and the
+    /// oracle holds only the first to its bound.
+    pub shadow_slow: bool,
 }
 
 /// A run-time change of hot-0's quota, at `at`.
@@ -234,6 +241,9 @@ impl Scenario {
             other_scale: None,
             cold_start: ColdStart::Exact,
             global_batch: 1,
+            acquire_one_in: 0,
+            by_ref: false,
+            shadow_slow: false,
         }
         .draw_more(&mut rng)
     }
@@ -280,12 +290,18 @@ impl Scenario {
             },
         };
         self.global_batch = [1, 4, 128][rng.below(3) as usize];
+        if rng.chance(0.3) {
+            self.acquire_one_in = [2, 10][rng.below(2) as usize];
+            self.by_ref = rng.chance(0.5);
+        }
+        self.shadow_slow = self.two_limits && rng.chance(0.3);
         self
     }
 
     /// Whether each admitted request's tokens can be accounted for exactly (conservation).
     fn conserves(&self) -> bool {
-        self.change.is_none() && self.huge_one_in == 0 && !self.shadow
+        // A limit in shadow takes nothing for the requests it lets through.
+        self.change.is_none() && self.huge_one_in == 0 && !self.shadow && !self.shadow_slow
     }
 
     /// The longest a request or an awaited reservation may wait for its answer: its shaping
@@ -403,6 +419,8 @@ pub struct Recorder {
     exact: bool,
     /// Responses settle costs (`Outcome::Used`).
     settle: bool,
+    /// The limit in shadow, which must never refuse.
+    shadowed: Option<&'static str>,
 }
 
 impl OnRejection<Job, String, Outcome, Infallible> for Recorder {
@@ -410,6 +428,12 @@ impl OnRejection<Job, String, Outcome, Infallible> for Recorder {
         let mut log = self.log.lock().unwrap();
         log.refused += 1;
         let now = self.clock.now();
+        if rejection.limit_name.is_some() && rejection.limit_name == self.shadowed {
+            log.inexact.push(format!(
+                "{} refused by a limit in shadow: {rejection}",
+                job.key
+            ));
+        }
         match rejection.reason {
             RejectionReason::StoreUnavailable => log.store_unavailable += 1,
             // A request that waited out its time while the store answered is refused without
@@ -503,6 +527,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         patience: s.store_timeout,
         exact: !(s.faulty && matches!(s.policy, FailurePolicy::LocalFallback { .. })),
         settle: s.settle,
+        shadowed: s.shadow_slow.then_some("slow"),
     };
     // Layers by group, then host.
     let layers: Vec<Vec<Host>> = (0..groups)
@@ -602,6 +627,14 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             let within = max + s.store_timeout * 4 + Duration::from_millis(2);
             tasks.spawn(reserve_one(
                 layer, job, group, max, park_for, within, log, clock,
+            ));
+            continue;
+        }
+        if s.acquire_one_in > 0 && more.below(s.acquire_one_in) == 0 {
+            let layer = layers[group][arrival.host].clone();
+            let by_ref = s.by_ref;
+            tasks.spawn(acquire_one(
+                layer, job, group, by_ref, cancel, within, log, clock,
             ));
             continue;
         }
@@ -726,6 +759,10 @@ fn build_host(
     } else {
         HierarchicalThrottleLayer::builder().key(|job: &Job| Some(job.key.clone()))
     };
+    let builder = match s.shadow_slow {
+        true => builder.shadow_limit("slow"),
+        false => builder,
+    };
     builder
         .name(LAYERS[group])
         .cost(|job: &Job| job.cost)
@@ -812,6 +849,49 @@ fn apply_change(
     quotas.insert("hot-0".to_owned(), changed(&old, change.kind));
     let _ = now;
     held + in_flight
+}
+
+/// One use through `acquire` (or `acquire_ref`, `by_ref`), dropped after `cancel` if it has not
+/// been decided by then.
+#[allow(clippy::too_many_arguments)]
+async fn acquire_one(
+    layer: Host,
+    job: Job,
+    group: usize,
+    by_ref: bool,
+    cancel: Option<Duration>,
+    within: Duration,
+    log: Arc<Mutex<Log>>,
+    clock: TokioClock,
+) {
+    let sent = clock.now();
+    let decision = match by_ref {
+        true => layer.acquire_ref(job.key.as_str(), job.cost),
+        false => layer.acquire(job.key.clone(), job.cost),
+    };
+    let decided = match cancel {
+        Some(after) => tokio::time::timeout(after, decision).await.ok(),
+        None => Some(decision.await),
+    };
+    let Some(decided) = decided else {
+        return;
+    };
+    if decided.is_ok() {
+        log.lock().unwrap().admitted.push(Admission {
+            group,
+            key: job.key.clone(),
+            at: clock.now(),
+            used: job.cost,
+            charged: job.cost,
+        });
+    }
+    let took = clock.now() - sent;
+    if took > within {
+        log.lock()
+            .unwrap()
+            .late
+            .push(format!("{}'s acquire answered after {took:?}", job.key));
+    }
 }
 
 /// One use through `reserve`: awaited, or with `park_for`, polled once and kept unpolled that
@@ -984,6 +1064,10 @@ fn check_allowance(
         names.sort_unstable();
         names.dedup();
         for name in names {
+            if s.shadow_slow && name == "slow" {
+                // In shadow: held to nothing.
+                continue;
+            }
             let bucket = BucketKey::new(key.to_owned(), name)
                 .and_then(|b| b.in_layer(LAYERS[group]))
                 .expect("a valid name");
