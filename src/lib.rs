@@ -119,6 +119,7 @@ mod layer;
 mod lease;
 mod limit;
 pub mod local;
+pub mod metered;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
@@ -148,6 +149,7 @@ pub use layer::{
 };
 pub use limit::{Limit, LimitBuilder};
 pub use local::memory::MemoryLocalStore;
+pub use metered::MeteredBody;
 pub use quota::Quota;
 pub use rejection::{Rejection, RejectionReason};
 pub use remaining::Remaining;

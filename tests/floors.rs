@@ -32,7 +32,7 @@ const FLOORS: &[(&str, &[&str])] = &[
     ("answers", &["response"]),
     (
         "tower surface",
-        &["policy", "future", "service", "layer", "builder"],
+        &["policy", "future", "service", "layer", "builder", "metered"],
     ),
 ];
 

@@ -1080,3 +1080,45 @@ async fn a_limit_in_shadow_on_redis_refuses_nothing_and_is_counted() {
     assert_eq!((left[0].limit_name, left[0].tokens), ("per-minute", 0));
     assert_eq!((left[1].limit_name, left[1].tokens), ("per-hour", 0));
 }
+
+/// Bodies charged by the byte on a real Redis: two hosts streaming at once deliver no more
+/// than the quota fleet-wide.
+#[tokio::test(flavor = "current_thread")]
+async fn metered_bodies_on_two_hosts_share_one_redis_quota() {
+    use http_body_util::BodyExt;
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = store(&server).await.with_clock_override(clock.clone());
+    let host = || {
+        HierarchicalThrottleLayer::builder()
+            .cold_start(hierarchical_throttle::ColdStart::Exact)
+            .key(|k: &String| Some(k.clone()))
+            .clock(clock.clone())
+            .limit(Limit::per_minute(1_000).build().unwrap())
+            .global_store(redis.clone())
+            .build()
+            .unwrap()
+    };
+    let chunks = || {
+        let frames = (0..10).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![1u8; 100])));
+        axum::body::Body::from_stream(futures_util::stream::iter(frames))
+    };
+    let read = |body: hierarchical_throttle::MeteredBody<axum::body::Body, String>| async move {
+        let mut body = std::pin::pin!(body);
+        let mut delivered = 0;
+        while let Some(Ok(frame)) = body.frame().await {
+            delivered += frame.data_ref().map_or(0, |d| d.len());
+        }
+        delivered
+    };
+    let (a, b) = (host(), host());
+    let (on_a, on_b) = tokio::join!(
+        read(a.meter("u1".to_owned(), chunks())),
+        read(b.meter("u1".to_owned(), chunks()))
+    );
+    assert_eq!(
+        on_a + on_b,
+        1_000,
+        "the burst of 1,000 bytes, fleet-wide: {on_a} + {on_b}"
+    );
+}
