@@ -1,9 +1,8 @@
 //! Metrics through the `metrics` crate facade (feature `metrics`), so any exporter works
 //! (Prometheus, StatsD, OpenTelemetry).
 //!
-//! The hot path records through the `metrics` facade nothing: the layer's background sweeper
-//! publishes its counters every half lease time, and the slow path records each global call's
-//! latency. Labels are the
+//! The hot path records nothing: the layer's background sweeper publishes its counters every
+//! half lease time, and the slow path records each global call's latency. Labels are the
 //! layer's [name](crate::Builder::name) and the outcome; never a key (keys are unbounded).
 //!
 //! | metric | kind | labels |

@@ -124,10 +124,7 @@ where
         match check {
             // The common case first and on its own, so the request moves straight into the
             // inner service (a shared `respond` made the compiler copy it twice on the way).
-            Check::Admit => {
-                self.throttle.stats.requests_admitted.incr();
-                ResponseFuture::called(self.inner.call(request))
-            }
+            Check::Admit => ResponseFuture::called(self.inner.call(request)),
             check => self.respond(check, request, None, cost),
         }
     }
@@ -185,7 +182,6 @@ where
         match check {
             Check::Admit => match keys {
                 Some(keys) => {
-                    self.throttle.stats.requests_admitted.incr();
                     let (annotate, settle) = (self.annotates(), self.settles());
                     let leased = Admitted::LEASED;
                     let admission = self
@@ -193,10 +189,7 @@ where
                         .admission(keys, cost, leased, annotate, settle);
                     self.admitted(request, admission)
                 }
-                None => {
-                    self.throttle.stats.requests_admitted.incr();
-                    ResponseFuture::called(self.inner.call(request))
-                }
+                None => ResponseFuture::called(self.inner.call(request)),
             },
             Check::Reject(rejection) if self.throttle.config.shadow => {
                 let admission = self.throttle.admit_in_shadow(&rejection, self.annotates());

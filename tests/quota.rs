@@ -391,4 +391,17 @@ async fn requests_are_counted_once_whatever_the_buckets_they_drew_on() {
     assert!(layer.acquire("u2".to_owned(), 1).await.is_err());
     let stats = layer.stats();
     assert_eq!((stats.requests_admitted, stats.requests_refused), (4, 2));
+    // A reservation admitted at once counts when awaited; dropped unused, it does not.
+    let dropped = layer
+        .reserve("u3".to_owned(), 1, Duration::ZERO)
+        .await
+        .unwrap();
+    drop(dropped);
+    assert_eq!(layer.stats().requests_admitted, 4);
+    let kept = layer
+        .reserve("u3".to_owned(), 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(kept.await.is_ok());
+    assert_eq!(layer.stats().requests_admitted, 5);
 }

@@ -176,8 +176,8 @@ where
         }
     }
 
+    /// A use admitted at once (the engine counted it).
     fn admitted_at_once(&self) -> Acquire<K> {
-        self.throttle.stats.requests_admitted.incr();
         Acquire::admitted()
     }
 

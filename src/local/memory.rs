@@ -36,8 +36,14 @@ pub struct MemoryLocalStore<K> {
 
 type Shard<K> = HashTable<Entry<LeaseKey<K>>>;
 
-/// The shards under one lock.
-type Run<K> = Box<[Shard<K>]>;
+/// The shards under one lock, and the requests admitted whole on the hot path under it
+/// (counted in the lock's line, which the take owns already: free, where a shared counter
+/// would cost the hot path a locked instruction).
+#[derive(Debug)]
+struct Run<K> {
+    shards: Box<[Shard<K>]>,
+    admitted: u64,
+}
 
 /// A key and its bucket. Packed, not padded to cache lines: every entry of a shard is behind
 /// one lock, so neighbours never race for a line, and a small entry keeps a large store in
@@ -91,7 +97,10 @@ impl<K> MemoryLocalStore<K> {
             .min(1 << (max_keys / 64).max(1).ilog2());
         let locks = locks.min(shards);
         let (shard_bits, run_bits) = (shards.ilog2(), (shards / locks).ilog2());
-        let run = || (0..shards / locks).map(|_| HashTable::new()).collect();
+        let run = || Run {
+            shards: (0..shards / locks).map(|_| HashTable::new()).collect(),
+            admitted: 0,
+        };
         Self {
             locks: (0..locks)
                 .map(|_| CacheLine(ShardLock::new(run())))
@@ -124,16 +133,32 @@ impl<K> MemoryLocalStore<K> {
     /// Calls `f` on the shard of a group hashed to `hash`, its lock held.
     #[inline(always)]
     fn with_shard<R>(&self, hash: u64, f: impl FnOnce(&mut Shard<K>) -> R) -> R {
+        self.with_shard_counted(hash, |shard, _| f(shard))
+    }
+
+    /// [`with_shard`](Self::with_shard), with the count of requests admitted whole under the
+    /// shard's lock.
+    #[inline(always)]
+    fn with_shard_counted<R>(&self, hash: u64, f: impl FnOnce(&mut Shard<K>, &mut u64) -> R) -> R {
         let index = shard_index(hash, self.shard_bits);
         let mut run = self.locks[index >> self.run_bits].0.lock();
-        f(&mut run[index & ((1 << self.run_bits) - 1)])
+        let Run { shards, admitted } = &mut *run;
+        f(&mut shards[index & ((1 << self.run_bits) - 1)], admitted)
     }
 
     /// Calls `f` on every shard, one lock held at a time.
     fn each_shard(&self, mut f: impl FnMut(&mut Shard<K>)) {
         for lock in self.locks.iter() {
-            lock.0.lock().iter_mut().for_each(&mut f);
+            lock.0.lock().shards.iter_mut().for_each(&mut f);
         }
+    }
+
+    /// Requests admitted whole by [`take_group`](Self::take_group) so far: every limit of their
+    /// key taken from the leases at once.
+    pub(crate) fn admitted_whole(&self) -> u64 {
+        self.locks
+            .iter()
+            .fold(0u64, |sum, lock| sum.saturating_add(lock.0.lock().admitted))
     }
 }
 
@@ -229,7 +254,9 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
     /// The hot path for a request on every limit of `first`'s key at its level, under one
     /// lock: takes `cost` from the first bucket, and when it knows its key has more limits,
     /// from each of theirs too. All of them admit, or only the first bucket's outcome is
-    /// known and the others are left as they were.
+    /// known and the others are left as they were. A request admitted whole (every limit of
+    /// its key taken) is counted under the lock ([`admitted_whole`](Self::admitted_whole)):
+    /// callers take only whole requests here, whose only level is this one.
     #[inline]
     pub(crate) fn take_group(&self, first: &LeaseKey<K>, cost: u64) -> GroupHit {
         self.take_group_by(&first.key, first.level, cost)
@@ -244,7 +271,7 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
         Q: Hash + Eq + ?Sized,
     {
         let group = self.group_hash(key, level);
-        self.with_shard(group, |table| {
+        self.with_shard_counted(group, |table, admitted| {
             let Some(entry) = table.find_mut(group, |e| is_bucket(&e.key, key, level, 0)) else {
                 return GroupHit::First(Hit::Short, 0);
             };
@@ -252,9 +279,13 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
             let hit = entry.bucket.take_leased(cost);
             let slots = entry.bucket.slots();
             if slots <= 1 || hit == Hit::Short {
+                let whole = slots == 1 && hit != Hit::Short;
+                *admitted += u64::from(whole);
                 return GroupHit::First(hit, slots);
             }
-            take_rest(table, group, (key, level), hit, slots, cost)
+            let taken = take_rest(table, group, (key, level), hit, slots, cost);
+            *admitted += u64::from(matches!(taken, GroupHit::All { .. }));
+            taken
         })
     }
 }
@@ -462,7 +493,11 @@ mod tests {
             assert!(store.max_keys() <= max_keys && store.max_keys() > max_keys - shards);
             // Every shard under exactly one of a few locks.
             assert!(store.locks.len() <= (cores * 8).next_power_of_two());
-            let runs: Vec<usize> = store.locks.iter().map(|l| l.0.lock().len()).collect();
+            let runs: Vec<usize> = store
+                .locks
+                .iter()
+                .map(|l| l.0.lock().shards.len())
+                .collect();
             assert!(runs.iter().all(|&run| run == 1 << store.run_bits));
             assert_eq!(runs.iter().sum::<usize>(), shards);
         }

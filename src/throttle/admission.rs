@@ -35,7 +35,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             Some(memory) => self.after_group_hit(id, memory.take_group(id, cost), cost),
             None => {
                 let (hit, slots) = self.take_leased(id, cost);
-                self.after_first_hit(id, hit, slots, cost)
+                self.counted(self.after_first_hit(id, hit, slots, cost))
             }
         }
     }
@@ -86,12 +86,12 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
 
     /// The default local store, when it is this throttle's.
     #[inline(always)]
-    fn memory_store(&self) -> Option<&MemoryLocalStore<K>> {
+    pub(super) fn memory_store(&self) -> Option<&MemoryLocalStore<K>> {
         (&self.local as &dyn Any).downcast_ref::<MemoryLocalStore<K>>()
     }
 
     /// The decision after the default store's [`take_group`](MemoryLocalStore::take_group)
-    /// answered `hit` for `id`'s key.
+    /// answered `hit` for `id`'s key, which it counted when admitted whole.
     #[inline(always)]
     fn after_group_hit(self: &Arc<Self>, id: &LeaseKey<K>, hit: GroupHit, cost: u64) -> Check<K> {
         match hit {
@@ -100,8 +100,22 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 self.start_fetches(id, fetch);
                 Check::Admit
             }
-            GroupHit::First(hit, slots) => self.after_first_hit(id, hit, slots, cost),
+            GroupHit::First(hit @ (Hit::Admitted | Hit::AdmittedStartFetch), 1) => {
+                self.after_first_hit(id, hit, 1, cost)
+            }
+            GroupHit::First(hit, slots) => self.counted(self.after_first_hit(id, hit, slots, cost)),
         }
+    }
+
+    /// `check`, a whole request's, counted when it admits at once (the default store counts
+    /// those it admits whole on its hot path itself; a decision that comes later is counted
+    /// when it does).
+    #[inline(always)]
+    pub(crate) fn counted(&self, check: Check<K>) -> Check<K> {
+        if let Check::Admit = check {
+            self.stats.requests_admitted.incr();
+        }
+        check
     }
 
     /// The decision after the first bucket of `id`'s key answered `hit`, its key having `slots`
@@ -136,7 +150,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         for id in keys {
             all.check_level(id.key.clone(), id.level);
         }
-        all.finish()
+        self.counted(all.finish())
     }
 
     #[inline(never)]

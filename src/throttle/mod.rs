@@ -270,6 +270,9 @@ pub(crate) struct Throttle<K, G, L, C> {
     pub(crate) batch: Box<dyn BatchPolicy>,
     pub(crate) config: Config,
     pub(crate) stats: Stats,
+    /// Reservations admitted at once (counted among the requests admitted) and then dropped
+    /// unused: taken off the count.
+    pub(crate) requests_withdrawn: crate::stats::Counter,
     pub(crate) health: StoreHealth,
     sweeper_running: AtomicBool,
     jitter: Jitter,
@@ -305,6 +308,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             batch,
             config,
             stats: Stats::default(),
+            requests_withdrawn: Default::default(),
             health: StoreHealth::default(),
             sweeper_running: AtomicBool::new(false),
             jitter: Jitter::default(),

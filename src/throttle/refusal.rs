@@ -68,6 +68,12 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
     /// refused by another bucket, or dropped, counts nothing).
     pub(crate) fn count_admitted(&self, admitted: Admitted, cost: u64) -> Admitted {
         self.stats.requests_admitted.incr();
+        self.count_unleased(admitted, cost)
+    }
+
+    /// [`count_admitted`](Self::count_admitted) for a use counted as a request already (when
+    /// its check admitted it at once): the tokens the failure policy admitted without a lease.
+    pub(crate) fn count_unleased(&self, admitted: Admitted, cost: u64) -> Admitted {
         let buckets = u64::from(admitted.policy_buckets());
         if buckets > 0 {
             self.stats.tokens_unleased.add(cost.saturating_mul(buckets));

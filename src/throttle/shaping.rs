@@ -128,6 +128,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for Taken<K, G, L, C> {
         if self.used {
             return;
         }
+        if self.at_once {
+            // Counted as admitted by its check: it is not, in the end.
+            self.throttle.requests_withdrawn.incr();
+        }
         for id in self.keys.ids() {
             let slots = self.throttle.resolve(id).map_or(1, |b| b.slots);
             let mut id = id.clone();
@@ -328,7 +332,11 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         Reservation::new(
             Duration::ZERO,
             Box::pin(async move {
-                let admitted = taken.throttle.count_admitted(admitted, cost);
+                // A reservation admitted at once was counted as a request by its check.
+                let admitted = match at_once {
+                    true => taken.throttle.count_unleased(admitted, cost),
+                    false => taken.throttle.count_admitted(admitted, cost),
+                };
                 taken.keep();
                 Ok(admitted)
             }),

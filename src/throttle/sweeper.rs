@@ -144,7 +144,21 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         self.local
             .for_each_bucket(|_, b| self.stats.admitted_local.add(b.take_uncounted()));
         self.collect_evicted();
-        self.stats.snapshot()
+        self.snapshot()
+    }
+
+    /// The counters as they are, with the requests the default store counted on its hot path.
+    pub(crate) fn snapshot(&self) -> ThrottleStats {
+        let mut stats = self.stats.snapshot();
+        if let Some(memory) = self.memory_store() {
+            stats.requests_admitted = stats
+                .requests_admitted
+                .saturating_add(memory.admitted_whole());
+        }
+        stats.requests_admitted = stats
+            .requests_admitted
+            .saturating_sub(self.requests_withdrawn.get());
+        stats
     }
 
     /// Starts the background task that hands back unused leases every half lease time, unless
@@ -190,7 +204,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Sweeper<K, G, L, C> {
             #[cfg(feature = "metrics")]
             crate::metrics::publish(&crate::metrics::Snapshot {
                 layer: &throttle.config.name,
-                stats: &throttle.stats.snapshot(),
+                stats: &throttle.snapshot(),
                 refusals: &throttle.refusals.snapshot(),
                 local_keys: throttle.local.len(),
                 waiting: throttle.waiting_for_batches.load(Ordering::Relaxed)
