@@ -16,8 +16,11 @@
 //!
 //! Seeds also draw run-time limit changes (raised, lowered, a limit added, removed, renamed),
 //! failure policies that admit (their admissions then settled), settled costs up to
-//! `u64::MAX`, reservations parked and dropped, shadow mode, and a second layer of other
-//! limits on the same store; the oracle's bounds follow (see `check_allowance`).
+//! `u64::MAX`, reservations parked and dropped, shadow mode, a second limit in shadow (held to
+//! nothing, and never to refuse), uses outside a service (`acquire`, `acquire_ref` on a
+//! borrowed key, bodies streamed through `meter`, each frame a use), cold starts on credit,
+//! batch sizes, and a second layer of other limits on the same store; the oracle's bounds
+//! follow (see `check_allowance`).
 #![allow(dead_code)]
 
 pub mod faults;
@@ -142,6 +145,9 @@ pub struct Scenario {
     /// With `two_limits`, the second limit (`slow`) is in shadow: it never refuses, and the
     /// oracle holds only the first to its bound.
     pub shadow_slow: bool,
+    /// One in this many arrivals (of those left) streams its cost as a body of that many
+    /// bytes through `meter`, in up to three frames, each frame a use of its length (0: none).
+    pub meter_one_in: u64,
 }
 
 /// A run-time change of hot-0's quota, at `at`.
@@ -244,6 +250,7 @@ impl Scenario {
             acquire_one_in: 0,
             by_ref: false,
             shadow_slow: false,
+            meter_one_in: 0,
         }
         .draw_more(&mut rng)
     }
@@ -295,6 +302,9 @@ impl Scenario {
             self.by_ref = rng.chance(0.5);
         }
         self.shadow_slow = self.two_limits && rng.chance(0.3);
+        if rng.chance(0.3) {
+            self.meter_one_in = [2, 10][rng.below(2) as usize];
+        }
         self
     }
 
@@ -638,6 +648,11 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             ));
             continue;
         }
+        if s.meter_one_in > 0 && more.below(s.meter_one_in) == 0 {
+            let layer = layers[group][arrival.host].clone();
+            tasks.spawn(meter_one(layer, job, group, cancel, within, log, clock));
+            continue;
+        }
         let service = hosts[group][arrival.host].clone();
         tasks.spawn(async move {
             let sent = clock.now();
@@ -891,6 +906,60 @@ async fn acquire_one(
             .unwrap()
             .late
             .push(format!("{}'s acquire answered after {took:?}", job.key));
+    }
+}
+
+/// A body of `job.cost` bytes in up to three frames, streamed through `meter`: each frame
+/// delivered is a use of its length; the stream is dropped after `cancel` if it has not ended.
+async fn meter_one(
+    layer: Host,
+    job: Job,
+    group: usize,
+    cancel: Option<Duration>,
+    within: Duration,
+    log: Arc<Mutex<Log>>,
+    clock: TokioClock,
+) {
+    use http_body_util::BodyExt;
+    let cost = usize::try_from(job.cost).unwrap_or(usize::MAX);
+    let sizes = match cost {
+        0..=1 => vec![cost],
+        2 => vec![1, 1],
+        _ => vec![cost / 3, cost / 3, cost - 2 * (cost / 3)],
+    };
+    let frames = sizes
+        .into_iter()
+        .map(|n| Ok::<_, Infallible>(http_body::Frame::data(bytes::Bytes::from(vec![0u8; n]))));
+    let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+    let mut body = std::pin::pin!(layer.meter(job.key.clone(), body));
+    let read = async {
+        loop {
+            let sent = clock.now();
+            let Some(Ok(frame)) = body.frame().await else {
+                return;
+            };
+            let used = frame.data_ref().map_or(0, |d| d.len() as u64);
+            log.lock().unwrap().admitted.push(Admission {
+                group,
+                key: job.key.clone(),
+                at: clock.now(),
+                used,
+                charged: used,
+            });
+            let took = clock.now() - sent;
+            if took > within {
+                log.lock().unwrap().late.push(format!(
+                    "{}'s metered frame answered after {took:?}",
+                    job.key
+                ));
+            }
+        }
+    };
+    match cancel {
+        Some(after) => {
+            let _ = tokio::time::timeout(after, read).await;
+        }
+        None => read.await,
     }
 }
 
