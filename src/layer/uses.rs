@@ -89,13 +89,12 @@ where
     pub fn acquire_ref<Q>(&self, key: &Q, cost: u64) -> Acquire<K>
     where
         K: std::borrow::Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-        for<'q> &'q Q: Into<K>,
+        Q: crate::key::BorrowedKey<Key = K> + ?Sized,
     {
         if self.throttle.shapes() {
-            return self.acquire_shaped(Keys::first_level(key.into()), cost);
+            return self.acquire_shaped(Keys::first_level(key.to_key()), cost);
         }
-        match self.throttle.check_by(key, || key.into(), cost) {
+        match self.throttle.check_by(key, || key.to_key(), cost) {
             Check::Admit => self.admitted_at_once(),
             Check::Reject(rejection) => self.refused(rejection),
             Check::Wait(decision) => self.decided_later(decision, cost),
