@@ -114,7 +114,9 @@ impl RateLimitFields {
     }
 
     /// The quota unit of one limit, named as the fields name it within the layer:
-    /// `"per-day"`, or `"tenant/per-day"` for a limit of level `tenant`.
+    /// `"per-day"`, or `"tenant/per-day"` for a limit of level `tenant` (`"tenant/default"`
+    /// for a level's lone limit). A name that is not one of the layer's limits (when its
+    /// quotas are fixed) is an error when the layer is built.
     pub fn unit_of(mut self, limit: &str, unit: &str) -> Self {
         let scope = match limit.split_once('/') {
             Some((level, limit)) => Name::new(level)
@@ -147,6 +149,13 @@ impl RateLimitFields {
     /// The first invalid setting, reported by the builder.
     pub(crate) fn error(&self) -> Option<&ConfigError> {
         self.error.as_ref()
+    }
+
+    /// The limits given a unit of their own, by level and name.
+    pub(crate) fn named_limits(&self) -> impl Iterator<Item = (Option<Name>, Option<Name>)> + '_ {
+        self.units
+            .iter()
+            .map(|&(level, limit, _)| (level, Some(limit)))
     }
 
     /// Whether admitted responses get fields.

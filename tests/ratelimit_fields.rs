@@ -509,6 +509,15 @@ async fn quota_units_say_what_the_tokens_count() {
         .build()
         .unwrap_err();
     assert!(error.to_string().contains("bytes \"raw\""), "{error}");
+    // A unit for a limit the layer does not have is an error too, naming it.
+    let error = HierarchicalThrottleLayer::builder()
+        .key(user)
+        .limit(ten_per_second())
+        .ratelimit_fields(RateLimitFields::draft_11().unit_of("per-day", "requests"))
+        .global_store(MemoryGlobalStore::new())
+        .build()
+        .unwrap_err();
+    assert!(error.to_string().contains("`per-day`"), "{error}");
 }
 
 /// Partition keys are opt-in, the same for a key on every host sharing the secret, apart for

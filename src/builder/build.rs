@@ -49,7 +49,18 @@ where
             });
             level_keys.push(level.key);
         }
-        check_shadow_limits(&self.config.shadow_limits, &levels)?;
+        check_named_limits(
+            self.config.shadow_limits.iter().copied(),
+            &levels,
+            "a limit of the layer (`per-day`, or `tenant/per-day` at a further level), or \
+             a level of it, for a limit in shadow",
+        )?;
+        check_named_limits(
+            self.config.fields.named_limits(),
+            &levels,
+            "a limit of the layer (`per-day`, or `tenant/per-day` at a further level), for \
+             a limit's unit in the RateLimit fields",
+        )?;
         let registration = match self.global.layers() {
             Some(registry) => Some(
                 registry
@@ -105,17 +116,19 @@ fn limits_fingerprint<K>(levels: &[Level<K>]) -> u64 {
     hasher.finish()
 }
 
-/// Every limit put in shadow names a level of the layer, and a limit of it when its quota is
+/// Every limit named by a setting (`purpose`: a limit in shadow, a limit's unit) is a level
+/// of the layer (`None`: its first), and a limit of it (`None`: every one) when its quota is
 /// fixed.
-fn check_shadow_limits<K>(
-    shadow: &[(Option<Name>, Option<Name>)],
+fn check_named_limits<K>(
+    named: impl IntoIterator<Item = (Option<Name>, Option<Name>)>,
     levels: &[Level<K>],
+    purpose: &'static str,
 ) -> Result<(), ConfigError> {
-    for &(level, limit) in shadow {
+    for (level, limit) in named {
         let Some(found) = levels.iter().find(|l| l.name == level) else {
             return Err(ConfigError::Unreadable {
                 part: level.map_or("", Name::as_str).to_owned(),
-                expected: "a level of the layer, for a limit in shadow",
+                expected: purpose,
             });
         };
         let known = match (&found.quota, limit) {
@@ -125,8 +138,7 @@ fn check_shadow_limits<K>(
         if !known {
             return Err(ConfigError::Unreadable {
                 part: limit.map_or("", Name::as_str).to_owned(),
-                expected: "a limit of the layer (`per-day`, or `tenant/per-day` at a further \
-                           level), for a limit in shadow",
+                expected: purpose,
             });
         }
     }
