@@ -57,7 +57,10 @@
 //! Beyond one limit per key: a [`Quota`] of several named limits and further
 //! [levels](Builder::level) of keys, all or nothing; [`Shaping`] to wait for tokens instead of
 //! being refused; [`Builder::settle`] to correct a cost from the response; `RateLimit-Policy`
-//! and `RateLimit` fields on every response; and read-only views
+//! and `RateLimit` fields on every response ([`RateLimitFields`], draft revision 11); limits
+//! and levels in shadow ([`Builder::shadow_limit`]); uses outside a service on every level
+//! ([`HierarchicalThrottleLayer::acquire_keys`]); bodies charged by the byte ([`MeteredBody`]);
+//! a type-erased [`ThrottleHandle`] for application state; and read-only views
 //! ([`HierarchicalThrottleLayer::remaining`]).
 //!
 //! # Modules
@@ -76,7 +79,8 @@
 //! - [`local`]: the [`LocalStore`](local::LocalStore) trait and [`MemoryLocalStore`];
 //! - [`batch`]: how many tokens a host asks for ([`batch::WeightedDemand`] by default);
 //! - [`clock`]: [`clock::MonotonicClock`], and [`clock::ManualClock`] for exact tests;
-//! - [`key`]: key helpers and the [`MissingKey`] policy;
+//! - [`key`]: key helpers, the [`MissingKey`] policy, and [`Keys`] for uses on every level;
+//! - [`metered`]: bodies charged by the byte as they stream ([`MeteredBody`]);
 //! - [`quota`]: [`Quota`], and the identities of global and local buckets;
 //! - [`grpc`]: gRPC rejections (`RESOURCE_EXHAUSTED` with retry information), chosen by
 //!   [`DefaultRejection`] from the request's content type.
