@@ -204,3 +204,27 @@ async fn a_fleet_delivers_no_more_than_the_quota() {
     );
     assert!(delivered >= 1_000, "{delivered}: the burst is served");
 }
+
+/// Trailers pass free, after the data they follow was paid for; the body ends when its inner
+/// body does.
+#[tokio::test(start_paused = true)]
+async fn trailers_pass_free_and_the_body_ends_with_its_inner_one() {
+    let global = MemoryGlobalStore::with_clock(TokioClock::new());
+    let layer = bytes_per_user(&global, Shaping::Refuse);
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-checksum", http::HeaderValue::from_static("abc"));
+    let frames = vec![
+        Ok::<_, std::io::Error>(http_body::Frame::data(Bytes::from(vec![1u8; 600]))),
+        Ok(http_body::Frame::trailers(trailers)),
+    ];
+    let inner = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+    let body = layer.meter("frank".to_owned(), inner);
+    let collected = body.collect().await.unwrap();
+    assert_eq!(
+        collected.trailers().and_then(|t| t.get("x-checksum")),
+        Some(&http::HeaderValue::from_static("abc"))
+    );
+    assert_eq!(collected.to_bytes().len(), 600);
+    // 600 of the 1,000 taken: the trailers cost nothing.
+    assert_eq!(layer.remaining("frank")[0].tokens, 400);
+}

@@ -689,3 +689,39 @@ async fn refusals_answer_problem_details_to_clients_that_accept_them() {
         assert!(body.starts_with(b"rate limit exceeded"), "{accept:?}");
     }
 }
+
+/// Refusals other than throttling answer `about:blank` problem details with their status's
+/// title, and name no violated policy.
+#[tokio::test]
+async fn other_refusals_answer_about_blank_problem_details() {
+    let clock = ManualClock::new();
+    let app = router().layer(
+        HierarchicalThrottleLayer::builder()
+            .key(user)
+            .clock(clock.clone())
+            .limit(Limit::per_second(2).build().unwrap())
+            .cost(|_: &http::Request<axum::body::Body>| 5)
+            .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+            .build()
+            .unwrap(),
+    );
+    let request = http::Request::get("/")
+        .header("x-user", "u1")
+        .header("accept", "application/problem+json")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = tower::ServiceExt::oneshot(app, request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .unwrap();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["type"], "about:blank");
+    assert_eq!(problem["title"], "Payload Too Large");
+    assert_eq!(problem["status"], 413);
+    assert!(problem.get("violated-policies").is_none(), "{problem}");
+    assert_eq!(
+        problem["detail"],
+        "request costs 5 tokens but the limit holds at most 2 (limit default)"
+    );
+}
