@@ -163,17 +163,18 @@ impl RateLimitFields {
         self.revision.is_some()
     }
 
-    /// The unit of limit `limit` at `level`, on a layer whose costs vary or not.
+    /// The unit of limit `limit` at `level`, on a layer whose costs vary or not. Compared as
+    /// text: a request's answer looks it up without interning anything (a lock).
     pub(crate) fn unit_of_limit(
         &self,
-        level: Option<Name>,
-        limit: Name,
+        level: Option<&str>,
+        limit: &str,
         costs_vary: bool,
     ) -> &'static str {
         let named = self
             .units
             .iter()
-            .find(|&&(l, n, _)| l == level && n == limit)
+            .find(|&&(l, n, _)| l.map(Name::as_str) == level && n.as_str() == limit)
             .map(|&(_, _, unit)| unit)
             .or(self.unit);
         match (named, costs_vary) {
@@ -186,14 +187,14 @@ impl RateLimitFields {
     /// The partition key of `key` at `level` of `layer`, when they are on.
     pub(crate) fn partition_key<K: Hash>(
         &self,
-        layer: Name,
-        level: Option<Name>,
+        layer: &str,
+        level: Option<&str>,
         key: &K,
     ) -> Option<PartitionKey> {
         let secret = self.partition_secret.as_ref()?;
         let mut hasher = siphasher::sip::SipHasher24::new_with_key(secret);
-        layer.as_str().hash(&mut hasher);
-        level.map(Name::as_str).hash(&mut hasher);
+        layer.hash(&mut hasher);
+        level.hash(&mut hasher);
         key.hash(&mut hasher);
         Some(PartitionKey(hasher.finish().to_be_bytes()))
     }
@@ -264,8 +265,8 @@ mod tests {
     #[test]
     fn partition_keys_depend_on_secret_layer_level_and_key() {
         let fields = RateLimitFields::draft_11().partition_keys([7; 16]);
-        let layer = Name::intern("api");
-        let tenant = Some(Name::intern("tenant"));
+        let layer = "api";
+        let tenant = Some("tenant");
         let pk = |fields: &RateLimitFields, layer, level, key: &str| {
             fields.partition_key(layer, level, &key).unwrap()
         };
@@ -273,7 +274,7 @@ mod tests {
         assert_eq!(base, pk(&fields, layer, None, "alice"));
         assert_ne!(base, pk(&fields, layer, None, "bob"));
         assert_ne!(base, pk(&fields, layer, tenant, "alice"));
-        assert_ne!(base, pk(&fields, Name::intern("other"), None, "alice"));
+        assert_ne!(base, pk(&fields, "other", None, "alice"));
         let other_secret = RateLimitFields::draft_11().partition_keys([8; 16]);
         assert_ne!(base, pk(&other_secret, layer, None, "alice"));
         assert!(
@@ -285,8 +286,8 @@ mod tests {
 
     #[test]
     fn units_are_found_per_limit_then_for_the_layer_then_by_cost() {
-        let per_day = Name::intern("per-day");
-        let tenant = Some(Name::intern("tenant"));
+        let per_day = "per-day";
+        let tenant = Some("tenant");
         let plain = RateLimitFields::draft_11();
         assert_eq!(plain.unit_of_limit(None, per_day, false), "requests");
         assert_eq!(plain.unit_of_limit(None, per_day, true), "tokens");

@@ -227,7 +227,8 @@ pub(crate) struct Config {
 impl Config {
     /// The layer's name for clients, when it was named.
     pub(crate) fn layer_name(&self) -> Option<&'static str> {
-        (self.layer != Name::intern(crate::quota::DEFAULT_LAYER)).then(|| self.layer.as_str())
+        let name = self.layer.as_str();
+        (name != crate::quota::DEFAULT_LAYER).then_some(name)
     }
 
     /// Whether limit `name` at `level` is in shadow.
@@ -238,7 +239,7 @@ impl Config {
     }
 
     /// The quota unit of limit `name` at `level`.
-    pub(crate) fn unit(&self, level: Option<Name>, name: Name) -> &'static str {
+    pub(crate) fn unit(&self, level: Option<&str>, name: &str) -> &'static str {
         self.fields.unit_of_limit(level, name, self.costs_vary)
     }
 }

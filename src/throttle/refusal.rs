@@ -84,7 +84,7 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
     /// The partition key of `key` at `level`, when the layer's fields carry them.
     pub(crate) fn partition_key(
         &self,
-        level: Option<Name>,
+        level: Option<&str>,
         key: &K,
     ) -> Option<crate::fields::PartitionKey>
     where
@@ -92,7 +92,7 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
     {
         self.config
             .fields
-            .partition_key(self.config.layer, level, key)
+            .partition_key(self.config.layer.as_str(), level, key)
     }
 
     /// Describes a refusal's limit as the layer's fields describe it: the layer's name, the
@@ -105,8 +105,8 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
         let Some(name) = rejection.limit_name else {
             return;
         };
-        let level = rejection.level.map(Name::intern);
-        rejection.unit = self.config.unit(level, Name::intern(name));
+        let level = rejection.level;
+        rejection.unit = self.config.unit(level, name);
         rejection.partition_key = match &rejection.key {
             Some(key) => self.partition_key(level, key),
             None => None,

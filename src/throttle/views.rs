@@ -31,7 +31,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             Duration::from_micros(view.full_in),
         );
         remaining.layer = self.config.layer_name();
-        remaining.unit = self.config.unit(level, name);
+        let level = level.map(Name::as_str);
+        remaining.unit = self.config.unit(level, name.as_str());
         remaining.partition_key = self.partition_key(level, key);
         remaining
     }
