@@ -239,10 +239,11 @@ where
     ) -> ResponseFuture<S, Req, K, R> {
         let throttle = self.throttle.clone();
         let (annotate, settle) = (self.annotates(), self.settles());
+        let arrived = tokio::time::Instant::now();
         let decision = Box::pin(async move {
             let decided = match (decision.await, &keys) {
                 (Err(refusal), Some(keys)) if throttle.may_wait(&refusal) => {
-                    throttle.wait_for_tokens(keys, cost, refusal).await
+                    throttle.wait_for_tokens(keys, cost, refusal, arrived).await
                 }
                 (decided, _) => decided,
             };

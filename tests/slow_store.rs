@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use common::FaultyStore;
 use hierarchical_throttle::clock::TokioClock;
-use hierarchical_throttle::{ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
+use hierarchical_throttle::{
+    ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, RejectionReason, Shaping,
+};
 use tokio::time::Instant;
 
 #[tokio::test(start_paused = true)]
@@ -105,4 +107,38 @@ async fn partial_leases_go_back_while_their_hosts_keep_reserving() {
         "served at {served_at:?}"
     );
     assert!(a.stats().tokens_returned + b.stats().tokens_returned > 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shaped_wait_counts_from_the_arrival_so_a_slow_batch_is_part_of_it() {
+    // One token a second; every answer 80 ms late. Requests may wait 900 ms.
+    let store = FaultyStore::new(MemoryGlobalStore::with_clock(TokioClock::new()));
+    store.delay(Duration::from_millis(80));
+    let host = || {
+        HierarchicalThrottleLayer::builder()
+            .key(|k: &String| Some(k.clone()))
+            .limit(Limit::per_second(1).burst(1).unwrap())
+            .cold_start(ColdStart::Exact)
+            .shaping(Shaping::wait(Duration::from_millis(900)))
+            .clock(TokioClock::new())
+            .store_timeout(Duration::from_secs(1))
+            .global_store(store.clone())
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (host(), host());
+    // Host a takes the bucket's token.
+    assert!(a.acquire("k".to_owned(), 1).await.is_ok());
+    // Host b learns after its batch (80 ms) that the next token is due 840 ms later (a second
+    // after the bucket's answer to a, counted from when b asked): 920 ms after its request's
+    // arrival, past its 900 ms, so it is refused then rather than kept past its wait.
+    let arrived = Instant::now();
+    let refusal = b
+        .acquire("k".to_owned(), 1)
+        .await
+        .map(|admitted| panic!("admitted {admitted:?} after {:?}", arrived.elapsed()))
+        .unwrap_err();
+    assert_eq!(arrived.elapsed(), Duration::from_millis(80));
+    assert_eq!(refusal.reason, RejectionReason::Throttled);
+    assert_eq!(refusal.retry_after, Some(Duration::from_millis(840)));
 }

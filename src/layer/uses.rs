@@ -206,6 +206,7 @@ where
     /// [`acquire_keys`](Self::acquire_keys) when throttled requests wait for their tokens.
     #[inline(never)]
     fn acquire_shaped(&self, keys: Keys<K>, cost: u64) -> Acquire<K> {
+        let arrived = tokio::time::Instant::now();
         let decision: Decision<K> = match self.check(&keys, cost) {
             Check::Admit => return self.admitted_at_once(),
             Check::Reject(refusal) if !self.throttle.may_wait(&refusal) => {
@@ -218,7 +219,9 @@ where
         let decided = Box::pin(async move {
             match decision.await {
                 Err(refusal) if throttle.may_wait(&refusal) => {
-                    throttle.wait_for_tokens(keys.ids(), cost, refusal).await
+                    throttle
+                        .wait_for_tokens(keys.ids(), cost, refusal, arrived)
+                        .await
                 }
                 decided => decided,
             }
@@ -283,6 +286,7 @@ where
         cost: u64,
         max: Duration,
     ) -> Result<crate::Reservation<K>, Rejection<K>> {
+        let arrived = tokio::time::Instant::now();
         let refusal = match self.check(&keys, cost) {
             Check::Admit => {
                 let at_once = Admitted::LEASED;
@@ -304,7 +308,7 @@ where
             RejectionReason::Throttled if !self.throttle.config.shadow => self.throttle.queue_up(
                 keys.first(),
                 cost,
-                max.min(MAX_SETTING),
+                arrived + max.min(MAX_SETTING),
                 self.throttle.config.shaping.queue(),
                 refusal,
             ),

@@ -31,10 +31,11 @@ pub enum Shaping {
     /// It is refused at once, with the time until its tokens are due (policing). The default.
     #[default]
     Refuse,
-    /// It waits for its tokens when they are due within `max`, behind the requests of its key
-    /// already waiting on this host (at most `queue` of them; beyond, it is refused at once),
-    /// and is then admitted; one due later than `max` is refused at once with its
-    /// `Retry-After`. Go's `Wait` with a deadline, per key.
+    /// It waits for its tokens when they are due within `max` of its arrival, behind the
+    /// requests of its key already waiting on this host (at most `queue` of them; beyond, it
+    /// is refused at once), and is then admitted; one due later is refused at once with its
+    /// `Retry-After`. The batch that found it short is part of its `max`. Go's `Wait` with a
+    /// deadline, per key.
     Wait {
         /// The longest a request waits.
         max: Duration,
@@ -238,15 +239,17 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         self.shapes() && !self.config.shadow && refusal.reason == RejectionReason::Throttled
     }
 
-    /// Waits, in the refusing bucket's queue, until the request of `cost` on `keys` is
-    /// admitted, or refuses it: at once when its tokens are due later than the wait allows
-    /// (counting those the requests ahead of it need) or the queue is full, or when the wait
-    /// runs out.
+    /// Waits, in the refusing bucket's queue, until the request of `cost` on `keys` that
+    /// `arrived` then is admitted, or refuses it: at once when its tokens are due later than
+    /// the wait allows (counting those the requests ahead of it need) or the queue is full, or
+    /// when the wait runs out. The wait counts from the arrival, so that the batch that found
+    /// the request short is part of its `max`.
     pub(crate) async fn wait_for_tokens(
         self: &Arc<Self>,
         keys: &[LeaseKey<K>],
         cost: u64,
         refusal: Rejection<K>,
+        arrived: tokio::time::Instant,
     ) -> Result<Admitted, Rejection<K>> {
         let Shaping::Wait { max, queue } = self.config.shaping else {
             return Err(refusal);
@@ -254,7 +257,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let Some(first) = keys.first() else {
             return Err(refusal);
         };
-        let place = self.queue_up(&first.key, cost, max, queue, refusal)?;
+        let place = self.queue_up(&first.key, cost, arrived + max, queue, refusal)?;
         self.take_turn(place, keys, cost).await
     }
 
@@ -344,13 +347,13 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     }
 
     /// Takes a place in the queue of the bucket that refused a request of `cost` (its level
-    /// and key, `key` when the refusal names none), for a request that may wait up to `max`,
-    /// or refuses it at once.
+    /// and key, `key` when the refusal names none), for a request that may wait until
+    /// `deadline`, or refuses it at once.
     pub(crate) fn queue_up(
         &self,
         key: &K,
         cost: u64,
-        max: Duration,
+        deadline: tokio::time::Instant,
         bound: usize,
         refusal: Rejection<K>,
     ) -> Result<Place<K>, Rejection<K>> {
@@ -366,7 +369,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             + refusal
                 .limit
                 .map_or(Duration::ZERO, |l| l.time_to_accrue(ahead));
-        if waiting >= bound || due > max {
+        let now = tokio::time::Instant::now();
+        if waiting >= bound || now + due > deadline {
             self.stats.shaped_refusals.incr();
             return Err(refusal.with_retry_after(due));
         }
@@ -378,14 +382,13 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         queue.waiting += 1;
         queue.tokens = queue.tokens.saturating_add(cost);
         self.stats.shaped_waits.incr();
-        let now = tokio::time::Instant::now();
         Ok(Place {
             shaper: self.shaper.clone(),
             key,
             cost,
             turn: queue.turn.clone(),
             due_in: due,
-            deadline: now + max,
+            deadline,
         })
     }
 }

@@ -315,14 +315,15 @@ impl Scenario {
     }
 
     /// The longest a request or an awaited reservation may wait for its answer: its shaping
-    /// wait, a batch before it (which keeps asking until the store time-out), a batch at its
-    /// last check, and a settle's charge; and timer slack.
+    /// wait (counted from its arrival, so the batches of its first check are part of it), the
+    /// batches of its last check (one in flight, then its own, each within the store
+    /// time-out), and a settle's charge; and timer slack.
     fn answer_within(&self) -> Duration {
         let shaping = match self.shaping {
             Shaping::Wait { max, .. } => max,
             _ => Duration::ZERO,
         };
-        shaping + self.store_timeout * 4 + Duration::from_millis(2)
+        answer_within(shaping, self.store_timeout)
     }
 
     /// Hot key `i`'s quota in the layer of group `group` (0: `default`, 1: `other`).
@@ -334,6 +335,11 @@ impl Scenario {
         };
         quota_of(limit, self.two_limits)
     }
+}
+
+/// The longest a use that may wait `max` is answered in, with store time-out `timeout`.
+fn answer_within(max: Duration, timeout: Duration) -> Duration {
+    max + timeout * 3 + Duration::from_millis(2)
 }
 
 /// `limit` with rate and burst scaled by `tenths` / 10 (at least 1).
@@ -634,7 +640,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             };
             let park_for = park.then_some(s.park_for);
             // A reservation waits up to its own `max`, with the same batches around it.
-            let within = max + s.store_timeout * 4 + Duration::from_millis(2);
+            let within = answer_within(max, s.store_timeout);
             tasks.spawn(reserve_one(
                 layer, job, group, max, park_for, within, log, clock,
             ));
