@@ -165,6 +165,33 @@ impl TokenBucket {
         }
     }
 
+    /// Refills to `now_micros`, then applies `adjustment` (an operator's change): see
+    /// [`Adjustment`].
+    pub fn adjust(&mut self, limit: &Limit, now_micros: u64, adjustment: Adjustment) {
+        self.refill(limit, now_micros);
+        let capacity = capacity(limit);
+        let amount = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        match adjustment {
+            Adjustment::Reset => {
+                self.tokens = capacity;
+                self.remainder = 0;
+            }
+            Adjustment::Drain => {
+                self.tokens = self.tokens.min(0);
+                self.remainder = 0;
+            }
+            Adjustment::Add(n) => self.tokens = self.tokens.saturating_add(amount(n)).min(capacity),
+            Adjustment::Remove(n) => {
+                self.tokens = self
+                    .tokens
+                    .min(self.tokens.saturating_sub(amount(n)).max(-capacity));
+            }
+        }
+        if self.tokens == capacity {
+            self.remainder = 0;
+        }
+    }
+
     /// Microseconds from the last update until the bucket holds `tokens` (capped at capacity),
     /// rounded up, and at most [`MAX_WAIT_MICROS`] (about 285 years).
     pub fn micros_until(&self, limit: &Limit, tokens: u64) -> u64 {
@@ -263,6 +290,25 @@ fn capacity(limit: &Limit) -> i64 {
     i64::try_from(limit.capacity()).unwrap_or(i64::MAX)
 }
 
+/// A change an operator makes to a global bucket, as Gubernator's `RESET_REMAINING` and
+/// `DRAIN_OVER_LIMIT` or Bucket4j's `reset` and `addTokens` do: to lift a block, to stop a
+/// key at once, or to grant or charge tokens by hand. Tokens already leased to hosts are
+/// theirs; the change is to what the global bucket holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Adjustment {
+    /// Full again, as a bucket never used: tokens owed (reserved ahead, or a settled debt)
+    /// are forgiven.
+    Reset,
+    /// Empty now, refilling from now on; tokens owed stay owed.
+    Drain,
+    /// This many more tokens, never past capacity.
+    Add(u64),
+    /// This many fewer, into debt of at most a capacity (requests pay it back before any more
+    /// are admitted), as a settled cost is.
+    Remove(u64),
+}
+
 /// A request for tokens: at least `min`, ideally `want`, of which those not there now may be
 /// reserved if they fall due within `max_delay`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -337,6 +383,31 @@ mod tests {
 
     fn tb() -> Limit {
         Limit::per(1, Duration::from_millis(3)).burst(4).unwrap()
+    }
+
+    #[test]
+    fn adjustments_reset_drain_add_and_remove_within_their_bounds() {
+        let l = tb(); // 1 per 3 ms, burst 4
+        let mut b = TokenBucket::full(&l, 0);
+        b.take(&l, 0, 1, 3);
+        // 2 ms later: 1 token and two thirds of the next.
+        b.adjust(&l, 2_000, Adjustment::Drain);
+        assert_eq!((b.tokens(), b.owed(), b.micros_until(&l, 1)), (0, 0, 3_000));
+        b.adjust(&l, 2_000, Adjustment::Add(3));
+        assert_eq!(b.tokens(), 3);
+        b.adjust(&l, 2_000, Adjustment::Add(100));
+        assert_eq!((b.tokens(), b.is_full_at(&l, 2_000)), (4, true));
+        // Into debt of at most a capacity, which the refill pays first.
+        b.adjust(&l, 2_000, Adjustment::Remove(100));
+        assert_eq!((b.tokens(), b.owed()), (0, 4));
+        assert_eq!(b.micros_until(&l, 1), 15_000);
+        b.adjust(&l, 2_000, Adjustment::Remove(1));
+        assert_eq!(b.owed(), 4);
+        // A drain keeps what is owed; a reset forgives it.
+        b.adjust(&l, 5_000, Adjustment::Drain);
+        assert_eq!((b.owed(), b.micros_until(&l, 0)), (3, 9_000));
+        b.adjust(&l, 5_000, Adjustment::Reset);
+        assert_eq!((b.tokens(), b.is_full_at(&l, 5_000)), (4, true));
     }
 
     #[test]

@@ -35,7 +35,7 @@ use governor::{Quota, RateLimiter};
 use hierarchical_throttle::batch::FractionOfCapacity;
 use hierarchical_throttle::bucket::TokenBucket;
 use hierarchical_throttle::clock::TokioClock;
-use hierarchical_throttle::global::{BucketLevel, GlobalStore, Grant, TokenRequest};
+use hierarchical_throttle::global::{Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, Rejection};
 use plotters::prelude::*;
@@ -228,6 +228,15 @@ impl GlobalStore<BucketKey<usize>> for CountingStore {
         limit: &Limit,
     ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
         self.inner.level(key, limit)
+    }
+
+    fn adjust(
+        &self,
+        key: &BucketKey<usize>,
+        limit: &Limit,
+        adjustment: Adjustment,
+    ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
+        self.inner.adjust(key, limit, adjustment)
     }
 
     fn release(

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, Stream};
 use hierarchical_throttle::clock::TokioClock;
-use hierarchical_throttle::global::{Answer, BucketLevel, Call, GlobalStore, Grant, TokenRequest};
+use hierarchical_throttle::global::{
+    Adjustment, Answer, BucketLevel, Call, GlobalStore, Grant, TokenRequest,
+};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
     ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, Rejection,
@@ -80,6 +82,15 @@ impl GlobalStore<BucketKey<usize>> for CountingStore {
         limit: &Limit,
     ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
         self.inner.level(key, limit)
+    }
+
+    fn adjust(
+        &self,
+        key: &BucketKey<usize>,
+        limit: &Limit,
+        adjustment: Adjustment,
+    ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
+        self.inner.adjust(key, limit, adjustment)
     }
 
     /// One round trip for the whole batch, as a store with a batched form makes.

@@ -10,7 +10,7 @@ use hashbrown::hash_table::Entry;
 use crate::bucket::{FullAt, TokenBucket};
 use crate::clock::{Clock, MonotonicClock, micros};
 use crate::error::ConfigError;
-use crate::global::{BucketLevel, GlobalStore, Grant, LayerRegistry, TokenRequest};
+use crate::global::{Adjustment, BucketLevel, GlobalStore, Grant, LayerRegistry, TokenRequest};
 use crate::limit::Limit;
 use crate::quota::{BucketKey, BucketNames};
 use crate::sync::{lock, shard_index};
@@ -390,6 +390,19 @@ where
         // Read after the peek's own reading, so never earlier than the bucket's update.
         let now = micros(self.inner.clock.now());
         std::future::ready(Ok(BucketLevel::of(&bucket, limit, now)))
+    }
+
+    fn adjust(
+        &self,
+        key: &BucketKey<K>,
+        limit: &Limit,
+        adjustment: Adjustment,
+    ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
+        let level = self.with_bucket(key, limit, |b, now| {
+            b.adjust(limit, now, adjustment);
+            BucketLevel::of(b, limit, now)
+        });
+        std::future::ready(Ok(level))
     }
 
     fn layers(&self) -> Option<&LayerRegistry> {

@@ -21,7 +21,7 @@ pub mod memory;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
-pub use crate::bucket::{BucketLevel, Grant, TokenRequest};
+pub use crate::bucket::{Adjustment, BucketLevel, Grant, TokenRequest};
 
 /// The global level of the hierarchy: a token bucket per key, refilled lazily by the store's
 /// own clock.
@@ -103,6 +103,18 @@ pub trait GlobalStore<K>: Send + Sync + 'static {
         &self,
         key: &K,
         limit: &Limit,
+    ) -> impl Future<Output = Result<BucketLevel, Self::Error>> + Send;
+
+    /// Applies an operator's [`Adjustment`] to `key`'s bucket (reset to full, drain, add or
+    /// remove tokens), with the same arithmetic in every store, and returns its level after:
+    /// for operators' tools, never on a request's path. Tokens already leased to hosts are not
+    /// touched: each host spends what it holds (or hands it back), and meets the new level at
+    /// its next call to the store.
+    fn adjust(
+        &self,
+        key: &K,
+        limit: &Limit,
+        adjustment: Adjustment,
     ) -> impl Future<Output = Result<BucketLevel, Self::Error>> + Send;
 
     /// Whether a call that ended in `error` may still have taken effect in the store (the

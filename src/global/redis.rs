@@ -13,7 +13,9 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
 use crate::clock::{Clock, micros};
 use crate::error::ConfigError;
-use crate::global::{Answer, BucketLevel, Call, GlobalStore, Grant, LayerRegistry, TokenRequest};
+use crate::global::{
+    Adjustment, Answer, BucketLevel, Call, GlobalStore, Grant, LayerRegistry, TokenRequest,
+};
 use crate::limit::Limit;
 use crate::quota::BucketKey;
 
@@ -161,6 +163,7 @@ struct Scripts {
     many: LuaScript,
     release: LuaScript,
     level: LuaScript,
+    adjust: LuaScript,
 }
 
 /// A script's source and SHA-1: called by its hash, and sent whole only to a node that does
@@ -186,6 +189,10 @@ const ACQUIRE: &str = concat!(
 const LEVEL: &str = concat!(
     include_str!("redis/bucket.lua"),
     include_str!("redis/level.lua")
+);
+const ADJUST: &str = concat!(
+    include_str!("redis/bucket.lua"),
+    include_str!("redis/adjust.lua")
 );
 const RELEASE: &str = concat!(
     include_str!("redis/bucket.lua"),
@@ -358,6 +365,7 @@ impl<K> RedisGlobalStore<K> {
                 many: LuaScript::new(batch::MANY),
                 release: LuaScript::new(RELEASE),
                 level: LuaScript::new(LEVEL),
+                adjust: LuaScript::new(ADJUST),
             }),
             prefix: Arc::from(&b"throttle:"[..]),
             now_override: None,
@@ -536,13 +544,29 @@ where
     }
 
     async fn level(&self, key: &BucketKey<K>, limit: &Limit) -> Result<BucketLevel, RedisError> {
-        let (tokens, next_in, full_in): (u64, u64, u64) =
-            self.run(&self.scripts.level, key, limit, [0, 0, 0]).await?;
-        Ok(BucketLevel {
-            tokens,
-            next_in: std::time::Duration::from_micros(next_in),
-            full_in: std::time::Duration::from_micros(full_in),
-        })
+        let level = self.run(&self.scripts.level, key, limit, [0, 0, 0]).await?;
+        Ok(bucket_level(level))
+    }
+
+    async fn adjust(
+        &self,
+        key: &BucketKey<K>,
+        limit: &Limit,
+        adjustment: Adjustment,
+    ) -> Result<BucketLevel, RedisError> {
+        // Beyond twice the capacity, a removal only reaches the floor of a capacity of debt;
+        // kept below 2^54 so that Lua's doubles stay exact enough.
+        let most = limit.capacity().saturating_mul(2);
+        let (op, tokens) = match adjustment {
+            Adjustment::Reset => (0, 0),
+            Adjustment::Drain => (1, 0),
+            Adjustment::Add(n) => (2, n.min(most)),
+            Adjustment::Remove(n) => (3, n.min(most)),
+        };
+        let level = self
+            .run(&self.scripts.adjust, key, limit, [op, tokens, 0])
+            .await?;
+        Ok(bucket_level(level))
     }
 
     /// One script per node (on a Cluster, per hash tag, all at once) for all the calls' buckets.
@@ -628,6 +652,16 @@ macro_rules! display_keys {
 }
 
 display_keys!(u32, u64, u128, i32, i64, IpAddr);
+
+/// A level as `level.lua` and `adjust.lua` return it: whole tokens, microseconds until one
+/// more, microseconds until full.
+fn bucket_level((tokens, next_in, full_in): (u64, u64, u64)) -> BucketLevel {
+    BucketLevel {
+        tokens,
+        next_in: std::time::Duration::from_micros(next_in),
+        full_in: std::time::Duration::from_micros(full_in),
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use hierarchical_throttle::Limit;
 use hierarchical_throttle::clock::{Clock, ManualClock};
-use hierarchical_throttle::global::{GlobalStore, TokenRequest};
+use hierarchical_throttle::global::{Adjustment, GlobalStore, TokenRequest};
 use hierarchical_throttle::quota::BucketKey;
 
 /// One step: advance the clock by `after_us`, then acquire (`min`, `want`) or release `want`.
@@ -222,7 +222,72 @@ where
     }
     assert_reservation_conformance(store, clock).await;
     assert_level_conformance(store, clock).await;
+    assert_adjust_conformance(store, clock).await;
     assert_batch_conformance(store, clock).await;
+}
+
+/// An operator's adjustments, exact: drained (a part-refilled token gone too), tokens added
+/// up to capacity, removed into debt of at most a capacity (which the refill pays first),
+/// drained while in debt (the debt stays), reset (forgiven), and a bucket never seen drained.
+pub async fn assert_adjust_conformance<G>(store: &G, clock: &ManualClock)
+where
+    G: GlobalStore<BucketKey<String>>,
+{
+    let limit = Limit::per(1, Duration::from_millis(3)).burst(4).unwrap();
+    let key = BucketKey::new(format!("adjust-{}", clock.now().as_micros()), "default").unwrap();
+    let adjust = async |adjustment| {
+        let level = store
+            .adjust(&key, &limit, adjustment)
+            .await
+            .expect("adjust");
+        let read = store.level(&key, &limit).await.expect("level");
+        assert_eq!(
+            level, read,
+            "the level after {adjustment:?} is the bucket's"
+        );
+        (
+            level.tokens,
+            level.next_in.as_micros() as u64,
+            level.full_in.as_micros() as u64,
+        )
+    };
+    store
+        .acquire(&key, &limit, TokenRequest::now(3, 3))
+        .await
+        .expect("acquire");
+    clock.advance(Duration::from_micros(2_000));
+    assert_eq!(
+        adjust(Adjustment::Drain).await,
+        (0, 3_000, 12_000),
+        "drained"
+    );
+    assert_eq!(adjust(Adjustment::Add(3)).await, (3, 3_000, 3_000), "added");
+    assert_eq!(
+        adjust(Adjustment::Add(9)).await,
+        (4, 0, 0),
+        "added past capacity"
+    );
+    assert_eq!(
+        adjust(Adjustment::Remove(100)).await,
+        (0, 15_000, 24_000),
+        "removed into a capacity of debt"
+    );
+    clock.advance(Duration::from_micros(3_000));
+    assert_eq!(
+        adjust(Adjustment::Drain).await,
+        (0, 12_000, 21_000),
+        "drained in debt"
+    );
+    assert_eq!(adjust(Adjustment::Reset).await, (4, 0, 0), "reset");
+    let fresh = BucketKey::new(format!("adjust-fresh-{}", clock.now().as_micros()), "x").unwrap();
+    let level = store
+        .adjust(&fresh, &limit, Adjustment::Drain)
+        .await
+        .expect("adjust");
+    assert_eq!(
+        (level.tokens, level.full_in),
+        (0, Duration::from_millis(12))
+    );
 }
 
 /// The same cases through [`GlobalStore::call_many`], each step in a batch with calls on other

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hierarchical_throttle::clock::ManualClock;
-use hierarchical_throttle::global::{BucketLevel, GlobalStore, Grant, TokenRequest};
+use hierarchical_throttle::global::{Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
     Builder, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore, Rejection,
@@ -340,6 +340,22 @@ impl<K: Sync, G: GlobalStore<K>> GlobalStore<K> for FaultyStore<G> {
     ) -> impl Future<Output = Result<BucketLevel, StoreDown>> + Send {
         let read = self.inner.level(key, limit);
         async move { read.await.map_err(|_| StoreDown) }
+    }
+
+    fn adjust(
+        &self,
+        key: &K,
+        limit: &Limit,
+        adjustment: Adjustment,
+    ) -> impl Future<Output = Result<BucketLevel, StoreDown>> + Send {
+        let fault = self.fault();
+        let done = self.inner.adjust(key, limit, adjustment);
+        async move {
+            match fault {
+                0 => done.await.map_err(|_| StoreDown),
+                _ => Err(StoreDown),
+            }
+        }
     }
 
     /// Its errors come before it does anything.

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use hierarchical_throttle::bucket::TokenBucket;
 use hierarchical_throttle::clock::{Clock, TokioClock};
-use hierarchical_throttle::global::{BucketLevel, GlobalStore, Grant, TokenRequest};
+use hierarchical_throttle::global::{Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest};
 use hierarchical_throttle::{Limit, MemoryGlobalStore};
 
 use super::Rng;
@@ -338,6 +338,27 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
                 .unwrap()
                 .insert(key.clone(), this.clock.now());
             answer(fault, latency - latency / 2).await
+        }
+    }
+
+    /// Without faults: the simulation adjusts buckets as an operator would, beside the
+    /// traffic, and its oracle counts tokens a reset or an addition brings as reappeared.
+    fn adjust(
+        &self,
+        key: &BucketKey<String>,
+        limit: &Limit,
+        adjustment: Adjustment,
+    ) -> impl Future<Output = Result<BucketLevel, Injected>> + Send {
+        let (this, key, limit) = (self.clone(), key.clone(), *limit);
+        async move {
+            let Ok(level) = this.store().adjust(&key, &limit, adjustment).await;
+            if matches!(adjustment, Adjustment::Reset | Adjustment::Add(_)) {
+                this.returned_at
+                    .lock()
+                    .unwrap()
+                    .insert(key.clone(), this.clock.now());
+            }
+            Ok(level)
         }
     }
 

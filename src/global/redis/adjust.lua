@@ -1,0 +1,21 @@
+-- Applies an operator's adjustment (ARGV[4]: 0 reset, 1 drain, 2 add, 3 remove) of ARGV[5]
+-- tokens (add and remove); see TokenBucket::adjust. Returns the level after, as level.lua does.
+local op = tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
+if op == 0 then
+  tokens, remainder = capacity, 0
+elseif op == 1 then
+  tokens, remainder = math.min(tokens, 0), 0
+elseif op == 2 then
+  tokens = math.min(tokens + n, capacity)
+else
+  -- Into debt of at most a capacity.
+  tokens = math.min(tokens, math.max(tokens - n, -capacity))
+end
+if tokens == capacity then
+  remainder = 0
+end
+store()
+local whole = math.max(tokens, 0)
+return { whole, math.min(micros_until(math.min(whole + 1, capacity)), 2 ^ 53),
+  math.min(micros_until(capacity), 2 ^ 53) }
