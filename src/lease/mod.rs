@@ -292,14 +292,28 @@ impl LocalBucket {
         let next_token_at = sent_at.saturating_add(micros(grant.refill_in));
         let cold = self.cold_mut();
         cold.next_token_at = next_token_at;
-        // An answer for credit (a batch paying it, or its charge) that finds the bucket short.
-        if !grant.refill_in.is_zero() && (cold.owed > 0 || cold.credit_after == CHARGING) {
-            cold.credit_after = now.saturating_add(micros(grant.refill_in));
+        // A batch paying for credit that finds the bucket short: no credit until it refills.
+        // While a charge is under way, only the charge's own answer ends it (see
+        // `note_charge`): a batch answered meanwhile knows nothing of that debt.
+        if !grant.refill_in.is_zero() && cold.owed > 0 && cold.credit_after != CHARGING {
+            let after = now.saturating_add(micros(grant.refill_in));
+            cold.credit_after = cold.credit_after.max(after);
         }
         cold.keep = keep_after(grant.remaining, limit);
         cold.global_left = grant.remaining.min(NO_ANSWER - 1);
         cold.global_seen_at = now;
         cold.quiet_at = global_full_at(grant.remaining, next_token_at, now, limit);
+    }
+
+    /// Notes the answer to the charge of what a batch could not pay for credit: the store has
+    /// recovered that debt once the bucket's wait has passed, counted from the answer's arrival;
+    /// until then, no credit.
+    pub(crate) fn note_charge(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) {
+        self.note_global(grant, sent_at, now, limit);
+        let cold = self.cold_mut();
+        if cold.credit_after == CHARGING && !grant.refill_in.is_zero() {
+            cold.credit_after = now.saturating_add(micros(grant.refill_in));
+        }
     }
 
     /// Puts back `tokens` taken for a request that went away before it was served: they pay

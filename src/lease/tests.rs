@@ -499,6 +499,40 @@ fn credit_an_answer_cannot_pay_is_charged_and_blocks_credit_until_charged() {
 }
 
 #[test]
+fn a_batch_answered_while_credit_is_charged_does_not_let_credit_go_again() {
+    let mut b = LocalBucket::default();
+    on_credit(&mut b, 1, 0, 1);
+    assert_eq!(b.settle(&grant(0, 0, 0, 300), 0, 0, &limit()).unpaid, 1);
+    // While the charge is under way, a batch finds the bucket short for 3 ms.
+    assert_eq!(on_credit(&mut b, 1, 400_000, 1).0, Miss::StartFetch);
+    b.settle(&grant(0, 0, 0, 3), 400_000, 0, &limit());
+    assert_eq!(
+        on_credit(&mut b, 1, 410_000, 1).0,
+        Miss::StartFetch,
+        "the debt may not be charged yet"
+    );
+    b.settle(&grant(1, 0, 0, 0), 410_000, 0, &limit());
+    b.take_leased(1);
+    // The charge's answer: the debt is recovered 5 ms after it came.
+    let charge = Grant {
+        granted: 0,
+        reserved: 1,
+        ready_in: Duration::from_millis(5),
+        remaining: 0,
+        refill_in: Duration::from_millis(5),
+    };
+    b.note_charge(&charge, 410_000, 411_000, &limit());
+    b.end_charge();
+    assert_eq!(on_credit(&mut b, 1, 415_000, 1).0, Miss::StartFetch);
+    b.settle(&grant(1, 0, 0, 0), 415_000, 0, &limit());
+    b.take_leased(1);
+    assert_eq!(
+        on_credit(&mut b, 1, 416_000, 1).0,
+        Miss::Credited { start_fetch: true }
+    );
+}
+
+#[test]
 fn credit_of_a_failed_fetch_or_a_lost_limit_is_uncharged() {
     let mut b = LocalBucket::default();
     on_credit(&mut b, 1, 0, 1);

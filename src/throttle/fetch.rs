@@ -207,7 +207,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             id: owed.id.clone(),
             uncharged: owed.tokens,
         };
-        let charged = self.charge_debt(&owed).await;
+        let charged = self.charge_debt(&owed, true).await;
         charge.uncharged = owed.tokens.saturating_sub(charged);
     }
 

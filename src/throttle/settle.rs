@@ -207,7 +207,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 tokens: AtomicU64::new(owed.iter().fold(0, |sum, o| sum.saturating_add(o.tokens))),
             };
             let charges = owed.iter().map(|owed| async {
-                uncharged.charged(throttle.charge_debt(owed).await);
+                uncharged.charged(throttle.charge_debt(owed, false).await);
             });
             futures_util::future::join_all(charges).await;
         }))
@@ -215,8 +215,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
 
     /// Takes the tokens a host used beyond its lease from their global bucket, into debt if
     /// need be (reserving them ahead of the refill): one call, of at most a capacity, and none
-    /// while the store is backing off. Returns how many the store took.
-    pub(super) async fn charge_debt(self: &Arc<Self>, owed: &Owed<K>) -> u64 {
+    /// while the store is backing off. Returns how many the store took. `for_credit`: the
+    /// tokens were admitted on credit, which its answer lets the bucket give again.
+    pub(super) async fn charge_debt(self: &Arc<Self>, owed: &Owed<K>, for_credit: bool) -> u64 {
         let sent_at = self.now();
         if !self.health.is_up(sent_at) {
             return 0;
@@ -248,8 +249,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 let current = self.resolve(&owed.id);
                 if current.is_some_and(|c| c.name == owed.name && c.limit == *limit) {
                     self.local.with_bucket(&owed.id, |b| {
-                        if b.holds_tokens_of(owed.name) {
-                            b.note_global(&grant, sent_at, now, limit);
+                        match (b.holds_tokens_of(owed.name), for_credit) {
+                            (true, true) => b.note_charge(&grant, sent_at, now, limit),
+                            (true, false) => b.note_global(&grant, sent_at, now, limit),
+                            (false, _) => {}
                         }
                     });
                 }
