@@ -129,6 +129,63 @@ where
         self.throttle.remaining_global(0, &key.to_key()).await
     }
 
+    /// Changes every limit of `key` (at the layer's first level) in the global store by hand,
+    /// as an operator does to lift a block (`Adjustment::Reset`), stop a key at once
+    /// (`Drain`), or grant or charge tokens (`Add`, `Remove`); returns each limit's level
+    /// after. Never on a request's path: one call per limit.
+    ///
+    /// This host applies it at once: it forgets what it knew of the buckets, and after a drain
+    /// or a removal revokes the tokens it held. Other hosts keep the tokens already leased to
+    /// them (at most a batch each: they spend them or hand them back) and meet the new level at
+    /// their next call to the store; a host refusing the key from what it last heard asks
+    /// again within a lease time-to-live, so a reset reaches every host within one.
+    ///
+    /// ```
+    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
+    /// use hierarchical_throttle::global::Adjustment;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = HierarchicalThrottleLayer::builder()
+    ///     .key(|user: &u64| Some(*user))
+    ///     .limit(Limit::per_day(100).build()?)
+    ///     .global_store(MemoryGlobalStore::new())
+    ///     .build()?;
+    /// layer.acquire(7, 100).await?;
+    /// assert!(layer.acquire(7, 1).await.is_err());
+    /// // Support lifts the block: the day's allowance again.
+    /// let after = layer.adjust(&7, Adjustment::Reset).await?;
+    /// assert_eq!(after[0].tokens, 100);
+    /// layer.acquire(7, 1).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn adjust<Q>(
+        &self,
+        key: &Q,
+        adjustment: crate::global::Adjustment,
+    ) -> Result<Vec<crate::Remaining>, G::Error>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: crate::key::BorrowedKey<Key = K> + ?Sized,
+    {
+        self.throttle.adjust(0, &key.to_key(), adjustment).await
+    }
+
+    /// [`adjust`](Self::adjust) on the keys of every level ([`keys`](Self::keys)): each
+    /// level's limits of its key, one after another. Returns every limit's level after, level
+    /// by level.
+    pub async fn adjust_keys(
+        &self,
+        keys: crate::Keys<K>,
+        adjustment: crate::global::Adjustment,
+    ) -> Result<Vec<crate::Remaining>, G::Error> {
+        let mut out = Vec::new();
+        for id in keys.ids() {
+            out.extend(self.throttle.adjust(id.level, &id.key, adjustment).await?);
+        }
+        Ok(out)
+    }
+
     /// Hands back to the global store the leased tokens not used within the lease time-to-live,
     /// and the leases of evicted buckets.
     ///

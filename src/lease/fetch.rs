@@ -100,15 +100,23 @@ pub(crate) struct Plan {
     /// least half full (a slow key then fetches a few requests' worth, not one token).
     pub(crate) keep: u64,
     pub(crate) demand: [u32; MAX_DEMAND_INTERVALS],
+    /// Asked only to check a key known short (see [`LocalBucket::recheck_by`]): nothing is
+    /// reserved ahead, so a check never adds to the queue of tokens owed.
+    pub(crate) recheck: bool,
 }
 
 impl Plan {
-    /// The request for a batch of `batch` tokens (what the batch policy asked for).
+    /// The request for a batch of `batch` tokens (what the batch policy asked for), with
+    /// tokens reserved up to `max_delay` ahead unless it is a check.
     pub(crate) fn request(&self, batch: u64, max_delay: std::time::Duration) -> TokenRequest {
         TokenRequest {
             min: 1,
             want: batch.max(self.needed).clamp(1, self.room),
-            max_delay,
+            max_delay: if self.recheck {
+                std::time::Duration::ZERO
+            } else {
+                max_delay
+            },
         }
     }
 }
@@ -174,7 +182,7 @@ impl LocalBucket {
         if admitted {
             return Miss::Admitted;
         }
-        if now < self.cold().next_token_at {
+        if self.short_at(now) {
             // Refused requests are demand too: batches sized by what was served alone would
             // shrink to single tokens exactly when the key is over its limit.
             self.cold_mut().demand.record(interval, cost);
@@ -182,7 +190,9 @@ impl LocalBucket {
                 until: self.due(cost, now, limit),
             };
         }
-        if store_up && self.take_on_credit(cost, credit, now, interval) {
+        // A key known short whose memory is due for a check is asked about, not credited.
+        let rechecking = now < self.cold().next_token_at;
+        if store_up && !rechecking && self.take_on_credit(cost, credit, now, interval) {
             let start_fetch = !std::mem::replace(&mut self.fetching, true);
             return Miss::Credited { start_fetch };
         }
@@ -241,7 +251,10 @@ impl LocalBucket {
             .fold(owed, |sum, w| sum.saturating_add(w.cost));
         let cold = self.cold();
         let reserve_next = reserving && cold.reserved.is_empty() && needed == 0;
-        if now < cold.next_token_at && !reserve_next {
+        // A request that came once the memory of a short key was due for a check asks.
+        let short = now < cold.next_token_at;
+        let recheck = short && needed > 0 && now >= self.recheck_at();
+        if short && !reserve_next && !recheck {
             // No prefetch either until a batch comes: each would be skipped again.
             self.low_water = 0;
             return None;
@@ -267,6 +280,7 @@ impl LocalBucket {
             room,
             keep: u64::from(keep),
             demand,
+            recheck,
         })
     }
 

@@ -11,7 +11,7 @@ mod fetch;
 mod reserved;
 
 use crate::batch::DemandHistory;
-use crate::bucket::{Grant, TokenBucket};
+use crate::bucket::{BucketLevel, Grant, TokenBucket};
 use crate::clock::micros;
 use crate::limit::Limit;
 use crate::quota::Name;
@@ -61,6 +61,10 @@ struct Cold {
     /// The global bucket holds no whole token before then (clock micros): requests the lease
     /// cannot serve are refused until then without a global call.
     next_token_at: u64,
+    /// The host asks the store again from then on (clock micros) even while the key is known
+    /// to be short, so that a change to the global bucket by hand (a reset) reaches it within a
+    /// lease time-to-live. Never, until the throttle sets it.
+    recheck_at: u64,
     /// Tokens reserved ahead of the global refill, each tranche usable once due.
     reserved: Reserved,
     /// The host-local bucket used while the global store is unavailable (boxed: rarely there).
@@ -98,6 +102,7 @@ impl Cold {
         leased_at: 0,
         demand: DemandHistory::new(),
         next_token_at: 0,
+        recheck_at: u64::MAX,
         reserved: Reserved::NONE,
         fallback: None,
         owed: 0,
@@ -415,7 +420,47 @@ impl LocalBucket {
     /// at `now` and the global bucket is known to be short; `None` if it might be served.
     pub(crate) fn known_short(&mut self, cost: u64, now: u64, limit: &Limit) -> Option<u64> {
         self.release_pending(now);
-        (self.tokens < cost && now < self.cold().next_token_at).then(|| self.due(cost, now, limit))
+        (self.tokens < cost && self.short_at(now)).then(|| self.due(cost, now, limit))
+    }
+
+    /// Whether the global bucket is known to be short at `now`, without asking it.
+    pub(crate) fn short_at(&self, now: u64) -> bool {
+        now < self.cold().next_token_at && now < self.recheck_at()
+    }
+
+    /// When the host asks the store again about a key known short (clock micros).
+    pub(crate) fn recheck_at(&self) -> u64 {
+        self.cold().recheck_at
+    }
+
+    /// Asks the store again from `at` on, even if its last answer said the key is short then
+    /// (only a wait that outlasts `at` is cut short: a shorter one ends first anyway).
+    pub(crate) fn recheck_by(&mut self, at: u64) {
+        if let Some(cold) = self.cold.as_deref_mut() {
+            cold.recheck_at = if cold.next_token_at > at {
+                at
+            } else {
+                u64::MAX
+            };
+        }
+    }
+
+    /// A change made to the global bucket by hand at `now`, after which it holds `level`:
+    /// the lease knows it as it would from an answer (a bucket left empty is known short until
+    /// its next token, so no request is let through on credit meanwhile); with `revoke` (a
+    /// drain, a removal), the lease's tokens, reserved ones too, are taken out and returned,
+    /// to be forfeited.
+    pub(crate) fn adjusted(&mut self, revoke: bool, level: &BucketLevel, now: u64) -> u64 {
+        let revoked = if revoke { self.take_all_leased() } else { 0 };
+        let cold = self.cold_mut();
+        cold.next_token_at = match level.tokens {
+            0 => now.saturating_add(micros(level.next_in)),
+            _ => 0,
+        };
+        cold.global_left = level.tokens.min(NO_ANSWER - 1);
+        cold.global_seen_at = now;
+        cold.quiet_at = now.saturating_add(micros(level.full_in));
+        revoked
     }
 
     /// What the bucket holds at `now`, without changing it: the usable lease plus the global

@@ -166,7 +166,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             let settled = match &bucket {
                 Some(bucket) => {
                     self.serve(id, bucket, b);
-                    b.settle(outcome, now, self.interval(now), &bucket.limit)
+                    let settled = b.settle(outcome, now, self.interval(now), &bucket.limit);
+                    b.recheck_by(now.saturating_add(self.recheck_after()));
+                    settled
                 }
                 None => b.drop_limit(),
             };

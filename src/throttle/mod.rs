@@ -35,6 +35,7 @@ use crate::quota::{BucketKey, LeaseKey, Name, Quota};
 use crate::rejection::Rejection;
 use crate::stats::Stats;
 
+mod adjust;
 mod admission;
 mod calls;
 mod check;

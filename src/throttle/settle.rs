@@ -249,11 +249,14 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 let current = self.resolve(&owed.id);
                 if current.is_some_and(|c| c.name == owed.name && c.limit == *limit) {
                     self.local.with_bucket(&owed.id, |b| {
-                        match (b.holds_tokens_of(owed.name), for_credit) {
-                            (true, true) => b.note_charge(&grant, sent_at, now, limit),
-                            (true, false) => b.note_global(&grant, sent_at, now, limit),
-                            (false, _) => {}
+                        if !b.holds_tokens_of(owed.name) {
+                            return;
                         }
+                        match for_credit {
+                            true => b.note_charge(&grant, sent_at, now, limit),
+                            false => b.note_global(&grant, sent_at, now, limit),
+                        }
+                        b.recheck_by(now.saturating_add(self.recheck_after()));
                     });
                 }
                 grant.granted.saturating_add(grant.reserved)

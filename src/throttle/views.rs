@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::clock::{Clock, micros};
+use crate::global::BucketLevel;
 use crate::limit::Limit;
 use crate::local::View;
 use crate::quota::{BucketKey, LeaseKey, Name};
@@ -79,14 +80,26 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         for (name, limit) in quota.slots_iter() {
             let bucket = BucketKey::from_parts(key.clone(), self.config.layer, level_name, name);
             let level = self.global.level(&bucket, &limit).await?;
-            let view = View {
-                tokens: level.tokens.min(limit.capacity()),
-                next_in: micros(level.next_in),
-                full_in: micros(level.full_in),
-                share: None,
-            };
-            out.push(self.remaining_of_limit(key, name, level_name, limit, view));
+            out.push(self.remaining_global_of(key, name, level_name, limit, level));
         }
         Ok(out)
+    }
+
+    /// What limit `name` of `key` holds in the global store, read as `level`.
+    pub(crate) fn remaining_global_of(
+        &self,
+        key: &K,
+        name: Name,
+        level_name: Option<Name>,
+        limit: Limit,
+        level: BucketLevel,
+    ) -> Remaining {
+        let view = View {
+            tokens: level.tokens.min(limit.capacity()),
+            next_in: micros(level.next_in),
+            full_in: micros(level.full_in),
+            share: None,
+        };
+        self.remaining_of_limit(key, name, level_name, limit, view)
     }
 }

@@ -162,7 +162,8 @@ impl FaultyGlobal {
         self.restarts.lock().unwrap().push(self.clock.now());
     }
 
-    /// Tokens owed by `bucket` when the store restarted: reservations it forgot.
+    /// Tokens `bucket` gained outside its refill: owed when the store restarted
+    /// (reservations it forgot), or added by an operator's change.
     pub fn forgiven(&self, bucket: &BucketKey<String>) -> u64 {
         self.forgiven
             .lock()
@@ -351,14 +352,25 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
     ) -> impl Future<Output = Result<BucketLevel, Injected>> + Send {
         let (this, key, limit) = (self.clone(), key.clone(), *limit);
         async move {
-            let Ok(level) = this.store().adjust(&key, &limit, adjustment).await;
-            if matches!(adjustment, Adjustment::Reset | Adjustment::Add(_)) {
+            let store = this.store();
+            let level = |b: TokenBucket| i128::from(b.tokens()) - i128::from(b.owed());
+            let before = level(store.peek(&key, &limit));
+            let Ok(after) = store.adjust(&key, &limit, adjustment).await;
+            let added = level(store.peek(&key, &limit)) - before;
+            if added > 0 {
+                // Tokens the fleet may use on top of its allowance, as if they came back.
+                *this
+                    .forgiven
+                    .lock()
+                    .unwrap()
+                    .entry(key.clone())
+                    .or_default() += added as u64;
                 this.returned_at
                     .lock()
                     .unwrap()
                     .insert(key.clone(), this.clock.now());
             }
-            Ok(level)
+            Ok(after)
         }
     }
 

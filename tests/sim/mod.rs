@@ -19,8 +19,10 @@
 //! `u64::MAX`, reservations parked and dropped, shadow mode, a second limit in shadow (held to
 //! nothing, and never to refuse), uses outside a service (`acquire`, `acquire_ref` on a
 //! borrowed key, bodies streamed through `meter`, each frame a use), cold starts on credit,
-//! batch sizes, and a second layer of other limits on the same store; the oracle's bounds
-//! follow (see `check_allowance`).
+//! batch sizes, a second layer of other limits on the same store, and an operator's changes by
+//! hand (reset, drain, tokens added or removed) through one host's layer; the oracle's bounds
+//! follow (see `check_allowance`: tokens a change adds are allowed on top, and count as
+//! tokens that reappeared for exactness).
 #![allow(dead_code)]
 
 pub mod faults;
@@ -32,6 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hierarchical_throttle::clock::{Clock, TokioClock};
+use hierarchical_throttle::global::Adjustment;
 use hierarchical_throttle::local::LocalStore;
 use hierarchical_throttle::quota::{BucketKey, LeaseKey};
 use hierarchical_throttle::{
@@ -148,6 +151,9 @@ pub struct Scenario {
     /// One in this many arrivals (of those left) streams its cost as a body of that many
     /// bytes through `meter`, in up to three frames, each frame a use of its length (0: none).
     pub meter_one_in: u64,
+    /// Changes an operator makes by hand to hot-0's buckets, each through one host's layer
+    /// (when, which host, what), in time order.
+    pub adjustments: Vec<(Duration, usize, Adjustment)>,
 }
 
 /// A run-time change of hot-0's quota, at `at`.
@@ -251,6 +257,7 @@ impl Scenario {
             by_ref: false,
             shadow_slow: false,
             meter_one_in: 0,
+            adjustments: Vec::new(),
         }
         .draw_more(&mut rng)
     }
@@ -304,6 +311,21 @@ impl Scenario {
         self.shadow_slow = self.two_limits && rng.chance(0.3);
         if rng.chance(0.3) {
             self.meter_one_in = [2, 10][rng.below(2) as usize];
+        }
+        if rng.chance(0.2) {
+            for _ in 0..rng.range(1, 4) {
+                let at = Duration::from_micros(rng.below(self.duration.as_micros() as u64));
+                let host = rng.below(self.hosts as u64) as usize;
+                let tokens = rng.range(1, 2 * self.keys[0].limit.capacity());
+                let adjustment = match rng.below(4) {
+                    0 => Adjustment::Reset,
+                    1 => Adjustment::Drain,
+                    2 => Adjustment::Add(tokens),
+                    _ => Adjustment::Remove(tokens),
+                };
+                self.adjustments.push((at, host, adjustment));
+            }
+            self.adjustments.sort_by_key(|(at, _, _)| *at);
         }
         self
     }
@@ -594,6 +616,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         })
         .collect();
     let mut change = s.change;
+    let mut adjustments = s.adjustments.iter().copied().peekable();
     // Tokens hot-0's hosts could still admit without a limit added at the change.
     let mut grace = vec![0u64; groups];
     for (n, arrival) in (0u64..).zip(arrivals) {
@@ -601,6 +624,15 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         while restarts.next_if(|&r| r <= arrival.at).is_some() {
             let buckets = all_buckets();
             global.restart(buckets.iter().map(|(b, l)| (b, l)));
+        }
+        while let Some((_, host, adjustment)) = adjustments.next_if(|(at, _, _)| *at <= arrival.at)
+        {
+            for group in &layers {
+                group[host]
+                    .adjust("hot-0", adjustment)
+                    .await
+                    .expect("adjustments are not faulted");
+            }
         }
         if let Some(c) = change.take_if(|c| c.at <= arrival.at) {
             for group in 0..groups {

@@ -1,0 +1,48 @@
+//! Changes made by hand to a key's global buckets (an operator's reset, drain, grant or
+//! charge), and how the hosts learn of them: this one at once, the others at their next call
+//! to the store, within a lease time-to-live even for a key they are refusing.
+
+use crate::clock::{Clock, micros};
+use crate::global::Adjustment;
+use crate::quota::{BucketKey, LeaseKey};
+use crate::remaining::Remaining;
+use crate::throttle::{Global, Key, Local, Throttle};
+
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
+    /// How long (micros) a host trusts an answer that said a key is short before it asks
+    /// again: one lease time-to-live, so that a reset reaches every host within it.
+    pub(crate) fn recheck_after(&self) -> u64 {
+        micros(self.config.lease_ttl)
+    }
+
+    /// Applies `adjustment` to every global bucket of `key` at `level`, then to this host's
+    /// leases of them: each learns its bucket's level after, as from an answer; a drain or a
+    /// removal also revokes the tokens it held (counted as forfeited). Returns each limit's
+    /// level after.
+    pub(crate) async fn adjust(
+        &self,
+        level: u8,
+        key: &K,
+        adjustment: Adjustment,
+    ) -> Result<Vec<Remaining>, G::Error> {
+        let Some((level_name, quota)) = self.level_quota(level, key) else {
+            return Ok(Vec::new());
+        };
+        let revoke = matches!(adjustment, Adjustment::Drain | Adjustment::Remove(_));
+        let mut out = Vec::with_capacity(quota.len());
+        for (slot, (name, limit)) in (0..).zip(quota.slots_iter()) {
+            let bucket = BucketKey::from_parts(key.clone(), self.config.layer, level_name, name);
+            let after = self.global.adjust(&bucket, &limit, adjustment).await?;
+            let id = LeaseKey::new(key.clone(), level, slot);
+            let now = self.now();
+            let revoked = self.local.with_bucket(&id, |b| {
+                let revoked = b.adjusted(revoke, &after, now);
+                b.recheck_by(now.saturating_add(self.recheck_after()));
+                revoked
+            });
+            self.stats.tokens_forfeited.add(revoked);
+            out.push(self.remaining_global_of(key, name, level_name, limit, after));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,134 @@
+//! Changes made by hand to a key's global buckets, through the layer: a reset lifts a block on
+//! every host (at once on the host that made it, within a lease time-to-live on the others,
+//! even those refusing the key from what they last heard), a drain stops the key at once on
+//! the host that made it (its leased tokens revoked), tokens added and removed; on memory and
+//! on a real Redis.
+
+mod common;
+
+use std::time::Duration;
+
+use common::levels::{call, router, user};
+use common::redis_server::RedisServer;
+use hierarchical_throttle::clock::ManualClock;
+use hierarchical_throttle::global::redis::RedisGlobalStore;
+use hierarchical_throttle::global::{Adjustment, GlobalStore};
+use hierarchical_throttle::local::LocalStore;
+use hierarchical_throttle::quota::{BucketKey, LeaseKey};
+use hierarchical_throttle::{ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
+use http::StatusCode;
+
+/// 10 a minute, a token every 6 s.
+fn limit() -> Limit {
+    Limit::per_minute(10).build().unwrap()
+}
+
+async fn status(app: &axum::Router) -> StatusCode {
+    call(app, "/", "u1", None).await.status()
+}
+
+async fn statuses(app: &axum::Router, n: usize) -> Vec<StatusCode> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(status(app).await);
+    }
+    out
+}
+
+/// Two hosts on `global`: a reset reaches both, a drain stops the key, tokens are added and
+/// removed exactly.
+async fn adjustments_reach_the_fleet<G>(global: G, clock: &ManualClock)
+where
+    G: GlobalStore<BucketKey<String>> + Clone,
+{
+    let host = || {
+        HierarchicalThrottleLayer::builder()
+            .cold_start(ColdStart::Exact)
+            .key(user)
+            .clock(clock.clone())
+            .limit(limit())
+            .global_store(global.clone())
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (host(), host());
+    let (app_a, app_b) = (router().layer(a.clone()), router().layer(b.clone()));
+    // Host b spends the minute's 10; both then refuse, remembering the key as short for 6 s.
+    assert!(
+        statuses(&app_b, 10)
+            .await
+            .iter()
+            .all(|s| *s == StatusCode::OK)
+    );
+    assert_eq!(status(&app_a).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status(&app_b).await, StatusCode::TOO_MANY_REQUESTS);
+
+    // Host a resets the key: it serves at once.
+    let after = a.adjust("u1", Adjustment::Reset).await.unwrap();
+    assert_eq!(after[0].tokens, 10);
+    assert_eq!(status(&app_a).await, StatusCode::OK);
+    // Host b still refuses from what it last heard, and asks again within a lease TTL (2 s),
+    // long before the 6 s it was told.
+    clock.advance(Duration::from_millis(1_900));
+    assert_eq!(status(&app_b).await, StatusCode::TOO_MANY_REQUESTS);
+    clock.advance(Duration::from_millis(100));
+    assert_eq!(status(&app_b).await, StatusCode::OK);
+
+    // Host b, which leased what was left of the reset, drains the key: its lease is revoked,
+    // it refuses at once, and the next token is a whole interval away.
+    let leased = || {
+        let id = LeaseKey::new("u1".to_owned(), 0, 0);
+        b.local_store()
+            .peek_bucket(&id, |bucket| bucket.leased_tokens())
+    };
+    let held = leased().unwrap();
+    assert!(held > 0, "host b holds a lease");
+    let after = b.adjust("u1", Adjustment::Drain).await.unwrap();
+    assert_eq!(
+        (after[0].tokens, after[0].next_in),
+        (0, Duration::from_secs(6))
+    );
+    assert_eq!(leased(), Some(0));
+    assert_eq!(b.stats().tokens_forfeited, held);
+    let refused = b.acquire("u1".to_owned(), 1).await.unwrap_err();
+    assert_eq!(refused.retry_after, Some(Duration::from_secs(6)));
+
+    // Three added by hand: host a, which holds none, asks for them: three served, then none.
+    let after = a.adjust("u1", Adjustment::Add(3)).await.unwrap();
+    assert_eq!(after[0].tokens, 3);
+    assert_eq!(
+        statuses(&app_a, 4).await,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    // Fifteen removed from none: debt down to its floor, a capacity, so the bucket is full
+    // again after twenty tokens' refill (120 s).
+    let after = a.adjust("u1", Adjustment::Remove(15)).await.unwrap();
+    assert_eq!(
+        (after[0].tokens, after[0].full_in),
+        (0, Duration::from_secs(120))
+    );
+}
+
+#[tokio::test]
+async fn adjustments_reach_every_host_on_memory() {
+    let clock = ManualClock::new();
+    let global = MemoryGlobalStore::with_clock(clock.clone());
+    adjustments_reach_the_fleet(global, &clock).await;
+}
+
+#[tokio::test]
+async fn adjustments_reach_every_host_on_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(1_000_000));
+    let global = RedisGlobalStore::connect(&server.url())
+        .await
+        .expect("connect to the test's redis-server")
+        .with_clock_override(clock.clone());
+    adjustments_reach_the_fleet(global, &clock).await;
+}
