@@ -132,3 +132,43 @@ async fn adjustments_reach_every_host_on_redis() {
         .with_clock_override(clock.clone());
     adjustments_reach_the_fleet(global, &clock).await;
 }
+
+#[tokio::test]
+async fn a_longer_refusal_memory_asks_less_often_and_a_reset_takes_longer_to_arrive() {
+    let clock = ManualClock::new();
+    let global = MemoryGlobalStore::with_clock(clock.clone());
+    let host = |memory| {
+        HierarchicalThrottleLayer::builder()
+            .cold_start(ColdStart::Exact)
+            .key(user)
+            .clock(clock.clone())
+            .limit(limit())
+            .refusal_memory(memory)
+            .global_store(global.clone())
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (host(Duration::from_secs(2)), host(Duration::from_secs(4)));
+    let app_b = router().layer(b.clone());
+    assert!(
+        statuses(&app_b, 11).await[..10]
+            .iter()
+            .all(|s| *s == StatusCode::OK)
+    );
+    let calls = b.stats().global_calls;
+    a.adjust("u1", Adjustment::Reset).await.unwrap();
+    clock.advance(Duration::from_millis(3_999));
+    assert_eq!(status(&app_b).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(b.stats().global_calls, calls, "no call while it remembers");
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(status(&app_b).await, StatusCode::OK);
+    // Out of range: an error at build, naming the setting.
+    let error = HierarchicalThrottleLayer::builder()
+        .key(user)
+        .limit(limit())
+        .refusal_memory(Duration::ZERO)
+        .global_store(MemoryGlobalStore::new())
+        .build()
+        .unwrap_err();
+    assert!(error.to_string().contains("refusal_memory"), "{error}");
+}

@@ -1043,44 +1043,6 @@ async fn tls_to_redis_verifies_the_server_and_decides_there() {
     assert!(plain.is_err(), "plain Redis on a TLS-only port");
 }
 
-/// A limit in shadow on a real Redis: two hosts enforce the other limit fleet-wide and count
-/// the shadow one's would-be refusals.
-#[tokio::test(flavor = "current_thread")]
-async fn a_limit_in_shadow_on_redis_refuses_nothing_and_is_counted() {
-    let server = RedisServer::start();
-    let clock = ManualClock::new();
-    let redis = store(&server).await.with_clock_override(clock.clone());
-    let host = || {
-        HierarchicalThrottleLayer::builder()
-            .cold_start(hierarchical_throttle::ColdStart::Exact)
-            .key(|k: &String| Some(k.clone()))
-            .clock(clock.clone())
-            .quota(
-                "per-minute: 6/min; per-hour: 2/h"
-                    .parse::<hierarchical_throttle::Quota>()
-                    .unwrap(),
-            )
-            .shadow_limit("per-hour")
-            .batch_policy(|_: &hierarchical_throttle::batch::BatchContext<'_>| 0)
-            .global_store(redis.clone())
-            .build()
-            .unwrap()
-    };
-    let (a, b) = (host(), host());
-    let mut served = 0;
-    for i in 0..10 {
-        let layer = if i % 2 == 0 { &a } else { &b };
-        served += usize::from(layer.acquire("u1".to_owned(), 1).await.is_ok());
-    }
-    assert_eq!(served, 6, "per-minute's 6, fleet-wide");
-    let shadowed = a.stats().shadow_limit_refusals + b.stats().shadow_limit_refusals;
-    assert!((4..=8).contains(&shadowed), "{shadowed}");
-    // The shadow limit's Redis bucket took only what it had: 2.
-    let left = a.remaining_global("u1").await.unwrap();
-    assert_eq!((left[0].limit_name, left[0].tokens), ("per-minute", 0));
-    assert_eq!((left[1].limit_name, left[1].tokens), ("per-hour", 0));
-}
-
 /// Bodies charged by the byte on a real Redis: two hosts streaming at once deliver no more
 /// than the quota fleet-wide.
 #[tokio::test(flavor = "current_thread")]

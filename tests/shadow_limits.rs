@@ -1,13 +1,17 @@
 //! Limits in shadow beside enforced ones: their would-be refusals are counted under their
 //! names, and requests go on to the other limits; a level in shadow alike; names that are
-//! not the layer's limits are errors at build.
+//! not the layer's limits are errors at build; a fleet on memory and on a real Redis.
 
 use std::time::Duration;
 
 mod common;
 
 use common::levels::{call, router, tenant, user};
+use common::redis_server::RedisServer;
 use hierarchical_throttle::clock::ManualClock;
+use hierarchical_throttle::global::GlobalStore;
+use hierarchical_throttle::global::redis::RedisGlobalStore;
+use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
     ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, Quota, RejectionReason,
 };
@@ -144,12 +148,12 @@ async fn shadow_names_must_be_the_layers_limits() {
     assert!(error.contains("`team`"), "{error}");
 }
 
-/// Two hosts on one store: the enforced limit holds fleet-wide while the shadow one is
-/// counted on both.
-#[tokio::test]
-async fn a_fleet_enforces_the_other_limits_and_counts_the_shadow_one() {
-    let clock = ManualClock::new();
-    let global = MemoryGlobalStore::with_clock(clock.clone());
+/// Two hosts on `global`: the enforced limit holds fleet-wide while the shadow one is counted
+/// on both, and its global bucket takes only what it had.
+async fn a_fleet_enforces_the_rest_and_counts_the_shadow_limit<G>(global: G, clock: &ManualClock)
+where
+    G: GlobalStore<BucketKey<String>> + Clone,
+{
     let host = || {
         HierarchicalThrottleLayer::builder()
             .cold_start(ColdStart::Exact)
@@ -175,4 +179,26 @@ async fn a_fleet_enforces_the_other_limits_and_counts_the_shadow_one() {
     assert!((4..=8).contains(&shadowed), "{shadowed}");
     let served_past = a.stats().requests_admitted + b.stats().requests_admitted - 2;
     assert_eq!(served_past, 4);
+    let left = a.remaining_global("u1").await.unwrap();
+    assert_eq!((left[0].limit_name, left[0].tokens), ("per-minute", 0));
+    assert_eq!((left[1].limit_name, left[1].tokens), ("per-hour", 0));
+}
+
+#[tokio::test]
+async fn a_fleet_on_memory_enforces_the_other_limits_and_counts_the_shadow_one() {
+    let clock = ManualClock::new();
+    let global = MemoryGlobalStore::with_clock(clock.clone());
+    a_fleet_enforces_the_rest_and_counts_the_shadow_limit(global, &clock).await;
+}
+
+#[tokio::test]
+async fn a_fleet_on_redis_enforces_the_other_limits_and_counts_the_shadow_one() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(1_000_000));
+    let global = RedisGlobalStore::connect(&server.url())
+        .await
+        .expect("connect to the test's redis-server")
+        .with_clock_override(clock.clone());
+    a_fleet_enforces_the_rest_and_counts_the_shadow_limit(global, &clock).await;
 }

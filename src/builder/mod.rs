@@ -55,6 +55,7 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
             config: Config {
                 store_timeout: Duration::from_millis(50),
                 lease_ttl: Duration::from_secs(2),
+                refusal_memory: None,
                 demand_interval: Duration::from_secs(1),
                 demand_intervals: 10,
                 failure_policy: FailurePolicy::default(),
@@ -428,6 +429,19 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.check_duration(ttl, "lease_ttl");
         self.config.lease_ttl = ttl;
+        self
+    }
+
+    /// The longest a host refuses a key from what the store last told it (the time its next
+    /// tokens are due) before asking again, so that a change made by hand
+    /// ([`adjust`](crate::HierarchicalThrottleLayer::adjust): a reset) reaches it. Only waits
+    /// longer than this are cut short, each by one call with nothing reserved ahead: for a key
+    /// over a per-hour or per-day limit that clients keep calling, one call per this long per
+    /// host. Default: the [`lease_ttl`](Self::lease_ttl) (2 s); a longer one costs fewer calls
+    /// and lets a reset take longer to reach every host. 1 ms to 1 hour.
+    pub fn refusal_memory(mut self, memory: Duration) -> Self {
+        self.check_duration(memory, "refusal_memory");
+        self.config.refusal_memory = Some(memory);
         self
     }
 

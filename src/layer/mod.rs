@@ -134,8 +134,8 @@ where
     /// (`Drain`), or grant or charge tokens (`Add`, `Remove`); returns each limit's level
     /// after. Never on a request's path: one call per limit.
     ///
-    /// This host applies it at once: it forgets what it knew of the buckets, and after a drain
-    /// or a removal revokes the tokens it held. Other hosts keep the tokens already leased to
+    /// This host applies it at once: it learns the buckets' levels after, and after a drain
+    /// revokes the tokens it held. Other hosts keep the tokens already leased to
     /// them (at most a batch each: they spend them or hand them back) and meet the new level at
     /// their next call to the store; a host refusing the key from what it last heard asks
     /// again within a lease time-to-live, so a reset reaches every host within one.

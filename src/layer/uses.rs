@@ -206,7 +206,6 @@ where
     /// [`acquire_keys`](Self::acquire_keys) when throttled requests wait for their tokens.
     #[inline(never)]
     fn acquire_shaped(&self, keys: Keys<K>, cost: u64) -> Acquire<K> {
-        let arrived = tokio::time::Instant::now();
         let decision: Decision<K> = match self.check(&keys, cost) {
             Check::Admit => return self.admitted_at_once(),
             Check::Reject(refusal) if !self.throttle.may_wait(&refusal) => {
@@ -215,6 +214,8 @@ where
             Check::Reject(refusal) => Box::pin(std::future::ready(Err(*refusal))),
             Check::Wait(decision) => decision,
         };
+        // Read only off the hot path; the wait counts from here (the check took nanoseconds).
+        let arrived = tokio::time::Instant::now();
         let throttle = self.throttle.clone();
         let decided = Box::pin(async move {
             match decision.await {
@@ -286,23 +287,26 @@ where
         cost: u64,
         max: Duration,
     ) -> Result<crate::Reservation<K>, Rejection<K>> {
-        let arrived = tokio::time::Instant::now();
-        let refusal = match self.check(&keys, cost) {
+        // The clock is read off the hot path only: the wait counts from the check.
+        let (arrived, refusal) = match self.check(&keys, cost) {
             Check::Admit => {
                 let at_once = Admitted::LEASED;
                 return Ok(self
                     .throttle
                     .admitted_reservation(keys, cost, true, at_once));
             }
-            Check::Wait(decision) => match decision.await {
-                Ok(admitted) => {
-                    return Ok(self
-                        .throttle
-                        .admitted_reservation(keys, cost, false, admitted));
+            Check::Wait(decision) => {
+                let arrived = tokio::time::Instant::now();
+                match decision.await {
+                    Ok(admitted) => {
+                        return Ok(self
+                            .throttle
+                            .admitted_reservation(keys, cost, false, admitted));
+                    }
+                    Err(refusal) => (arrived, refusal),
                 }
-                Err(refusal) => refusal,
-            },
-            Check::Reject(refusal) => *refusal,
+            }
+            Check::Reject(refusal) => (tokio::time::Instant::now(), *refusal),
         };
         let queued = match refusal.reason {
             RejectionReason::Throttled if !self.throttle.config.shadow => self.throttle.queue_up(

@@ -448,8 +448,8 @@ impl LocalBucket {
     /// A change made to the global bucket by hand at `now`, after which it holds `level`:
     /// the lease knows it as it would from an answer (a bucket left empty is known short until
     /// its next token, so no request is let through on credit meanwhile); with `revoke` (a
-    /// drain, a removal), the lease's tokens, reserved ones too, are taken out and returned,
-    /// to be forfeited.
+    /// drain), the lease's tokens, reserved ones too, are taken out and returned, to be
+    /// forfeited.
     pub(crate) fn adjusted(&mut self, revoke: bool, level: &BucketLevel, now: u64) -> u64 {
         let revoked = if revoke { self.take_all_leased() } else { 0 };
         let cold = self.cold_mut();

@@ -10,15 +10,15 @@ use crate::throttle::{Global, Key, Local, Throttle};
 
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// How long (micros) a host trusts an answer that said a key is short before it asks
-    /// again: one lease time-to-live, so that a reset reaches every host within it.
+    /// again: the refusal memory, one lease time-to-live unless set, so that a reset reaches
+    /// every host within it.
     pub(crate) fn recheck_after(&self) -> u64 {
-        micros(self.config.lease_ttl)
+        micros(self.config.refusal_memory.unwrap_or(self.config.lease_ttl))
     }
 
     /// Applies `adjustment` to every global bucket of `key` at `level`, then to this host's
-    /// leases of them: each learns its bucket's level after, as from an answer; a drain or a
-    /// removal also revokes the tokens it held (counted as forfeited). Returns each limit's
-    /// level after.
+    /// leases of them: each learns its bucket's level after, as from an answer; a drain also
+    /// revokes the tokens it held (counted as forfeited). Returns each limit's level after.
     pub(crate) async fn adjust(
         &self,
         level: u8,
@@ -28,7 +28,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let Some((level_name, quota)) = self.level_quota(level, key) else {
             return Ok(Vec::new());
         };
-        let revoke = matches!(adjustment, Adjustment::Drain | Adjustment::Remove(_));
+        // A drain stops the key at once; a removal charges tokens and leaves the lease.
+        let revoke = matches!(adjustment, Adjustment::Drain);
         let mut out = Vec::with_capacity(quota.len());
         for (slot, (name, limit)) in (0..).zip(quota.slots_iter()) {
             let bucket = BucketKey::from_parts(key.clone(), self.config.layer, level_name, name);

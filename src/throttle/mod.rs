@@ -197,6 +197,9 @@ pub(crate) struct Resolved {
 pub(crate) struct Config {
     pub(crate) store_timeout: Duration,
     pub(crate) lease_ttl: Duration,
+    /// How long a host refuses a key from one answer before asking the store again (`None`:
+    /// the lease time-to-live).
+    pub(crate) refusal_memory: Option<Duration>,
     pub(crate) demand_interval: Duration,
     pub(crate) demand_intervals: usize,
     pub(crate) failure_policy: FailurePolicy,

@@ -20,7 +20,8 @@
 //! nothing, and never to refuse), uses outside a service (`acquire`, `acquire_ref` on a
 //! borrowed key, bodies streamed through `meter`, each frame a use), cold starts on credit,
 //! batch sizes, a second layer of other limits on the same store, and an operator's changes by
-//! hand (reset, drain, tokens added or removed) through one host's layer; the oracle's bounds
+//! hand (reset, drain, tokens added or removed) through one host's layer, and how long hosts
+//! refuse a key from one answer; the oracle's bounds
 //! follow (see `check_allowance`: tokens a change adds are allowed on top, and count as
 //! tokens that reappeared for exactness).
 #![allow(dead_code)]
@@ -154,6 +155,8 @@ pub struct Scenario {
     /// Changes an operator makes by hand to hot-0's buckets, each through one host's layer
     /// (when, which host, what), in time order.
     pub adjustments: Vec<(Duration, usize, Adjustment)>,
+    /// How long a host refuses a key from one answer (`None`: the lease time-to-live).
+    pub refusal_memory: Option<Duration>,
 }
 
 /// A run-time change of hot-0's quota, at `at`.
@@ -258,6 +261,7 @@ impl Scenario {
             shadow_slow: false,
             meter_one_in: 0,
             adjustments: Vec::new(),
+            refusal_memory: None,
         }
         .draw_more(&mut rng)
     }
@@ -326,6 +330,11 @@ impl Scenario {
                 self.adjustments.push((at, host, adjustment));
             }
             self.adjustments.sort_by_key(|(at, _, _)| *at);
+        }
+        if rng.chance(0.2) {
+            self.refusal_memory = Some(Duration::from_millis(
+                [5, 300, 30_000][rng.below(3) as usize],
+            ));
         }
         self
     }
@@ -815,6 +824,10 @@ fn build_host(
     let builder = match s.shadow_slow {
         true => builder.shadow_limit("slow"),
         false => builder,
+    };
+    let builder = match s.refusal_memory {
+        Some(memory) => builder.refusal_memory(memory),
+        None => builder,
     };
     builder
         .name(LAYERS[group])
