@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::levels::{call, router, user};
 use common::redis_server::RedisServer;
+use hierarchical_throttle::batch::FractionOfCapacity;
 use hierarchical_throttle::clock::ManualClock;
 use hierarchical_throttle::global::redis::RedisGlobalStore;
 use hierarchical_throttle::global::{Adjustment, GlobalStore};
@@ -171,4 +172,32 @@ async fn a_longer_refusal_memory_asks_less_often_and_a_reset_takes_longer_to_arr
         .build()
         .unwrap_err();
     assert!(error.to_string().contains("refusal_memory"), "{error}");
+}
+
+#[tokio::test]
+async fn a_store_error_is_the_adjustments_answer_and_changes_nothing_here() {
+    let clock = ManualClock::new();
+    let store = common::FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
+    let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(ColdStart::Exact)
+        .key(|k: &String| Some(k.clone()))
+        .clock(clock.clone())
+        .limit(limit())
+        // The whole bucket in one batch: the host holds a lease to revoke.
+        .batch_policy(FractionOfCapacity::new(1.0).unwrap())
+        .global_store(store.clone())
+        .build()
+        .unwrap();
+    assert!(layer.acquire("u1".to_owned(), 1).await.is_ok());
+    let leased = || {
+        let id = LeaseKey::new("u1".to_owned(), 0, 0);
+        layer.local_store().peek_bucket(&id, |b| b.leased_tokens())
+    };
+    let (held, level) = (leased(), layer.remaining_global("u1").await.unwrap());
+    assert_eq!(held, Some(9));
+    store.set(common::Fault::Error);
+    assert!(layer.adjust("u1", Adjustment::Drain).await.is_err());
+    store.set(common::Fault::None);
+    assert_eq!(leased(), held, "the lease is not revoked");
+    assert_eq!(layer.remaining_global("u1").await.unwrap(), level);
 }

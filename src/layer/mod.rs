@@ -132,7 +132,9 @@ where
     /// Changes every limit of `key` (at the layer's first level) in the global store by hand,
     /// as an operator does to lift a block (`Adjustment::Reset`), stop a key at once
     /// (`Drain`), or grant or charge tokens (`Add`, `Remove`); returns each limit's level
-    /// after. Never on a request's path: one call per limit.
+    /// after. Never on a request's path: one call per limit, in the quota's order. A store
+    /// error ends it there, the limits before changed: `Reset` and `Drain` can be sent again
+    /// as they are, `Add` and `Remove` would apply twice to those.
     ///
     /// This host applies it at once: it learns the buckets' levels after, and after a drain
     /// revokes the tokens it held. Other hosts keep the tokens already leased to
