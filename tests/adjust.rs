@@ -197,7 +197,28 @@ async fn a_store_error_is_the_adjustments_answer_and_changes_nothing_here() {
     assert_eq!(held, Some(9));
     store.set(common::Fault::Error);
     assert!(layer.adjust("u1", Adjustment::Drain).await.is_err());
+    // Through the type-erased handle too, the store's error boxed.
+    let error = layer
+        .handle()
+        .adjust("u1".to_owned(), Adjustment::Drain)
+        .await
+        .unwrap_err();
+    assert!(
+        error.downcast_ref::<common::StoreDown>().is_some(),
+        "{error}"
+    );
     store.set(common::Fault::None);
     assert_eq!(leased(), held, "the lease is not revoked");
     assert_eq!(layer.remaining_global("u1").await.unwrap(), level);
+    let after = layer
+        .handle()
+        .adjust("u1".to_owned(), Adjustment::Drain)
+        .await
+        .unwrap();
+    assert_eq!(after[0].tokens, 0);
+    assert_eq!(
+        leased(),
+        Some(0),
+        "drained through the handle: the lease revoked"
+    );
 }

@@ -2,13 +2,15 @@
 //! without the layer's six type parameters.
 
 use std::fmt;
+use std::future::Future;
 use std::hash::Hash;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::future::Acquire;
-use crate::global::GlobalStore;
+use crate::global::{Adjustment, GlobalStore};
 use crate::key::Keys;
 use crate::local::LocalStore;
 use crate::quota::{BucketKey, LeaseKey};
@@ -19,7 +21,8 @@ use super::HierarchicalThrottleLayer;
 
 /// A layer's uses outside a service, type-erased: [`acquire`](Self::acquire),
 /// [`acquire_keys`](Self::acquire_keys), [`remaining`](Self::remaining),
-/// [`stats`](Self::stats), [`store_up`](Self::store_up). Made by
+/// [`stats`](Self::stats), [`store_up`](Self::store_up), and changes by hand
+/// ([`adjust`](Self::adjust)). Made by
 /// [`HierarchicalThrottleLayer::handle`]; it shares the layer's buckets, counters and store
 /// (cloning it is a reference count). Each call costs one dynamic dispatch more than on the
 /// layer itself (BENCHMARKS.md measures it).
@@ -79,7 +82,14 @@ trait Uses<K>: Send + Sync + 'static {
     fn remaining(&self, key: &K) -> Vec<Remaining>;
     fn stats(&self) -> ThrottleStats;
     fn store_up(&self) -> bool;
+    fn adjust(&self, key: K, adjustment: Adjustment) -> Adjusting<'_>;
 }
+
+/// A store's error, boxed.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A change by hand under way, its store's error boxed.
+type Adjusting<'a> = Pin<Box<dyn Future<Output = Result<Vec<Remaining>, BoxError>> + Send + 'a>>;
 
 impl<Req, K, G, L, C, R> Uses<K> for HierarchicalThrottleLayer<Req, K, G, L, C, R>
 where
@@ -113,6 +123,15 @@ where
     fn store_up(&self) -> bool {
         HierarchicalThrottleLayer::store_up(self)
     }
+
+    fn adjust(&self, key: K, adjustment: Adjustment) -> Adjusting<'_> {
+        Box::pin(async move {
+            self.throttle
+                .adjust(0, &key, adjustment)
+                .await
+                .map_err(|error| Box::new(error) as BoxError)
+        })
+    }
 }
 
 impl<K: 'static> ThrottleHandle<K> {
@@ -144,6 +163,12 @@ impl<K: 'static> ThrottleHandle<K> {
     /// [`HierarchicalThrottleLayer::store_up`].
     pub fn store_up(&self) -> bool {
         self.uses.store_up()
+    }
+
+    /// [`HierarchicalThrottleLayer::adjust`] on `key`, the store's error boxed: for an
+    /// operator's endpoint in the application.
+    pub async fn adjust(&self, key: K, adjustment: Adjustment) -> Result<Vec<Remaining>, BoxError> {
+        self.uses.adjust(key, adjustment).await
     }
 }
 
