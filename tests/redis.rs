@@ -14,7 +14,7 @@ use common::redis_server::{RedisCluster, RedisServer};
 use common::*;
 use hierarchical_throttle::clock::ManualClock;
 use hierarchical_throttle::global::redis::RedisGlobalStore;
-use hierarchical_throttle::global::{GlobalStore, TokenRequest};
+use hierarchical_throttle::global::{Adjustment, GlobalStore, TokenRequest};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{FailurePolicy, HierarchicalThrottleLayer, Limit, RejectionReason};
 use redis::AsyncCommands;
@@ -217,6 +217,16 @@ async fn a_three_primary_cluster_spreads_keys_over_slots_and_holds_limits() {
         per_node.iter().all(|&n| n > 0),
         "every primary holds buckets: {per_node:?}"
     );
+    // Changes by hand reach each key's own node: every key served again after a reset.
+    for k in 0..30 {
+        let key = format!("tenant-{k}");
+        let after = layers[k % 2]
+            .adjust(&key, Adjustment::Reset)
+            .await
+            .expect("a reset on the key's node");
+        assert_eq!(after[0].tokens, 5, "key {key}");
+        assert_eq!(send(&mut hosts[k % 2], &key, 1).await, Outcome::Served);
+    }
 }
 
 /// Scripts Redis has run (`EVALSHA` and `EVAL`, less those that failed: an `EVALSHA` of a
