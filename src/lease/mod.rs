@@ -445,21 +445,28 @@ impl LocalBucket {
         }
     }
 
-    /// A change made to the global bucket by hand at `now`, after which it holds `level`:
-    /// the lease knows it as it would from an answer (a bucket left empty is known short until
-    /// its next token, so no request is let through on credit meanwhile); with `revoke` (a
-    /// drain), the lease's tokens, reserved ones too, are taken out and returned, to be
-    /// forfeited.
-    pub(crate) fn adjusted(&mut self, revoke: bool, level: &BucketLevel, now: u64) -> u64 {
+    /// A change made to the global bucket by hand, asked at `sent_at` and answered at `now`
+    /// with the bucket's `level` after: the lease knows it as it would from an answer, its
+    /// times counted from when the call was sent, so no request is refused while the bucket
+    /// could already serve it (a bucket left empty is known short until its next token, so no
+    /// request is let through on credit meanwhile); with `revoke` (a drain), the lease's
+    /// tokens, reserved ones too, are taken out and returned, to be forfeited.
+    pub(crate) fn adjusted(
+        &mut self,
+        revoke: bool,
+        level: &BucketLevel,
+        sent_at: u64,
+        now: u64,
+    ) -> u64 {
         let revoked = if revoke { self.take_all_leased() } else { 0 };
         let cold = self.cold_mut();
         cold.next_token_at = match level.tokens {
-            0 => now.saturating_add(micros(level.next_in)),
+            0 => sent_at.saturating_add(micros(level.next_in)),
             _ => 0,
         };
         cold.global_left = level.tokens.min(NO_ANSWER - 1);
         cold.global_seen_at = now;
-        cold.quiet_at = now.saturating_add(micros(level.full_in));
+        cold.quiet_at = sent_at.saturating_add(micros(level.full_in)).max(now);
         revoked
     }
 

@@ -557,19 +557,20 @@ fn an_adjustment_is_known_as_an_answer_and_a_drain_revokes_the_lease() {
     };
     let mut b = LocalBucket::default();
     b.settle(&grant(5, 0, 0, 0), 0, 0, &limit());
-    assert_eq!(b.adjusted(false, &level(10, 0), 0), 0);
+    assert_eq!(b.adjusted(false, &level(10, 0), 0, 0), 0);
     assert_eq!(b.leased_tokens(), 5, "a reset leaves the lease");
     b.take_leased(5);
     b.settle(&grant(0, 2, 100, 300), 0, 0, &limit());
     assert!(b.known_short(1, 0, &limit()).is_some());
-    assert_eq!(b.adjusted(false, &level(10, 0), 0), 0);
+    assert_eq!(b.adjusted(false, &level(10, 0), 0, 0), 0);
     assert_eq!(b.known_short(1, 0, &limit()), None, "no longer known short");
-    // A drain revokes reserved tokens too, and the key is known short until its next token:
-    // no credit meanwhile.
-    assert_eq!(b.adjusted(true, &level(0, 50), 1_000), 2);
-    assert_eq!(b.known_short(1, 1_000, &limit()), Some(51_000));
+    // A drain revokes reserved tokens too, and the key is known short until its next token,
+    // counted from when the call was sent (1 ms), not from its answer (5 ms): no credit
+    // meanwhile.
+    assert_eq!(b.adjusted(true, &level(0, 50), 1_000, 5_000), 2);
+    assert_eq!(b.known_short(1, 5_000, &limit()), Some(51_000));
     assert!(matches!(
-        on_credit(&mut b, 1, 1_000, 5).0,
+        on_credit(&mut b, 1, 5_000, 5).0,
         Miss::Throttled { .. }
     ));
 }

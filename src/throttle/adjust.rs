@@ -33,11 +33,12 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let mut out = Vec::with_capacity(quota.len());
         for (slot, (name, limit)) in (0..).zip(quota.slots_iter()) {
             let bucket = BucketKey::from_parts(key.clone(), self.config.layer, level_name, name);
+            let sent_at = self.now();
             let after = self.global.adjust(&bucket, &limit, adjustment).await?;
             let id = LeaseKey::new(key.clone(), level, slot);
             let now = self.now();
             let revoked = self.local.with_bucket(&id, |b| {
-                let revoked = b.adjusted(revoke, &after, now);
+                let revoked = b.adjusted(revoke, &after, sent_at, now);
                 b.recheck_by(now.saturating_add(self.recheck_after()));
                 revoked
             });

@@ -342,16 +342,26 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
         }
     }
 
-    /// Without faults: the simulation adjusts buckets as an operator would, beside the
-    /// traffic, and its oracle counts tokens a reset or an addition brings as reappeared.
+    /// An operator's change, with the same latency and errors as other calls (a hang or a late
+    /// answer is an error after the change: the layer sets no time-out of its own on it); the
+    /// oracle counts tokens a change adds as allowed on top, and as reappeared.
     fn adjust(
         &self,
         key: &BucketKey<String>,
         limit: &Limit,
         adjustment: Adjustment,
     ) -> impl Future<Output = Result<BucketLevel, Injected>> + Send {
+        let (fault, latency, _) = self.draw();
+        let fault = match fault {
+            Fault::Hang | Fault::TooSlow => Fault::ErrorAfter,
+            other => other,
+        };
         let (this, key, limit) = (self.clone(), key.clone(), *limit);
         async move {
+            tokio::time::sleep(latency / 2).await;
+            if fault == Fault::ErrorBefore {
+                return Err(Injected { applied: false });
+            }
             let store = this.store();
             let level = |b: TokenBucket| i128::from(b.tokens()) - i128::from(b.owed());
             let before = level(store.peek(&key, &limit));
@@ -370,6 +380,7 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
                     .unwrap()
                     .insert(key.clone(), this.clock.now());
             }
+            answer(fault, latency - latency / 2).await?;
             Ok(after)
         }
     }
