@@ -12,7 +12,6 @@ use common::levels::{call, router, user};
 use common::redis_server::RedisServer;
 use hierarchical_throttle::batch::FractionOfCapacity;
 use hierarchical_throttle::clock::ManualClock;
-use hierarchical_throttle::global::redis::RedisGlobalStore;
 use hierarchical_throttle::global::{Adjustment, GlobalStore};
 use hierarchical_throttle::local::LocalStore;
 use hierarchical_throttle::quota::{BucketKey, LeaseKey};
@@ -126,11 +125,7 @@ async fn adjustments_reach_every_host_on_memory() {
 async fn adjustments_reach_every_host_on_redis() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    clock.set(Duration::from_secs(1_000_000));
-    let global = RedisGlobalStore::connect(&server.url())
-        .await
-        .expect("connect to the test's redis-server")
-        .with_clock_override(clock.clone());
+    let global = server.store_on(&clock).await;
     adjustments_reach_the_fleet(global, &clock).await;
 }
 

@@ -10,7 +10,6 @@ use common::levels::{call, router, tenant, user};
 use common::redis_server::RedisServer;
 use hierarchical_throttle::clock::ManualClock;
 use hierarchical_throttle::global::GlobalStore;
-use hierarchical_throttle::global::redis::RedisGlobalStore;
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
     ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, Quota, RejectionReason,
@@ -195,10 +194,6 @@ async fn a_fleet_on_memory_enforces_the_other_limits_and_counts_the_shadow_one()
 async fn a_fleet_on_redis_enforces_the_other_limits_and_counts_the_shadow_one() {
     let server = RedisServer::start();
     let clock = ManualClock::new();
-    clock.set(Duration::from_secs(1_000_000));
-    let global = RedisGlobalStore::connect(&server.url())
-        .await
-        .expect("connect to the test's redis-server")
-        .with_clock_override(clock.clone());
+    let global = server.store_on(&clock).await;
     a_fleet_enforces_the_rest_and_counts_the_shadow_limit(global, &clock).await;
 }

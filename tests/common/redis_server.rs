@@ -170,6 +170,19 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// A store on this server whose buckets refill by `clock`, set far from zero first (a
+    /// bucket's times are then never negative), for exact fleet tests.
+    pub async fn store_on(
+        &self,
+        clock: &hierarchical_throttle::clock::ManualClock,
+    ) -> hierarchical_throttle::global::redis::RedisGlobalStore<String> {
+        clock.set(Duration::from_secs(1_000_000));
+        hierarchical_throttle::global::redis::RedisGlobalStore::connect(&self.url())
+            .await
+            .expect("connect to the test's redis-server")
+            .with_clock_override(clock.clone())
+    }
+
     /// Kills the server at once (SIGKILL), as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
