@@ -3,6 +3,10 @@
 use std::fmt;
 use std::time::Duration;
 
+/// An error boxed, as axum's and hyper's bodies carry theirs: a metered body's frames, a
+/// type-erased handle's store.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Why a limit or a layer could not be built.
 ///
 /// Every invalid setting is caught here, at build time, so that a running service never

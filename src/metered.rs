@@ -24,7 +24,7 @@ pub const DEFAULT_MAX_CHUNK: NonZeroUsize = match NonZeroUsize::new(16 * 1024) {
 };
 
 /// The error of a [`MeteredBody`]'s frames: boxed, as axum's and hyper's bodies carry them.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::error::BoxError;
 
 pin_project! {
     /// A body whose data frames are charged to a key, byte for byte, as they stream: each

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::clock::Clock;
-use crate::error::ConfigError;
+use crate::error::{BoxError, ConfigError};
 use crate::future::Acquire;
 use crate::global::{Adjustment, GlobalStore};
 use crate::key::Keys;
@@ -84,9 +84,6 @@ trait Uses<K>: Send + Sync + 'static {
     fn store_up(&self) -> bool;
     fn adjust(&self, key: K, adjustment: Adjustment) -> Adjusting<'_>;
 }
-
-/// A store's error, boxed.
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A change by hand under way, its store's error boxed.
 type Adjusting<'a> = Pin<Box<dyn Future<Output = Result<Vec<Remaining>, BoxError>> + Send + 'a>>;
