@@ -100,7 +100,7 @@ pub(crate) struct Plan {
     /// least half full (a slow key then fetches a few requests' worth, not one token).
     pub(crate) keep: u64,
     pub(crate) demand: [u32; MAX_DEMAND_INTERVALS],
-    /// Asked only to check a key known short (see [`LocalBucket::recheck_by`]): nothing is
+    /// Asked only to check a key known short (see [`LocalBucket::short_at`]): nothing is
     /// reserved ahead, so a check never adds to the queue of tokens owed.
     pub(crate) recheck: bool,
 }
@@ -161,7 +161,8 @@ pub(crate) struct Settled {
 
 impl LocalBucket {
     /// A request of `cost` found too few tokens at `now`: serve it if reserved tokens have
-    /// fallen due, refuse it if the global bucket is known to be short, admit it on `credit`
+    /// fallen due, refuse it if the global bucket is known to be short (from an answer less
+    /// than `memory` micros old: see [`short_at`](Self::short_at)), admit it on `credit`
     /// (tokens this bucket may owe before an answer) while the store is up, or queue the
     /// `waiter` (made only then) for the batch in flight (or for a new one, unless the store is
     /// backing off).
@@ -174,6 +175,7 @@ impl LocalBucket {
         limit: &Limit,
         store_up: bool,
         credit: u64,
+        memory: u64,
         waiter: impl FnOnce() -> Waiter,
     ) -> Miss {
         self.release_pending(now);
@@ -182,7 +184,7 @@ impl LocalBucket {
         if admitted {
             return Miss::Admitted;
         }
-        if self.short_at(now) {
+        if self.short_at(now, memory) {
             // Refused requests are demand too: batches sized by what was served alone would
             // shrink to single tokens exactly when the key is over its limit.
             self.cold_mut().demand.record(interval, cost);
@@ -232,13 +234,15 @@ impl LocalBucket {
     /// is throttled, or the lease is full). With `reserving` (the store may reserve ahead), a
     /// key over its limit whose reserved tokens have all come asks for the next ones at once,
     /// before its next token is due: the store reserves them beyond those owed, so its
-    /// requests go on being refused from the cache rather than waiting for a batch.
+    /// requests go on being refused from the cache rather than waiting for a batch. A request
+    /// waiting on a key known short from an answer `memory` micros old or more asks again.
     pub(crate) fn plan(
         &mut self,
         now: u64,
         interval: u64,
         limit: &Limit,
         reserving: bool,
+        memory: u64,
     ) -> Option<Plan> {
         self.release_pending(now);
         self.record_demand(now, interval);
@@ -253,7 +257,7 @@ impl LocalBucket {
         let reserve_next = reserving && cold.reserved.is_empty() && needed == 0;
         // A request that came once the memory of a short key was due for a check asks.
         let short = now < cold.next_token_at;
-        let recheck = short && needed > 0 && now >= self.recheck_at();
+        let recheck = short && needed > 0 && now >= self.recheck_at(memory);
         if short && !reserve_next && !recheck {
             // No prefetch either until a batch comes: each would be skipped again.
             self.low_water = 0;

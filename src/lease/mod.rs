@@ -61,10 +61,6 @@ struct Cold {
     /// The global bucket holds no whole token before then (clock micros): requests the lease
     /// cannot serve are refused until then without a global call.
     next_token_at: u64,
-    /// The host asks the store again from then on (clock micros) even while the key is known
-    /// to be short, so that a change to the global bucket by hand (a reset) reaches it within a
-    /// lease time-to-live. Never, until the throttle sets it.
-    recheck_at: u64,
     /// Tokens reserved ahead of the global refill, each tranche usable once due.
     reserved: Reserved,
     /// The host-local bucket used while the global store is unavailable (boxed: rarely there).
@@ -102,7 +98,6 @@ impl Cold {
         leased_at: 0,
         demand: DemandHistory::new(),
         next_token_at: 0,
-        recheck_at: u64::MAX,
         reserved: Reserved::NONE,
         fallback: None,
         owed: 0,
@@ -418,31 +413,27 @@ impl LocalBucket {
 
     /// Without taking anything: when a request of `cost` is due, if the lease cannot serve it
     /// at `now` and the global bucket is known to be short; `None` if it might be served.
-    pub(crate) fn known_short(&mut self, cost: u64, now: u64, limit: &Limit) -> Option<u64> {
+    pub(crate) fn known_short(
+        &mut self,
+        cost: u64,
+        now: u64,
+        limit: &Limit,
+        memory: u64,
+    ) -> Option<u64> {
         self.release_pending(now);
-        (self.tokens < cost && self.short_at(now)).then(|| self.due(cost, now, limit))
+        (self.tokens < cost && self.short_at(now, memory)).then(|| self.due(cost, now, limit))
     }
 
-    /// Whether the global bucket is known to be short at `now`, without asking it.
-    pub(crate) fn short_at(&self, now: u64) -> bool {
-        now < self.cold().next_token_at && now < self.recheck_at()
+    /// Whether the global bucket is known to be short at `now`, without asking it: its last
+    /// answer said so, less than `memory` micros ago (after that the host asks again, so that a
+    /// change to the bucket by hand, a reset, reaches it; a shorter wait ends first anyway).
+    pub(crate) fn short_at(&self, now: u64, memory: u64) -> bool {
+        now < self.cold().next_token_at && now < self.recheck_at(memory)
     }
 
-    /// When the host asks the store again about a key known short (clock micros).
-    pub(crate) fn recheck_at(&self) -> u64 {
-        self.cold().recheck_at
-    }
-
-    /// Asks the store again from `at` on, even if its last answer said the key is short then
-    /// (only a wait that outlasts `at` is cut short: a shorter one ends first anyway).
-    pub(crate) fn recheck_by(&mut self, at: u64) {
-        if let Some(cold) = self.cold.as_deref_mut() {
-            cold.recheck_at = if cold.next_token_at > at {
-                at
-            } else {
-                u64::MAX
-            };
-        }
+    /// When a key known short is asked about again: `memory` micros after the last answer.
+    pub(crate) fn recheck_at(&self, memory: u64) -> u64 {
+        self.cold().global_seen_at.saturating_add(memory)
     }
 
     /// A change made to the global bucket by hand, asked at `sent_at` and answered at `now`

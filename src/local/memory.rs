@@ -66,7 +66,7 @@ struct CacheLine<T>(T);
 const MAX_KEYS_PER_SHARD: usize = 512;
 
 impl<K> MemoryLocalStore<K> {
-    /// The default bound: 100,000 keys (at most about 32 MB with `u64` keys when every key is
+    /// The default bound: 100,000 keys (at most about 29 MB with `u64` keys when every key is
     /// active, 11 MB when they are merely tracked; see `BENCHMARKS.md`).
     pub const DEFAULT_MAX_KEYS: usize = 100_000;
 

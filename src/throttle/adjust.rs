@@ -37,11 +37,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             let after = self.global.adjust(&bucket, &limit, adjustment).await?;
             let id = LeaseKey::new(key.clone(), level, slot);
             let now = self.now();
-            let revoked = self.local.with_bucket(&id, |b| {
-                let revoked = b.adjusted(revoke, &after, sent_at, now);
-                b.recheck_by(now.saturating_add(self.recheck_after()));
-                revoked
-            });
+            let revoked = self
+                .local
+                .with_bucket(&id, |b| b.adjusted(revoke, &after, sent_at, now));
             self.stats.tokens_forfeited.add(revoked);
             out.push(self.remaining_global_of(key, name, level_name, limit, after));
         }

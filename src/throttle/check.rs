@@ -96,16 +96,26 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let store_up = self.health.is_up(now);
         let deadline = now.saturating_add(micros(self.config.store_timeout));
         let credit = self.config.cold_start.credit(&limit);
+        let memory = self.recheck_after();
         // Made only for a request that waits: a refusal allocates nothing.
         let mut verdict = None;
         let miss = self.local.with_bucket(id, |b| {
             self.serve(id, &bucket, b);
             self.stats.admitted_local.add(b.take_uncounted());
-            b.miss(cost, now, interval, &limit, store_up, credit, || {
-                let (waiter, receiver) = Waiter::new(cost, deadline);
-                verdict = Some(receiver);
-                waiter
-            })
+            b.miss(
+                cost,
+                now,
+                interval,
+                &limit,
+                store_up,
+                credit,
+                memory,
+                || {
+                    let (waiter, receiver) = Waiter::new(cost, deadline);
+                    verdict = Some(receiver);
+                    waiter
+                },
+            )
         });
         let check = match miss {
             Miss::Admitted => {
@@ -167,10 +177,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         if cost > bucket.limit.capacity() {
             return (Some(bucket.cost_rejection(id, cost)), bucket.slots);
         }
-        let now = self.now();
+        let (now, memory) = (self.now(), self.recheck_after());
         let until = self
             .local
-            .with_bucket(id, |b| b.known_short(cost, now, &bucket.limit));
+            .with_bucket(id, |b| b.known_short(cost, now, &bucket.limit, memory));
         let refusal = until.map(|until| bucket.throttled(id, until.saturating_sub(now)));
         (refusal, bucket.slots)
     }

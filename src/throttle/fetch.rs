@@ -55,7 +55,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let reserving = !self.config.max_reservation.is_zero();
         let plan = self.local.with_bucket(id, |b| {
             self.serve(id, &bucket, b);
-            b.plan(now, interval, &limit, reserving)
+            b.plan(now, interval, &limit, reserving, self.recheck_after())
         });
         let Some(plan) = plan else {
             return FetchOutcome::Skipped;
@@ -166,9 +166,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             let settled = match &bucket {
                 Some(bucket) => {
                     self.serve(id, bucket, b);
-                    let settled = b.settle(outcome, now, self.interval(now), &bucket.limit);
-                    b.recheck_by(now.saturating_add(self.recheck_after()));
-                    settled
+                    b.settle(outcome, now, self.interval(now), &bucket.limit)
                 }
                 None => b.drop_limit(),
             };

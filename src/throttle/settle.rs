@@ -256,7 +256,6 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                             true => b.note_charge(&grant, sent_at, now, limit),
                             false => b.note_global(&grant, sent_at, now, limit),
                         }
-                        b.recheck_by(now.saturating_add(self.recheck_after()));
                     });
                 }
                 grant.granted.saturating_add(grant.reserved)
