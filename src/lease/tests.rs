@@ -3,17 +3,22 @@ use crate::lease::fetch::*;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-fn limit() -> Limit {
+pub(super) fn limit() -> Limit {
     Limit::per_second(10).burst(10).unwrap()
 }
 
-const DEADLINE: u64 = 50_000;
+pub(super) const DEADLINE: u64 = 50_000;
 
 /// How long a key known short is remembered: for ever, unless a test says otherwise.
-const NO_RECHECK: u64 = u64::MAX;
+pub(super) const FOREVER: u64 = u64::MAX;
 
 /// `granted` tokens now, `reserved` due in `ready_in_ms`, the next in `refill_in_ms`.
-fn grant(granted: u64, reserved: u64, ready_in_ms: u64, refill_in_ms: u64) -> FetchOutcome {
+pub(super) fn grant(
+    granted: u64,
+    reserved: u64,
+    ready_in_ms: u64,
+    refill_in_ms: u64,
+) -> FetchOutcome {
     FetchOutcome::Granted {
         grant: Grant {
             granted,
@@ -32,7 +37,7 @@ fn grant(granted: u64, reserved: u64, ready_in_ms: u64, refill_in_ms: u64) -> Fe
 fn queue(b: &mut LocalBucket, cost: u64, now: u64) -> (Miss, oneshot::Receiver<Verdict>) {
     let (waiter, rx) = Waiter::new(cost, now + DEADLINE);
     (
-        b.miss(cost, now, 0, &limit(), true, 0, NO_RECHECK, || waiter),
+        b.miss(cost, now, 0, &limit(), true, 0, FOREVER, || waiter),
         rx,
     )
 }
@@ -110,7 +115,7 @@ fn one_fetch_per_key_and_everyone_waits_for_it() {
     let (first, _a) = queue(&mut b, 1, 0);
     let (second, _b) = queue(&mut b, 2, 0);
     assert_eq!((first, second), (Miss::StartFetch, Miss::Joined));
-    let plan = b.plan(0, 0, &limit(), false, NO_RECHECK).unwrap();
+    let plan = b.plan(0, 0, &limit(), false, FOREVER).unwrap();
     assert_eq!((plan.needed, plan.room), (3, 10));
     assert_eq!(plan.request(0, Duration::ZERO).want, 3);
 }
@@ -183,13 +188,13 @@ fn reserved_tokens_are_used_only_once_due() {
 fn a_full_grant_keeps_late_joiners_for_the_next_batch() {
     let mut b = LocalBucket::default();
     let (_, _a) = queue(&mut b, 1, 0);
-    b.plan(0, 0, &limit(), false, NO_RECHECK);
+    b.plan(0, 0, &limit(), false, FOREVER);
     let (_, _b) = queue(&mut b, 1, 0);
     let settled = b.settle(&grant(1, 0, 0, 0), 0, 0, &limit());
     assert_eq!(verdicts(&settled), vec![(1, Verdict::Admitted)]);
     assert!(settled.refetch && b.is_fetching());
     assert_eq!(
-        b.plan(0, 0, &limit(), false, NO_RECHECK).map(|p| p.needed),
+        b.plan(0, 0, &limit(), false, FOREVER).map(|p| p.needed),
         Some(1)
     );
 }
@@ -237,7 +242,7 @@ fn a_waiter_that_went_away_takes_nothing() {
     let (_, _stays) = queue(&mut b, 1, 0);
     drop(gone);
     assert_eq!(
-        b.plan(0, 0, &limit(), false, NO_RECHECK).map(|p| p.needed),
+        b.plan(0, 0, &limit(), false, FOREVER).map(|p| p.needed),
         Some(1)
     );
     let settled = b.settle(&grant(5, 0, 0, 0), 0, 0, &limit());
@@ -250,7 +255,7 @@ fn no_new_fetch_while_the_store_backs_off() {
     let mut b = LocalBucket::default();
     let (waiter, _rx) = Waiter::new(1, DEADLINE);
     assert_eq!(
-        b.miss(1, 0, 0, &limit(), false, 0, NO_RECHECK, || waiter),
+        b.miss(1, 0, 0, &limit(), false, 0, FOREVER, || waiter),
         Miss::StoreDown
     );
     assert!(!b.is_fetching());
@@ -301,7 +306,7 @@ fn a_lease_filled_by_refunds_serves_what_it_can_and_asks_for_the_rest() {
     assert_eq!(first, Miss::StartFetch);
     b.give_back(12);
     assert!(
-        b.plan(0, 0, &limit, false, NO_RECHECK).is_none(),
+        b.plan(0, 0, &limit, false, FOREVER).is_none(),
         "a full lease asks for nothing"
     );
     let settled = b.settle(&FetchOutcome::Skipped, 0, 0, &limit);
@@ -310,7 +315,7 @@ fn a_lease_filled_by_refunds_serves_what_it_can_and_asks_for_the_rest() {
     assert!(settled.refetch, "the third waits for a batch");
     assert_eq!(b.waiting(), 1);
     assert_eq!(
-        b.plan(0, 0, &limit, false, NO_RECHECK).map(|p| p.needed),
+        b.plan(0, 0, &limit, false, FOREVER).map(|p| p.needed),
         Some(5)
     );
 }
@@ -347,7 +352,7 @@ fn a_quiet_bucket_sheds_its_slow_path_state_and_reads_the_same() {
     assert_eq!(b.take_expired(16 * SECOND, 2 * SECOND, 16), 0);
     assert!(!b.holds_cold_state(), "nothing left to keep");
     assert_eq!(b.view(16 * SECOND, &limit, true), View::full(&limit));
-    assert_eq!(b.known_short(1, 16 * SECOND, &limit, NO_RECHECK), None);
+    assert_eq!(b.known_short(1, 16 * SECOND, &limit, FOREVER), None);
 }
 
 #[test]
@@ -360,7 +365,7 @@ fn a_bucket_keeps_its_slow_path_state_while_anything_is_left() {
     assert_eq!(b.take_expired(29 * SECOND, 2 * SECOND, 29), 0);
     assert!(b.holds_cold_state(), "the key is throttled until 30 s");
     assert_eq!(
-        b.known_short(1, 29 * SECOND, &limit, NO_RECHECK),
+        b.known_short(1, 29 * SECOND, &limit, FOREVER),
         Some(30 * SECOND)
     );
     // Its first token comes at 30 s, the bucket is full nine tenths of a second later.
@@ -409,7 +414,7 @@ fn a_waiter_costing_more_than_a_lowered_limit_is_refused_not_kept() {
     let (_, _rx) = queue(&mut b, 3, 0);
     let lower = Limit::per_second(2).burst(2).unwrap();
     assert!(
-        b.plan(0, 0, &lower, false, NO_RECHECK).is_none(),
+        b.plan(0, 0, &lower, false, FOREVER).is_none(),
         "the lease is full under the new limit"
     );
     let settled = b.settle(&FetchOutcome::Skipped, 0, 0, &lower);
@@ -419,7 +424,7 @@ fn a_waiter_costing_more_than_a_lowered_limit_is_refused_not_kept() {
 
 /// A request of `cost` at `now` on `credit` tokens of credit (store up); the verdict's receiver
 /// if it queued.
-fn on_credit(
+pub(super) fn on_credit(
     b: &mut LocalBucket,
     cost: u64,
     now: u64,
@@ -427,7 +432,7 @@ fn on_credit(
 ) -> (Miss, oneshot::Receiver<Verdict>) {
     let (waiter, rx) = Waiter::new(cost, now + DEADLINE);
     (
-        b.miss(cost, now, 0, &limit(), true, credit, NO_RECHECK, || waiter),
+        b.miss(cost, now, 0, &limit(), true, credit, FOREVER, || waiter),
         rx,
     )
 }
@@ -442,7 +447,7 @@ fn a_cold_bucket_admits_on_credit_and_its_batch_pays_first() {
     // The credit is spent: the next request waits for the batch, which asks for both.
     let (miss, _rx) = on_credit(&mut b, 1, 0, 1);
     assert_eq!(miss, Miss::Joined);
-    let plan = b.plan(0, 0, &limit(), false, NO_RECHECK).unwrap();
+    let plan = b.plan(0, 0, &limit(), false, FOREVER).unwrap();
     assert_eq!(plan.needed, 2);
     assert_eq!(plan.room, 11, "the lease's room and what it owes");
     let settled = b.settle(&grant(5, 0, 0, 0), 0, 0, &limit());
@@ -475,7 +480,7 @@ fn no_credit_while_the_key_is_known_short_the_store_is_down_or_a_request_waits()
     let mut down = LocalBucket::default();
     let (waiter, _rx) = Waiter::new(1, DEADLINE);
     assert_eq!(
-        down.miss(1, 0, 0, &limit(), false, 5, NO_RECHECK, || waiter),
+        down.miss(1, 0, 0, &limit(), false, 5, FOREVER, || waiter),
         Miss::StoreDown
     );
     assert_eq!(down.owed(), 0);
@@ -554,54 +559,6 @@ fn a_batch_answered_while_credit_is_charged_does_not_let_credit_go_again() {
 }
 
 #[test]
-fn a_key_known_short_is_asked_about_again_when_its_recheck_is_due_and_never_credited() {
-    let mut b = LocalBucket::default();
-    b.settle(&grant(0, 0, 0, 300), 0, 0, &limit());
-    // Remembered for 2 ms after the answer (at 0), with credit of 5 to give.
-    let memory = 2_000;
-    let miss = |b: &mut LocalBucket, now| {
-        let (waiter, _rx) = Waiter::new(1, now + DEADLINE);
-        b.miss(1, now, 0, &limit(), true, 5, memory, || waiter)
-    };
-    assert!(matches!(miss(&mut b, 1_999), Miss::Throttled { .. }));
-    assert_eq!(b.known_short(1, 1_999, &limit(), memory), Some(300_000));
-    assert_eq!(b.known_short(1, 2_000, &limit(), memory), None);
-    assert_eq!(miss(&mut b, 2_000), Miss::StartFetch);
-    assert_eq!(b.owed(), 0);
-}
-
-#[test]
-fn an_adjustment_is_known_as_an_answer_and_a_drain_revokes_the_lease() {
-    let level = |tokens, next_in_ms| BucketLevel {
-        tokens,
-        next_in: Duration::from_millis(next_in_ms),
-        full_in: Duration::from_millis(next_in_ms * 10),
-    };
-    let mut b = LocalBucket::default();
-    b.settle(&grant(5, 0, 0, 0), 0, 0, &limit());
-    assert_eq!(b.adjusted(false, &level(10, 0), 0, 0), 0);
-    assert_eq!(b.leased_tokens(), 5, "a reset leaves the lease");
-    b.take_leased(5);
-    b.settle(&grant(0, 2, 100, 300), 0, 0, &limit());
-    assert!(b.known_short(1, 0, &limit(), NO_RECHECK).is_some());
-    assert_eq!(b.adjusted(false, &level(10, 0), 0, 0), 0);
-    assert_eq!(
-        b.known_short(1, 0, &limit(), NO_RECHECK),
-        None,
-        "no longer known short"
-    );
-    // A drain revokes reserved tokens too, and the key is known short until its next token,
-    // counted from when the call was sent (1 ms), not from its answer (5 ms): no credit
-    // meanwhile.
-    assert_eq!(b.adjusted(true, &level(0, 50), 1_000, 5_000), 2);
-    assert_eq!(b.known_short(1, 5_000, &limit(), NO_RECHECK), Some(51_000));
-    assert!(matches!(
-        on_credit(&mut b, 1, 5_000, 5).0,
-        Miss::Throttled { .. }
-    ));
-}
-
-#[test]
 fn credit_of_a_failed_fetch_or_a_lost_limit_is_uncharged() {
     let mut b = LocalBucket::default();
     on_credit(&mut b, 1, 0, 1);
@@ -656,14 +613,14 @@ fn a_key_far_from_its_limit_asks_for_what_its_lease_may_keep() {
     let limit = Limit::per_second(160).burst(160).unwrap();
     let mut b = LocalBucket::default();
     // Never answered: the global bucket starts full, so a sixteenth of it.
-    assert_eq!(b.plan(0, 0, &limit, false, NO_RECHECK).unwrap().keep, 10);
+    assert_eq!(b.plan(0, 0, &limit, false, FOREVER).unwrap().keep, 10);
     b.settle(&grant_leaving(10, 150), 0, 0, &limit);
     b.take_up_to(10);
-    assert_eq!(b.plan(0, 0, &limit, false, NO_RECHECK).unwrap().keep, 10);
+    assert_eq!(b.plan(0, 0, &limit, false, FOREVER).unwrap().keep, 10);
     // Near its limit (under half left): only what demand asks for.
     b.settle(&grant_leaving(5, 79), 0, 0, &limit);
     b.take_up_to(5);
-    assert_eq!(b.plan(0, 0, &limit, false, NO_RECHECK).unwrap().keep, 0);
+    assert_eq!(b.plan(0, 0, &limit, false, FOREVER).unwrap().keep, 0);
 }
 
 #[test]
@@ -697,16 +654,16 @@ fn a_key_over_its_limit_asks_for_its_next_reservation_once_the_last_has_come() {
     // Nothing there; 3 tokens reserved, due in 300 ms; the next free token in 400 ms.
     b.settle(&grant(0, 3, 300, 400), 0, 0, &limit);
     assert!(
-        b.plan(100_000, 0, &limit, true, NO_RECHECK).is_none(),
+        b.plan(100_000, 0, &limit, true, FOREVER).is_none(),
         "tokens still reserved"
     );
     assert_eq!(b.take_leased(1), Hit::Short);
     // The tranche comes and is used up: the next reservation is asked for at once, before
     // the next token is due (without reservations, nothing would be asked until then).
-    b.known_short(1, 300_000, &limit, NO_RECHECK);
+    b.known_short(1, 300_000, &limit, FOREVER);
     for _ in 0..3 {
         assert_ne!(b.take_leased(1), Hit::Short);
     }
-    assert!(b.plan(300_000, 0, &limit, false, NO_RECHECK).is_none());
-    assert!(b.plan(300_000, 0, &limit, true, NO_RECHECK).is_some());
+    assert!(b.plan(300_000, 0, &limit, false, FOREVER).is_none());
+    assert!(b.plan(300_000, 0, &limit, true, FOREVER).is_some());
 }
