@@ -82,6 +82,17 @@ fn out_of_range_settings_are_errors() {
         ),
         "max_store_backoff"
     );
+    assert_eq!(
+        setting(
+            base()
+                .global_batch_linger(Duration::from_millis(1_001))
+                .global_store(store())
+                .build()
+        ),
+        "global_batch_linger"
+    );
+    let longest_linger = base().global_batch_linger(Duration::from_secs(1));
+    assert!(longest_linger.global_store(store()).build().is_ok());
     assert!(base().global_store(store()).build().is_ok());
 }
 
@@ -97,6 +108,7 @@ fn absurd_durations_are_errors_not_overflows_at_request_time() {
         ("max_store_backoff", base().max_store_backoff(huge)),
         ("max_reservation", base().max_reservation(huge)),
         ("demand_window", base().demand_window(4, huge)),
+        ("global_batch_linger", base().global_batch_linger(huge)),
     ];
     for (name, builder) in cases {
         assert_eq!(setting(builder.global_store(store()).build()), name);

@@ -18,6 +18,11 @@ use hierarchical_throttle::{
 use tokio::time::Instant;
 
 type Store = FaultyStore<MemoryGlobalStore<String, TokioClock>>;
+type Layer = HierarchicalThrottleLayer<String, String, Store, MemoryLocalStore<String>, TokioClock>;
+
+/// How long a call nothing waits on (the fetch a credit starts) waits for others to join its
+/// batch: the default `global_batch_linger`.
+const LINGER: Duration = Duration::from_millis(5);
 
 fn slow_store(delay: Duration) -> Store {
     let store = FaultyStore::new(MemoryGlobalStore::with_clock(TokioClock::new()));
@@ -25,11 +30,7 @@ fn slow_store(delay: Duration) -> Store {
     store
 }
 
-fn host(
-    store: &Store,
-    limit: Limit,
-    cold_start: ColdStart,
-) -> HierarchicalThrottleLayer<String, String, Store, MemoryLocalStore<String>, TokioClock> {
+fn host(store: &Store, limit: Limit, cold_start: ColdStart) -> Layer {
     HierarchicalThrottleLayer::builder()
         .key(|k: &String| Some(k.clone()))
         .limit(limit)
@@ -64,7 +65,7 @@ async fn the_batch_of_a_credited_request_pays_for_it() {
     let layer = host(&store, limit, ColdStart::default());
     assert!(layer.acquire("k".to_owned(), 1).await.is_ok());
     // The fetch the credit started has answered: its batch paid the token and filled the lease.
-    tokio::time::sleep(Duration::from_millis(6)).await;
+    tokio::time::sleep(LINGER + Duration::from_millis(6)).await;
     let bucket = BucketKey::new("k".to_owned(), "default").unwrap();
     let level = store.level(&bucket, &limit).await.unwrap();
     let leased = layer.stats().tokens_leased;
@@ -136,7 +137,7 @@ async fn credit_whose_charge_fails_is_counted_and_the_store_back_off_stops_more_
         .build()
         .unwrap();
     assert!(layer.acquire("k".to_owned(), 1).await.is_ok(), "on credit");
-    tokio::time::sleep(Duration::from_millis(3)).await;
+    tokio::time::sleep(LINGER + Duration::from_millis(3)).await;
     let stats = layer.stats();
     assert_eq!((stats.admitted_on_credit, stats.tokens_uncharged), (1, 1));
     // The store backs off: the failure policy decides (here: refuses), not credit.
@@ -175,4 +176,122 @@ fn a_credit_share_outside_zero_to_one_is_a_configuration_error() {
             ..
         })
     ));
+}
+
+// Global calls that no request waits on (the fetch a credited request starts, the charge of
+// its debt) linger for others to join their batch; a call a request waits on goes at once and
+// takes them along; a request that joins a lingering fetch sends it at once.
+
+/// The store's answer time in the tests of lingering calls: a network hop away.
+const DELAY: Duration = Duration::from_millis(2);
+
+/// A host giving 1 token of credit (1 % of 100), whose calls nothing waits on linger `linger`.
+fn lingering_host(store: &Store, linger: Duration) -> Layer {
+    HierarchicalThrottleLayer::builder()
+        .key(|k: &String| Some(k.clone()))
+        .limit(Limit::per_second(100).burst(100).unwrap())
+        .clock(TokioClock::new())
+        .global_batch_linger(linger)
+        .global_store(store.clone())
+        .build()
+        .unwrap()
+}
+
+/// Twenty cold keys, one request each, four at each of 0, 1, 2, 3 and 4 ms (tokio's timers
+/// tick in milliseconds), each admitted on credit at once; returns the layer's round trips
+/// once every fetch has answered.
+async fn twenty_cold_keys(layer: &Layer) -> u64 {
+    for k in 0..20 {
+        let start = Instant::now();
+        assert!(layer.acquire(format!("key-{k}"), 1).await.is_ok());
+        assert_eq!(start.elapsed(), Duration::ZERO, "decided on credit");
+        if k % 4 == 3 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stats = layer.stats();
+    assert_eq!(stats.admitted_on_credit, 20);
+    assert_eq!(stats.global_calls, 20, "one fetch per key");
+    assert_eq!(stats.tokens_uncharged, 0, "every credit paid");
+    stats.global_batches
+}
+
+#[tokio::test(start_paused = true)]
+async fn fetches_of_credited_cold_keys_a_few_ms_apart_go_in_one_round_trip() {
+    let default = HierarchicalThrottleLayer::builder()
+        .key(|k: &String| Some(k.clone()))
+        .limit(Limit::per_second(100).burst(100).unwrap())
+        .clock(TokioClock::new())
+        .global_store(slow_store(DELAY))
+        .build()
+        .unwrap();
+    assert_eq!(
+        twenty_cold_keys(&default).await,
+        1,
+        "the default lingers 5 ms"
+    );
+    let each_turn = lingering_host(&slow_store(DELAY), Duration::ZERO);
+    assert_eq!(
+        twenty_cold_keys(&each_turn).await,
+        5,
+        "without a linger, the calls of one scheduler turn go together"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_joins_a_lingering_fetch_sends_it_at_once() {
+    let store = slow_store(DELAY);
+    let layer = lingering_host(&store, Duration::from_millis(50));
+    assert!(layer.acquire("k".to_owned(), 1).await.is_ok(), "on credit");
+    // Its fetch is queued, lingering.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(layer.stats().global_batches, 0);
+    // The credit is spent: the next request waits for the fetch, which goes now, not in 49 ms.
+    let start = Instant::now();
+    assert!(layer.acquire("k".to_owned(), 1).await.is_ok());
+    assert_eq!(start.elapsed(), DELAY);
+    let stats = layer.stats();
+    assert_eq!((stats.global_calls, stats.admitted_after_fetch), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_a_request_waits_on_takes_the_lingering_calls_along() {
+    let store = slow_store(DELAY);
+    let layer = lingering_host(&store, Duration::from_millis(50));
+    assert!(
+        layer.acquire("cold".to_owned(), 1).await.is_ok(),
+        "on credit"
+    );
+    // A request over the credit waits for its own fetch: both go in one round trip, now.
+    let start = Instant::now();
+    assert!(layer.acquire("other".to_owned(), 5).await.is_ok());
+    assert_eq!(start.elapsed(), DELAY);
+    let stats = layer.stats();
+    assert_eq!((stats.global_calls, stats.global_batches), (2, 1));
+    assert!(stats.tokens_leased >= 2, "both fetches answered");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lingering_batch_has_the_store_timeout_from_when_it_is_sent() {
+    let store = slow_store(Duration::from_millis(40));
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|k: &String| Some(k.clone()))
+        .limit(Limit::per_second(100).burst(100).unwrap())
+        .clock(TokioClock::new())
+        .cold_start(ColdStart::default())
+        .store_timeout(Duration::from_millis(50))
+        .global_batch_linger(Duration::from_millis(30))
+        .global_store(store.clone())
+        .build()
+        .unwrap();
+    assert!(layer.acquire("k".to_owned(), 1).await.is_ok(), "on credit");
+    // Sent at 30 ms, answered at 70 ms: 40 ms after it left, within the 50 ms time-out.
+    tokio::time::sleep(Duration::from_millis(69)).await;
+    assert_eq!(layer.stats().tokens_leased, 0, "not answered yet");
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let stats = layer.stats();
+    assert_eq!(stats.global_timeouts, 0);
+    assert!(stats.tokens_leased > 0, "the batch came");
+    assert_eq!(stats.tokens_uncharged, 0);
 }

@@ -105,12 +105,19 @@ where
             hierarchical_throttle::quota::BucketKey<key::CompactKey>,
         >,
 {
-    HierarchicalThrottleLayer::builder()
+    let builder = HierarchicalThrottleLayer::builder()
         .key_ref(|req: &Request| key::header_bytes(req, "x-api-key"))
         .limit(Limit::per_second(rate).burst(rate)?)
-        .cold_start(cold_start)
-        .global_store(global)
-        .build()
+        .cold_start(cold_start);
+    // E2E_LINGER_US: another `global_batch_linger` than the default, to compare.
+    let builder = match std::env::var("E2E_LINGER_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(us) => builder.global_batch_linger(std::time::Duration::from_micros(us)),
+        None => builder,
+    };
+    builder.global_store(global).build()
 }
 
 /// tower_governor keyed by the same header.

@@ -53,8 +53,8 @@ pub trait GlobalStore<K>: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Makes several calls in one go, answering each as its answer comes, with its index in
-    /// `calls`. The throttle gathers the calls that fall due together (one scheduler turn)
-    /// across keys, so a store that serves many buckets in one round trip (Redis: one script
+    /// `calls`. The throttle gathers the calls that fall due together (one scheduler turn,
+    /// or the [`global_batch_linger`](crate::Builder::global_batch_linger)) across keys, so a store that serves many buckets in one round trip (Redis: one script
     /// per node) saves a round trip per call. A call's failure is its own; an answer that does
     /// not come within the store time-out ends its call as timed out, the others' answers
     /// still count, so one slow node delays only its own calls. Default: each call on its own,

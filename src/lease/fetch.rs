@@ -100,12 +100,33 @@ pub(crate) struct Plan {
     /// least half full (a slow key then fetches a few requests' worth, not one token).
     pub(crate) keep: u64,
     pub(crate) demand: [u32; MAX_DEMAND_INTERVALS],
+    /// Requests wait on this batch.
+    pub(crate) waited_on: bool,
+    /// Tokens the lease holds still.
+    pub(crate) left: u64,
     /// Asked only to check a key known short (see [`LocalBucket::short_at`]): nothing is
     /// reserved ahead, so a check never adds to the queue of tokens owed.
     pub(crate) recheck: bool,
 }
 
 impl Plan {
+    /// Whether this batch may wait `linger` micros for other calls to join it: no request
+    /// waits on it, and the lease it refills (if any) will not run dry meanwhile at this host's
+    /// recent rate for the key, the higher of the last whole interval's and the current one's
+    /// so far (which catches a burst). Intervals are `interval` micros long; `now` is in the
+    /// interval the demand was last recorded in.
+    pub(crate) fn may_wait(&self, linger: u64, now: u64, interval: u64) -> bool {
+        if self.waited_on {
+            return false;
+        }
+        let interval = u128::from(interval.max(1));
+        let elapsed = (u128::from(now) % interval).max(1);
+        let (left, linger) = (u128::from(self.left), u128::from(linger));
+        // left / linger > served / time, for both rates, without dividing.
+        let outlasts = |served: u32, time: u128| left * time > u128::from(served) * linger;
+        self.left == 0 || (outlasts(self.demand[0], elapsed) && outlasts(self.demand[1], interval))
+    }
+
     /// The request for a batch of `batch` tokens (what the batch policy asked for), with
     /// tokens reserved up to `max_delay` ahead unless it is a check.
     pub(crate) fn request(&self, batch: u64, max_delay: std::time::Duration) -> TokenRequest {
@@ -284,6 +305,8 @@ impl LocalBucket {
             room,
             keep: u64::from(keep),
             demand,
+            waited_on: !self.cold().waiters.is_empty(),
+            left: self.tokens,
             recheck,
         })
     }
@@ -433,5 +456,68 @@ impl LocalBucket {
         let excess = self.tokens.saturating_sub(limit.capacity());
         self.tokens -= excess;
         excess
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_DEMAND_INTERVALS, Plan};
+
+    const SECOND: u64 = 1_000_000;
+    const LINGER: u64 = 5_000;
+
+    /// A batch for a lease holding `left` tokens, having served `current` tokens in this
+    /// interval so far and `previous` in the last.
+    fn plan(left: u64, current: u32, previous: u32) -> Plan {
+        let mut demand = [0; MAX_DEMAND_INTERVALS];
+        demand[0] = current;
+        demand[1] = previous;
+        Plan {
+            needed: 0,
+            room: 100,
+            keep: 1,
+            demand,
+            waited_on: false,
+            left,
+            recheck: false,
+        }
+    }
+
+    #[test]
+    fn a_batch_a_request_waits_on_never_waits() {
+        let waited_on = Plan {
+            waited_on: true,
+            ..plan(100, 0, 0)
+        };
+        assert!(!waited_on.may_wait(LINGER, SECOND / 2, SECOND));
+    }
+
+    #[test]
+    fn a_batch_for_an_empty_lease_may_wait() {
+        // A credit's fetch or a reservation ahead: no lease runs dry meanwhile.
+        assert!(plan(0, 1_000, 1_000).may_wait(LINGER, SECOND / 2, SECOND));
+    }
+
+    #[test]
+    fn a_refill_ahead_waits_only_if_the_lease_lasts_past_the_horizon() {
+        // 400 a second: 2 tokens over the 5 ms, so 3 last and 2 do not.
+        let now = 7 * SECOND + SECOND / 2;
+        assert!(plan(3, 0, 400).may_wait(LINGER, now, SECOND));
+        assert!(!plan(2, 0, 400).may_wait(LINGER, now, SECOND));
+        // The same from this interval alone (200 in its first half).
+        assert!(plan(3, 200, 0).may_wait(LINGER, now, SECOND));
+        assert!(!plan(2, 200, 0).may_wait(LINGER, now, SECOND));
+        // The higher of the two rates counts.
+        assert!(!plan(3, 200, 800).may_wait(LINGER, now, SECOND));
+        // A slow key's last token outlasts the linger.
+        assert!(plan(1, 3, 5).may_wait(LINGER, now, SECOND));
+    }
+
+    #[test]
+    fn a_burst_at_the_start_of_an_interval_refills_at_once() {
+        // Six served within the interval's first millisecond: 30 over the linger.
+        let now = 3 * SECOND + 1_000;
+        assert!(!plan(30, 6, 0).may_wait(LINGER, now, SECOND));
+        assert!(plan(31, 6, 0).may_wait(LINGER, now, SECOND));
     }
 }

@@ -142,8 +142,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 Err(rejection) => Check::reject(rejection),
             },
             Miss::Joined | Miss::StartFetch => {
-                if miss == Miss::StartFetch {
-                    self.start_fetch(id.clone());
+                match miss {
+                    Miss::StartFetch => self.start_fetch(id.clone()),
+                    // The fetch may be lingering for others to join its batch.
+                    _ => self.expedite_calls(),
                 }
                 // Always there: `miss` made the waiter when it queued the request.
                 let Some(verdict) = verdict else {

@@ -12,14 +12,14 @@ use crate::batch::BatchContext;
 use crate::global::{Answer, Call};
 use crate::lease::{FetchOutcome, Plan, Settled, Verdict, Waiter};
 use crate::limit::Limit;
-use crate::throttle::calls::CallFailure;
+use crate::throttle::calls::{CallFailure, Due, Reply};
 use crate::throttle::settle::Owed;
 use crate::throttle::{Global, KEY_HASH, Key, Local, Throttle};
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::Clock;
+use crate::clock::{Clock, micros};
 use crate::quota::LeaseKey;
 
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
@@ -53,6 +53,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         // Every batch reads the key's quota afresh: a limit changed at run time applies from
         // the next batch, even on a lease that never runs dry.
         let reserving = !self.config.max_reservation.is_zero();
+        // Read before the plan, so a request that joins the fetch after it sends it at once.
+        let behind = self.calls.behind();
         let plan = self.local.with_bucket(id, |b| {
             self.serve(id, &bucket, b);
             b.plan(now, interval, &limit, reserving, self.recheck_after())
@@ -81,9 +83,15 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             limit,
             request,
         };
-        let answer = self.call_store(call).instrument(span.clone()).await;
+        let linger = micros(self.config.global_batch_linger);
+        let interval = micros(self.config.demand_interval);
+        let due = match plan.may_wait(linger, now, interval) {
+            true => behind,
+            false => Due::Now,
+        };
+        let Reply { sent_at, answer } = self.call_store(call, due).instrument(span.clone()).await;
         let answered = self.now();
-        let latency = answered.saturating_sub(now);
+        let latency = answered.saturating_sub(sent_at);
         span.record("latency_us", latency);
         #[cfg(feature = "metrics")]
         crate::metrics::global_call(&self.config.name, Duration::from_micros(latency));
@@ -101,7 +109,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 self.store_answered();
                 FetchOutcome::Granted {
                     grant,
-                    sent_at: now,
+                    sent_at,
                     from: bucket.name,
                     shape: bucket.shape(),
                 }
@@ -116,14 +124,14 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 if may_have_applied {
                     self.stats.tokens_lost.add(request.want);
                 }
-                self.store_failed(now, answered, &error);
+                self.store_failed(sent_at, answered, &error);
                 FetchOutcome::Failed
             }
             Err(CallFailure::TimedOut) => {
                 self.stats.global_timeouts.incr();
                 self.stats.tokens_lost.add(request.want);
                 tracing::debug!(timeout = ?self.config.store_timeout, "global acquire timed out");
-                self.store_failed(now, answered, &TimedOut(self.config.store_timeout));
+                self.store_failed(sent_at, answered, &TimedOut(self.config.store_timeout));
                 FetchOutcome::Failed
             }
         }

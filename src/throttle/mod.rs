@@ -207,6 +207,8 @@ pub(crate) struct Config {
     pub(crate) max_reservation: Duration,
     /// The most global calls sent to the store in one batch.
     pub(crate) global_batch: usize,
+    /// How long a call nothing waits on may wait for others to join its batch.
+    pub(crate) global_batch_linger: Duration,
     /// Whether a request the lease cannot serve may be admitted on credit.
     pub(crate) cold_start: crate::credit::ColdStart,
     pub(crate) shadow: bool,

@@ -17,7 +17,7 @@ use crate::limit::Limit;
 use crate::quota::{LeaseKey, Name, Quota};
 use crate::remaining::Remaining;
 use crate::stats::Counter;
-use crate::throttle::calls::CallFailure;
+use crate::throttle::calls::{CallFailure, Due, Reply};
 use crate::throttle::{Admitted, Global, Key, Local, Throttle, TimedOut};
 
 /// What follows an admitted request's response: settling its cost, then adding the state of
@@ -218,8 +218,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// while the store is backing off. Returns how many the store took. `for_credit`: the
     /// tokens were admitted on credit, which its answer lets the bucket give again.
     pub(super) async fn charge_debt(self: &Arc<Self>, owed: &Owed<K>, for_credit: bool) -> u64 {
-        let sent_at = self.now();
-        if !self.health.is_up(sent_at) {
+        if !self.health.is_up(self.now()) {
             return 0;
         }
         let limit = &owed.limit;
@@ -239,7 +238,13 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             limit: *limit,
             request,
         };
-        match self.call_store(call).await {
+        // A settle's response (or its caller) waits for its charge; nothing waits for a credit's.
+        let due = match for_credit {
+            true => self.calls.behind(),
+            false => Due::Now,
+        };
+        let Reply { sent_at, answer } = self.call_store(call, due).await;
+        match answer {
             Ok(Answer::Granted(grant)) => {
                 self.store_answered();
                 let now = self.now();

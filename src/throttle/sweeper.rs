@@ -10,7 +10,7 @@ use crate::clock::micros;
 use crate::global::Call;
 use crate::stats::ThrottleStats;
 use crate::sync::lock;
-use crate::throttle::calls::CallFailure;
+use crate::throttle::calls::{CallFailure, Due, Reply};
 use crate::throttle::{Global, Key, Local, Throttle, TimedOut};
 
 use std::sync::Arc;
@@ -85,7 +85,11 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             limit: bucket.limit,
             tokens,
         };
-        match self.call_store(call).await {
+        // Not lingering: a sweep hands back many leases together already, and tokens back in
+        // the global bucket sooner serve the fleet sooner (and not the host's own next fetch
+        // of the same key, which a lingering hand-back would meet in one batch).
+        let Reply { sent_at, answer } = self.call_store(call, Due::Now).await;
+        match answer {
             Ok(_) => {
                 self.store_answered();
                 self.stats.tokens_returned.add(tokens);
@@ -95,7 +99,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 may_have_applied,
             }) => {
                 tracing::debug!(%error, tokens, "global release failed");
-                self.store_failed(now, self.now(), &error);
+                self.store_failed(sent_at, self.now(), &error);
                 if may_have_applied {
                     self.stats.tokens_lost.add(tokens);
                 } else {
@@ -104,7 +108,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             }
             Err(CallFailure::TimedOut) => {
                 tracing::debug!(tokens, "global release timed out");
-                self.store_failed(now, self.now(), &TimedOut(self.config.store_timeout));
+                self.store_failed(sent_at, self.now(), &TimedOut(self.config.store_timeout));
                 self.stats.tokens_lost.add(tokens);
             }
         }

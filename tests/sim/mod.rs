@@ -143,6 +143,8 @@ pub struct Scenario {
     pub cold_start: ColdStart,
     /// The most global calls in one batch (1: each on its own).
     pub global_batch: usize,
+    /// How long a call nothing waits on may wait for others to join its batch.
+    pub global_batch_linger: Duration,
     /// One in this many arrivals (of those not reserving) is a use through `acquire` instead
     /// of a request (0: none); `acquire_ref` (a borrowed key) for those when `by_ref`.
     pub acquire_one_in: u64,
@@ -257,6 +259,7 @@ impl Scenario {
             other_scale: None,
             cold_start: ColdStart::Exact,
             global_batch: 1,
+            global_batch_linger: Duration::ZERO,
             acquire_one_in: 0,
             by_ref: false,
             shadow_slow: false,
@@ -337,6 +340,8 @@ impl Scenario {
                 [5, 300, 30_000][rng.below(3) as usize],
             ));
         }
+        let linger = [0, 500, 5_000, 50_000][rng.below(4) as usize];
+        self.global_batch_linger = Duration::from_micros(linger);
         self
     }
 
@@ -843,6 +848,7 @@ fn build_host(
         .max_reservation(s.max_reservation)
         .cold_start(s.cold_start)
         .global_batch(s.global_batch)
+        .global_batch_linger(s.global_batch_linger)
         .shaping(s.shaping)
         .shadow(s.shadow)
         .failure_policy(if s.faulty {
