@@ -178,9 +178,9 @@ fn a_credit_share_outside_zero_to_one_is_a_configuration_error() {
     ));
 }
 
-// Global calls that no request waits on (the fetch a credited request starts, the charge of
-// its debt) linger for others to join their batch; a call a request waits on goes at once and
-// takes them along; a request that joins a lingering fetch sends it at once.
+// Global calls that no request waits on (the fetch a credited request starts) linger for others
+// to join their batch; a call a request waits on goes at once and takes them along; a request
+// that joins a lingering fetch sends it at once.
 
 /// The store's answer time in the tests of lingering calls: a network hop away.
 const DELAY: Duration = Duration::from_millis(2);

@@ -47,16 +47,18 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
         self
     }
 
-    /// How long a global call that no request waits on may wait for others to join its batch:
-    /// the fetch a credited request starts and the charge of its debt, a reservation ahead of
-    /// the refill for a key over its limit, and a batch fetched before a lease runs dry when
-    /// the lease will last past the linger at the key's recent rate on this host. A call a
-    /// request waits on goes with the next scheduler turn and takes every queued call along;
-    /// so do hand-backs and a settle's charge. A request that starts waiting on a lingering
-    /// fetch sends it at once, so no decision waits for the linger. A host's credit stays
-    /// given until its charge is answered, so the bound of
-    /// [`ColdStart::Credit`](crate::ColdStart::Credit) is unchanged. Default: 5 ms; zero sends
-    /// every call with the scheduler turn it was made in; at most 1 second.
+    /// How long a global call that no request waits on may wait for others to join its batch: the
+    /// fetch a credited request starts, and a batch fetched before a lease runs dry when the lease
+    /// will last past the linger at the key's recent rate on this host. A call a request waits on
+    /// goes with the next scheduler turn and takes every queued call along; so do hand-backs,
+    /// charges, the refill of a lease run dry and a reservation ahead for a key over its limit. A
+    /// request that starts waiting on a lingering fetch sends it at once, so no decision waits for
+    /// the linger; a cold key's second request that comes after the store would have answered waits
+    /// for the fetch (one round trip) instead of being served from it. A host's credit stays given
+    /// until its charge is answered, so the bound of
+    /// [`ColdStart::Credit`](crate::ColdStart::Credit) is unchanged. Default: 5 ms (tokio's timers
+    /// tick in milliseconds: a linger rounds up to the next); zero sends every call with the
+    /// scheduler turn it was made in; at most 1 second.
     pub fn global_batch_linger(mut self, linger: Duration) -> Self {
         let valid = linger <= Duration::from_secs(1);
         self.check(valid, "global_batch_linger", "at most 1 second");

@@ -119,12 +119,17 @@ impl Plan {
         if self.waited_on {
             return false;
         }
+        if self.left == 0 {
+            // Only a credit to pay: no lease to run dry. A lease run dry, or a reservation
+            // ahead for a key over its limit (its next tokens), goes now.
+            return self.needed > 0;
+        }
         let interval = u128::from(interval.max(1));
         let elapsed = (u128::from(now) % interval).max(1);
         let (left, linger) = (u128::from(self.left), u128::from(linger));
         // left / linger > served / time, for both rates, without dividing.
         let outlasts = |served: u32, time: u128| left * time > u128::from(served) * linger;
-        self.left == 0 || (outlasts(self.demand[0], elapsed) && outlasts(self.demand[1], interval))
+        outlasts(self.demand[0], elapsed) && outlasts(self.demand[1], interval)
     }
 
     /// The request for a batch of `batch` tokens (what the batch policy asked for), with
@@ -493,9 +498,16 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_for_an_empty_lease_may_wait() {
-        // A credit's fetch or a reservation ahead: no lease runs dry meanwhile.
-        assert!(plan(0, 1_000, 1_000).may_wait(LINGER, SECOND / 2, SECOND));
+    fn a_credits_batch_may_wait_and_a_dry_lease_or_a_reservation_does_not() {
+        // A credit to pay, nothing leased: no lease runs dry meanwhile.
+        let credit = Plan {
+            needed: 1,
+            ..plan(0, 1_000, 1_000)
+        };
+        assert!(credit.may_wait(LINGER, SECOND / 2, SECOND));
+        // Nothing owed, nothing left: a lease run dry, or the next tokens of a key over its
+        // limit, which its requests are refused without meanwhile.
+        assert!(!plan(0, 0, 0).may_wait(LINGER, SECOND / 2, SECOND));
     }
 
     #[test]

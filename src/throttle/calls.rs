@@ -1,12 +1,12 @@
-//! Global calls batched across keys: the calls that fall due together (fetches, charges,
-//! hand-backs of any keys) go to the store as one
-//! [`call_many`](crate::global::GlobalStore::call_many), at most
-//! [`global_batch`](crate::Builder::global_batch) calls at a time. A call a request waits on
-//! goes with the next scheduler turn, taking every queued call along; a call nothing waits on
-//! (a charge behind a response, a hand-back, a batch fetched ahead) may wait up to
-//! [`global_batch_linger`](crate::Builder::global_batch_linger) for others to join it, until a
-//! request starts waiting on any call. Each call keeps its own answer and failure; the batch as
-//! a whole has the store time-out from when it is sent, after which its calls end as timed out.
+//! Global calls batched across keys: the calls that fall due together (fetches, charges, hand-backs
+//! of any keys) go to the store as one [`call_many`](crate::global::GlobalStore::call_many), at
+//! most [`global_batch`](crate::Builder::global_batch) calls at a time. A call a request waits on
+//! goes with the next scheduler turn, taking every queued call along; a call that may wait
+//! ([`Due::Behind`]: a credit's fetch, a batch fetched well ahead of its lease running
+//! dry) waits up to [`global_batch_linger`](crate::Builder::global_batch_linger) for others to join
+//! it, until a request starts waiting on any call. Each call keeps its own answer and failure; the
+//! batch as a whole has the store time-out from when it is sent, after which its calls end as timed
+//! out.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -238,12 +238,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             limit: *limit,
             request,
         };
-        // A settle's response (or its caller) waits for its charge; nothing waits for a credit's.
-        let due = match for_credit {
-            true => self.calls.behind(),
-            false => Due::Now,
-        };
-        let Reply { sent_at, answer } = self.call_store(call, due).await;
+        // At once: a settle's response (or its caller) waits for its charge, and while a
+        // credit's debt is being charged its key gives no credit, so its requests wait.
+        let Reply { sent_at, answer } = self.call_store(call, Due::Now).await;
         match answer {
             Ok(Answer::Granted(grant)) => {
                 self.store_answered();
