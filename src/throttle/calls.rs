@@ -16,6 +16,7 @@ use futures_util::StreamExt;
 use tokio::sync::oneshot;
 
 use crate::clock::Clock;
+use crate::error::BoxError;
 use crate::global::{Answer, Call};
 use crate::quota::BucketKey;
 use crate::sync::lock;
@@ -90,7 +91,7 @@ impl<K> CallQueue<K> {
 pub(crate) enum CallFailure {
     /// The store answered with an error, which may have been after it took effect.
     Store {
-        error: Box<dyn std::error::Error + Send + Sync>,
+        error: BoxError,
         may_have_applied: bool,
     },
     /// No answer within the store time-out (or its batch never ran: no runtime, or the
@@ -102,7 +103,6 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// Makes `call` with a batch of global calls, sent when `due` says, and waits for its
     /// reply.
     pub(crate) async fn call_store(self: &Arc<Self>, call: Call<BucketKey<K>>, due: Due) -> Reply {
-        let queued_at = self.now();
         let (sender, receiver) = oneshot::channel();
         let flush = {
             let mut queue = lock(&self.calls.state);
@@ -127,8 +127,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         if let Some(next) = flush {
             self.schedule_flush(next);
         }
-        receiver.await.unwrap_or(Reply {
-            sent_at: queued_at,
+        // No reply: its batch never ran (no runtime, or it shut down), so nothing was sent.
+        receiver.await.unwrap_or_else(|_| Reply {
+            sent_at: self.now(),
             answer: Err(CallFailure::TimedOut),
         })
     }
