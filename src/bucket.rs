@@ -25,6 +25,9 @@ pub struct TokenBucket {
     /// Progress towards the next token, in `1 / limit.period_micros()` tokens.
     remainder: u64,
     updated_micros: u64,
+    /// Cold permits stored, in `1 / limit.period_micros()` tokens: always 0 without a
+    /// [warm-up](Limit::warm_up).
+    cold: u64,
 }
 
 /// What a [`TokenBucket::take`] dispensed.
@@ -50,6 +53,7 @@ impl TokenBucket {
             tokens: capacity(limit),
             remainder: 0,
             updated_micros: now_micros,
+            cold: limit.cold_max(),
         }
     }
 
@@ -65,12 +69,27 @@ impl TokenBucket {
 
     /// Brings the bucket up to `now_micros`: adds `amount` per `period`, never past capacity.
     /// A time earlier than the last update is treated as no time passing.
+    /// With a warm-up, time the bucket spends full stores cold permits, at the refill rate.
     pub fn refill(&mut self, limit: &Limit, now_micros: u64) {
         let elapsed = now_micros.saturating_sub(self.updated_micros);
         self.updated_micros = self.updated_micros.max(now_micros);
+        // Cold permits of another limit (one the key moved from) count up to this one's store.
+        self.cold = self.cold.min(limit.cold_max());
+        if limit.cold_max() > 0 {
+            self.cool(limit, elapsed);
+        }
         let (tokens, remainder) = self.level_after(limit, elapsed);
         self.tokens = tokens;
         self.remainder = remainder;
+    }
+
+    /// Stores the cold permits of the part of `elapsed` the bucket spends full (before the
+    /// level is brought up to date).
+    fn cool(&mut self, limit: &Limit, elapsed: u64) {
+        let to_full = self.micros_until(limit, limit.capacity());
+        // At most the warm-up period counts: it fills the store from empty.
+        let idle_full = elapsed.saturating_sub(to_full).min(limit.warm_up_micros());
+        self.cold = (self.cold + idle_full * limit.refill_amount()).min(limit.cold_max());
     }
 
     /// The level `elapsed` microseconds after the last update: whole tokens and remainder.
@@ -120,6 +139,9 @@ impl TokenBucket {
         want: u64,
         max_delay_micros: u64,
     ) -> Taken {
+        if limit.cold_max() > 0 {
+            return self.take_warming(limit, now_micros, min, want, max_delay_micros);
+        }
         self.refill(limit, now_micros);
         let min = min.clamp(1, limit.capacity());
         let want = want.clamp(min, limit.capacity());
@@ -149,6 +171,106 @@ impl TokenBucket {
         }
     }
 
+    /// [`take_or_reserve`](Self::take_or_reserve) for a limit with a warm-up: the same rules,
+    /// with permits priced by [`price`](Self::price) and admitted one after another while a
+    /// whole token is there for each (a full bucket admits `min` whatever their price).
+    /// Reserved permits are paid one after another as the refill comes, so the level they are
+    /// counted against is not capped at the capacity (each is taken before it would be).
+    fn take_warming(
+        &mut self,
+        limit: &Limit,
+        now_micros: u64,
+        min: u64,
+        want: u64,
+        max_delay_micros: u64,
+    ) -> Taken {
+        self.refill(limit, now_micros);
+        let min = min.clamp(1, limit.capacity());
+        let want = want.clamp(min, limit.capacity());
+        let p = i128::from(limit.period_micros());
+        let there = self.permits_within(limit, self.units(p), min, want);
+        let granted = if there >= min { there } else { 0 };
+        let horizon = self.micros_until(limit, 0).saturating_add(max_delay_micros);
+        let later = self.units(p) + i128::from(horizon) * i128::from(limit.refill_amount());
+        let due = self.permits_within(limit, later, min, want);
+        let extra = due.saturating_sub(granted);
+        let reserved = if granted > 0 || extra >= min {
+            extra
+        } else {
+            0
+        };
+        let ready_in_micros = if reserved > 0 {
+            self.micros_until_units(limit, self.required(limit, granted + reserved, min))
+        } else {
+            0
+        };
+        self.consume(limit, granted + reserved);
+        Taken {
+            granted,
+            reserved,
+            ready_in_micros,
+            remaining: self.tokens(),
+            refill_in_micros: self.micros_until_units(limit, self.required(limit, min, min)),
+        }
+    }
+
+    /// The level in `1 / p` tokens.
+    fn units(&self, p: i128) -> i128 {
+        i128::from(self.tokens) * p + i128::from(self.remainder)
+    }
+
+    /// What taking `permits` costs now, in `1 / period` tokens: a token each, and for the cold
+    /// permits they take, the warm-up's surcharge.
+    fn price(&self, limit: &Limit, permits: u64) -> i128 {
+        let unit = i128::from(permits) * i128::from(limit.period_micros());
+        let taken = u64::try_from(unit).map_or(self.cold, |u| u.min(self.cold));
+        unit + i128::from(surcharge(self.cold, self.cold - taken, limit.cold_max()))
+    }
+
+    /// Up to `want` permits a level of `units` admits one after another (each while a whole
+    /// token is there once those before it are paid for), and at least `min` when full.
+    fn permits_within(&self, limit: &Limit, units: i128, min: u64, want: u64) -> u64 {
+        let p = i128::from(limit.period_micros());
+        if units < p {
+            return 0;
+        }
+        // The most `m < want` whose price the level covers beyond one token: prices grow with m.
+        let (mut lo, mut hi) = (0, want - 1);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            match self.price(limit, mid) <= units - p {
+                true => lo = mid,
+                false => hi = mid - 1,
+            }
+        }
+        match units >= i128::from(limit.capacity()) * p {
+            true => (lo + 1).max(min),
+            false => lo + 1,
+        }
+    }
+
+    /// The level (in `1 / period` tokens) at which `permits` are admitted (a full bucket
+    /// admits `min`).
+    fn required(&self, limit: &Limit, permits: u64, min: u64) -> i128 {
+        let p = i128::from(limit.period_micros());
+        let paid = p + self.price(limit, permits - 1);
+        match permits <= min {
+            true => paid.min(i128::from(limit.capacity()) * p),
+            false => paid,
+        }
+    }
+
+    /// Pays for `permits`, taking the cold permits among them out of store.
+    fn consume(&mut self, limit: &Limit, permits: u64) {
+        let p = i128::from(limit.period_micros());
+        let units = self.units(p) - self.price(limit, permits);
+        let unit = u64::try_from(i128::from(permits) * p).unwrap_or(u64::MAX);
+        self.cold -= unit.min(self.cold);
+        // The level stays above three capacities of debt, which Limit::warm_up keeps exact.
+        self.tokens = i64::try_from(units.div_euclid(p)).unwrap_or(i64::MIN / 2);
+        self.remainder = units.rem_euclid(p) as u64;
+    }
+
     /// Whole tokens (at least zero) the bucket holds `elapsed` microseconds after its update.
     fn whole_tokens_after(&self, limit: &Limit, elapsed: u64) -> u64 {
         u64::try_from(self.level_after(limit, elapsed).0).unwrap_or(0)
@@ -175,6 +297,7 @@ impl TokenBucket {
             Adjustment::Reset => {
                 self.tokens = capacity;
                 self.remainder = 0;
+                self.cold = limit.cold_max();
             }
             Adjustment::Drain => {
                 self.tokens = self.tokens.min(0);
@@ -196,32 +319,43 @@ impl TokenBucket {
     /// rounded up, and at most [`MAX_WAIT_MICROS`] (about 285 years).
     pub fn micros_until(&self, limit: &Limit, tokens: u64) -> u64 {
         let tokens = i128::from(tokens.min(limit.capacity()));
-        let level = i128::from(self.tokens);
-        if level >= tokens {
+        self.micros_until_units(limit, tokens * i128::from(limit.period_micros()))
+    }
+
+    /// [`micros_until`](Self::micros_until) a level of `units` (in `1 / period` tokens).
+    fn micros_until_units(&self, limit: &Limit, units: i128) -> u64 {
+        let needed = units - self.units(i128::from(limit.period_micros()));
+        if needed <= 0 {
             return 0;
         }
-        let (a, p) = (
-            i128::from(limit.refill_amount()),
-            i128::from(limit.period_micros()),
-        );
-        // Positive: tokens - level >= 1 and the remainder < p.
-        let needed = (tokens - level) * p - i128::from(self.remainder);
+        let a = i128::from(limit.refill_amount());
         let micros = (needed + a - 1) / a;
         u64::try_from(micros).map_or(MAX_WAIT_MICROS, |m| m.min(MAX_WAIT_MICROS))
     }
 
     /// Whether the bucket is full at `now_micros`: then it is the same as no bucket at all, and a
-    /// store may forget it.
+    /// store may forget it. With a warm-up, full means fully cold too.
     pub fn is_full_at(&self, limit: &Limit, now_micros: u64) -> bool {
-        let since = now_micros.saturating_sub(self.updated_micros);
-        since >= self.micros_until(limit, limit.capacity())
+        now_micros >= self.full_by(limit)
+    }
+
+    /// The first microsecond the bucket [is full](Self::is_full_at) in, if nothing is taken
+    /// (saturating).
+    pub fn full_by(&self, limit: &Limit) -> u64 {
+        let to_cold = limit.cold_max().saturating_sub(self.cold);
+        let to_cold = to_cold.div_ceil(limit.refill_amount());
+        let to_full = self
+            .micros_until(limit, limit.capacity())
+            .saturating_add(to_cold);
+        self.updated_micros.saturating_add(to_full)
     }
 }
 
 /// When a bucket will be full if nothing more is taken: `micros` and `frac / amount` of a
 /// microsecond, `amount` being the limit's refill amount (in lowest terms with its period).
 ///
-/// Given its limit, this one instant is the whole state of a bucket, exactly: its level at
+/// Given its limit (without a warm-up), this one instant is the whole state of a bucket,
+/// exactly: its level at
 /// any later time is the capacity less the refill still to come. So a store can keep 16 bytes
 /// per bucket and still tell, without the limit, whether a bucket is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,8 +379,36 @@ impl FullAt {
 impl TokenBucket {
     /// When the bucket is full if nothing more is taken; `None` when that is more than
     /// `u64::MAX` microseconds from the clock's start (a limit that takes over 500,000 years
-    /// to refill).
+    /// to refill), or when the limit warms up (its cold permits are state of their own).
     pub fn full_at(&self, limit: &Limit) -> Option<FullAt> {
+        match limit.cold_max() {
+            0 => self.tokens_full_at(limit),
+            _ => None,
+        }
+    }
+
+    /// This bucket of limit `from` as a bucket of `to` at `now_micros`, for a key that moved
+    /// to another limit: as the in-memory store carries every bucket, by the time until its
+    /// tokens are full (between limits of the same window, the same share of the capacity),
+    /// with its cold permits up to the new limit's store. Kept as it is when that time is
+    /// beyond the clock's range.
+    pub fn carried(&self, from: &Limit, to: &Limit, now_micros: u64) -> Self {
+        let mut bucket = *self;
+        bucket.refill(from, now_micros);
+        if from == to {
+            return bucket;
+        }
+        let Some(full_at) = bucket.tokens_full_at(from) else {
+            bucket.refill(to, now_micros);
+            return bucket;
+        };
+        let mut carried = Self::from_full_at(full_at, to, now_micros);
+        carried.cold = bucket.cold.min(to.cold_max());
+        carried
+    }
+
+    /// When the bucket's tokens are full if nothing more is taken (its cold permits aside).
+    fn tokens_full_at(&self, limit: &Limit) -> Option<FullAt> {
         let (a, p) = (
             i128::from(limit.refill_amount()),
             i128::from(limit.period_micros()),
@@ -281,8 +443,23 @@ impl TokenBucket {
             tokens: i64::try_from(level.div_euclid(p)).unwrap_or(i64::MIN / 2),
             remainder: level.rem_euclid(p) as u64,
             updated_micros: now_micros,
+            // Kept from a limit without a warm-up (a key that moved to one): in use, so warm.
+            cold: 0,
         }
     }
+}
+
+/// The surcharge for taking the cold permits between `lo` and `hi` out of a store of at most
+/// `max` (all in `1 / period` tokens): the area above 1 under the line from 1 at `max / 2` to
+/// 3 at `max`, rounded up. In doubles, in the order the Redis script computes it, so that both
+/// stores agree to the unit (exact while the product stays below 2^53).
+fn surcharge(hi: u64, lo: u64, max: u64) -> u64 {
+    if 2 * hi <= max {
+        return 0;
+    }
+    let lo = (2 * lo).max(max);
+    let (width, height) = (2 * hi - lo, 2 * hi + lo - 2 * max);
+    (width as f64 * height as f64 / (2 * max) as f64).ceil() as u64
 }
 
 /// A limit's capacity as a level: capacities are below 2^53, so it always fits.
@@ -298,7 +475,7 @@ fn capacity(limit: &Limit) -> i64 {
 #[non_exhaustive]
 pub enum Adjustment {
     /// Full again, as a bucket never used: tokens owed (reserved ahead, or a settled debt)
-    /// are forgiven.
+    /// are forgiven, and a limit that [warms up](Limit::warm_up) is cold again.
     Reset,
     /// Empty now, refilling from now on; tokens owed stay owed.
     Drain,
@@ -546,5 +723,147 @@ mod tests {
         b.refill(&l, 3 * day - 1);
         assert_eq!(b.tokens(), 2);
         assert_eq!(b.micros_until(&l, 3), 1);
+    }
+
+    /// 2 per second warming up over 4 s, capacity 1: Guava's `SmoothWarmingUp` example.
+    fn guava() -> Limit {
+        Limit::per_second(2)
+            .burst(1)
+            .unwrap()
+            .warm_up(Duration::from_secs(4))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_cold_bucket_spaces_requests_as_guava_s_warming_up_limiter_does() {
+        let l = guava();
+        let mut b = TokenBucket::full(&l, 0);
+        let mut now = 0;
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            let taken = b.take(&l, now, 1, 1);
+            assert_eq!(taken.granted, 1, "admitted at {now}");
+            // Nothing more until the wait is over.
+            let mut early = b;
+            assert_eq!(early.take(&l, now, 1, 1).granted, 0);
+            waits.push(taken.refill_in_micros);
+            now += taken.refill_in_micros;
+        }
+        assert_eq!(
+            waits,
+            [
+                1_375_000, 1_125_000, 875_000, 625_000, 500_000, 500_000, 500_000
+            ]
+        );
+    }
+
+    #[test]
+    fn idleness_cools_a_warm_bucket_at_the_rate() {
+        let l = guava();
+        let mut b = TokenBucket::full(&l, 0);
+        let mut now = 0;
+        // Eight permits take every cold one out of store.
+        for _ in 0..8 {
+            now += b.take(&l, now, 1, 1).refill_in_micros;
+        }
+        assert_eq!(b.cold, 0);
+        // Full now; 3 s more stores 6 cold permits (2 per second): the next costs the average
+        // of the line over [5, 6], 1.75 tokens, so the one after waits 0.875 s.
+        now += 3_000_000;
+        assert_eq!(b.take(&l, now, 1, 1).refill_in_micros, 875_000);
+        // A bucket idle for the warm-up period or longer is as cold as a new one.
+        let mut idle = b;
+        idle.refill(&l, now + 10_000_000);
+        assert!(idle.is_full_at(&l, now + 10_000_000));
+        assert_eq!(idle, TokenBucket::full(&l, now + 10_000_000));
+    }
+
+    #[test]
+    fn a_cold_bucket_admits_a_smaller_burst_one_by_one_or_in_a_batch() {
+        let l = Limit::per_second(2)
+            .burst(10)
+            .unwrap()
+            .warm_up(Duration::from_secs(4))
+            .unwrap();
+        // Prices of the first permits: 2.75, 2.25, 1.75, 1.25, then 1 each; each needs one
+        // whole token there: 10 -> 7.25 -> 5 -> 3.25 -> 2 -> 1 -> 0.
+        let mut one_by_one = TokenBucket::full(&l, 0);
+        let admitted = (0..10)
+            .map(|_| one_by_one.take(&l, 0, 1, 1).granted)
+            .sum::<u64>();
+        assert_eq!(admitted, 6);
+        let mut batch = TokenBucket::full(&l, 0);
+        let taken = batch.take(&l, 0, 1, 10);
+        assert_eq!((taken.granted, batch), (6, one_by_one));
+        // Warm, the same bucket bursts its capacity.
+        let plain = Limit::per_second(2).burst(10).unwrap();
+        assert_eq!(
+            TokenBucket::full(&plain, 0).take(&plain, 0, 1, 10).granted,
+            10
+        );
+    }
+
+    #[test]
+    fn a_full_cold_bucket_always_grants_the_minimum() {
+        let l = Limit::per_second(2)
+            .burst(2)
+            .unwrap()
+            .warm_up(Duration::from_secs(4))
+            .unwrap();
+        // Two permits at once cost 2.75 + 2.25 tokens: more than the bucket holds, so the
+        // full bucket grants them and the refill pays the 3 tokens of debt (1.5 s), then 2 more.
+        let mut b = TokenBucket::full(&l, 0);
+        let taken = b.take(&l, 0, 2, 2);
+        assert_eq!((taken.granted, b.owed()), (2, 3));
+        assert_eq!(taken.refill_in_micros, 2_500_000);
+        assert_eq!(b.take(&l, 2_500_000, 2, 2).granted, 2);
+    }
+
+    #[test]
+    fn a_warm_up_never_admits_more_than_its_plain_limit() {
+        let warm = Limit::per_second(7)
+            .burst(5)
+            .unwrap()
+            .warm_up(Duration::from_millis(2_500))
+            .unwrap();
+        let plain = Limit::per_second(7).burst(5).unwrap();
+        let (mut w, mut p) = (TokenBucket::full(&warm, 0), TokenBucket::full(&plain, 0));
+        let (mut by_warm, mut by_plain, mut now) = (0, 0, 0u64);
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        for _ in 0..5_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            now += seed % 400_000;
+            let (min, want) = (1 + seed % 3, 1 + seed % 5);
+            by_warm += w.take(&warm, now, min, want).granted;
+            by_plain += p.take(&plain, now, min, want).granted;
+            // Never above the plain bucket's bound: capacity + rate x elapsed.
+            assert!(by_warm <= 5 + now * 7 / 1_000_000, "{by_warm} at {now}");
+        }
+        assert!(by_warm < by_plain, "{by_warm} / {by_plain}");
+    }
+
+    #[test]
+    fn a_bucket_carried_between_limits_keeps_its_time_until_full_either_way() {
+        let plain = Limit::per_minute(30).burst(30).unwrap();
+        let warm = plain.warm_up(Duration::from_secs(2)).unwrap();
+        let raised = Limit::per_minute(120).burst(60).unwrap();
+        let mut b = TokenBucket::full(&warm, 0);
+        b.take(&warm, 0, 1, 20);
+        let now = 1_000_000;
+        // Into the raised limit the way a compact bucket goes: by its time until full.
+        let moved = b.carried(&warm, &raised, now);
+        let mut as_plain = b;
+        as_plain.refill(&warm, now);
+        let expected = TokenBucket::from_full_at(as_plain.full_at(&plain).unwrap(), &raised, now);
+        assert_eq!(
+            (moved.tokens, moved.remainder),
+            (expected.tokens, expected.remainder)
+        );
+        // Hosts asking under either limit while a change spreads do not move the level.
+        let back = moved.carried(&raised, &warm, now);
+        assert_eq!(back.carried(&warm, &raised, now), moved);
+        assert_eq!(b.carried(&warm, &warm, now), as_plain);
     }
 }

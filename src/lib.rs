@@ -55,8 +55,8 @@
 //! fleet admits close to its limit: every leased token was dispensed once by the global bucket.
 //!
 //! Beyond one limit per key: a [`Quota`] of several named limits and further
-//! [levels](Builder::level) of keys, all or nothing; [`Shaping`] to wait for tokens instead of
-//! being refused; [`Builder::settle`] to correct a cost from the response; `RateLimit-Policy`
+//! [levels](Builder::level) of keys, all or nothing; limits that [warm up](Limit::warm_up)
+//! after idleness; [`Shaping`] to wait for tokens instead of being refused; [`Builder::settle`] to correct a cost from the response; `RateLimit-Policy`
 //! and `RateLimit` fields on every response ([`RateLimitFields`], draft revision 11); limits
 //! and levels in shadow ([`Builder::shadow_limit`]); uses outside a service on every level
 //! ([`HierarchicalThrottleLayer::acquire_keys`]); bodies charged by the byte ([`MeteredBody`]);

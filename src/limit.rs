@@ -39,12 +39,13 @@ pub struct Limit {
     /// The period as it was written (`60/min`: a minute), for printing it back and for
     /// `RateLimit-Policy`'s window; not part of the limit's identity.
     written_micros: u64,
+    /// How long a cold bucket takes to reach its rate ([`warm_up`](Self::warm_up)); 0: none.
+    warm_up_micros: u64,
 }
 
 impl PartialEq for Limit {
     fn eq(&self, other: &Self) -> bool {
-        (self.capacity, self.amount, self.per_micros)
-            == (other.capacity, other.amount, other.per_micros)
+        self.identity() == other.identity()
     }
 }
 
@@ -52,7 +53,7 @@ impl Eq for Limit {}
 
 impl std::hash::Hash for Limit {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        (self.capacity, self.amount, self.per_micros).hash(state);
+        self.identity().hash(state);
     }
 }
 
@@ -147,6 +148,15 @@ impl Limit {
         Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX))
     }
 
+    /// How long an empty bucket takes to accrue the price of `permits` at its highest: three
+    /// tokens each while a [warm-up](Self::warm_up) may price them cold, one otherwise.
+    pub(crate) fn time_to_pay(&self, permits: u64) -> Duration {
+        match self.warm_up_micros {
+            0 => self.time_to_accrue(permits),
+            _ => self.time_to_accrue(permits.saturating_mul(3)),
+        }
+    }
+
     /// Whole tokens an empty bucket accrues in `micros` microseconds (not capped at capacity).
     pub(crate) fn accrued_in(&self, micros: u64) -> u64 {
         let tokens = u128::from(micros) * u128::from(self.amount) / u128::from(self.per_micros);
@@ -167,7 +177,81 @@ impl Limit {
             amount,
             per_micros,
             written_micros: per_micros,
+            // A host's share applies while the store is down, for a short while: at the rate.
+            warm_up_micros: 0,
         }
+    }
+
+    /// What makes two limits the same: how they hold, refill and warm up.
+    fn identity(&self) -> (u64, u64, u64, u64) {
+        (
+            self.capacity,
+            self.amount,
+            self.per_micros,
+            self.warm_up_micros,
+        )
+    }
+
+    /// This limit, warming up over `period` as Guava's `SmoothWarmingUp` does: a bucket that
+    /// has been idle (every bucket at first, and the whole fleet's after a restart of the
+    /// store) starts at a third of its rate and reaches the rate after about `period` of use;
+    /// idleness cools it down again at the rate it warms.
+    ///
+    /// The model, with `s` the time one token takes to refill: idle time beyond a full bucket
+    /// stores *cold permits*, up to `period / s`. A request that takes a stored permit pays
+    /// for it in tokens: 1 while at most half the cold permits are stored, rising linearly to 3
+    /// when all are, averaged over the permits it takes; permits beyond those stored cost 1.
+    /// A request is admitted when the bucket holds one token for each of its permits as they
+    /// come (or when the bucket is full), and the surcharge is paid by the refill before the next
+    /// one: a cold bucket admits a smaller burst, at a lower rate, and both grow as it is used.
+    /// With a capacity of 1 this is Guava's limiter exactly: 2 per second warming up over 4 s,
+    /// fully cold, spaces its first requests by 1.375, 1.125, 0.875 and 0.625 s, then by 0.5.
+    ///
+    /// ```
+    /// use hierarchical_throttle::Limit;
+    /// use std::time::Duration;
+    ///
+    /// let cold_start = Limit::per_second(2).burst(1)?.warm_up(Duration::from_secs(4))?;
+    /// assert_eq!(cold_start.warm_up_period(), Some(Duration::from_secs(4)));
+    /// assert_eq!(cold_start, "2/s burst 1 warm-up 4s".parse()?);
+    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
+    /// ```
+    ///
+    /// Warming up is the global bucket's: hosts lease permits as for any limit, and a host's
+    /// share of the limit while the store is down (its fallback) refills at the rate. The
+    /// period must be a whole, positive number of microseconds whose cold permits the stores
+    /// keep exactly (`period` times the rate below 2^52 in the stores' units, and three
+    /// capacities of debt representable); an error says when it is not.
+    pub fn warm_up(mut self, period: Duration) -> Result<Limit, ConfigError> {
+        let invalid = ConfigError::InvalidSetting {
+            setting: "Limit::warm_up",
+            expected: "a whole number of microseconds, above zero, at most 366 days, whose \
+                       cold permits and a debt of three capacities fit the stores' 53-bit \
+                       integers",
+        };
+        let micros = whole_period_micros(period).ok_or(invalid.clone())?;
+        let cold = u128::from(micros) * u128::from(self.amount);
+        let debt = (u128::from(self.capacity) * 3 + 1) * u128::from(self.per_micros);
+        if cold >= EXACT / 2 || debt >= EXACT {
+            return Err(invalid);
+        }
+        self.warm_up_micros = micros;
+        Ok(self)
+    }
+
+    /// The period over which a cold bucket reaches its rate; `None` when it starts at the rate.
+    pub fn warm_up_period(&self) -> Option<Duration> {
+        (self.warm_up_micros > 0).then(|| Duration::from_micros(self.warm_up_micros))
+    }
+
+    /// The most cold permits a bucket stores, in `1 / period_micros` tokens (0 without a warm-up).
+    pub(crate) fn cold_max(&self) -> u64 {
+        self.warm_up_micros * self.amount
+    }
+
+    /// The warm-up period in microseconds (0 without one).
+    pub(crate) fn warm_up_micros(&self) -> u64 {
+        self.warm_up_micros
     }
 }
 
@@ -184,11 +268,7 @@ impl LimitBuilder {
         if capacity > Limit::MAX_CAPACITY {
             return Err(ConfigError::CapacityTooLarge(capacity));
         }
-        let whole_micros = period.subsec_nanos() % 1_000 == 0;
-        let micros = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
-        if !whole_micros || micros == 0 || period > Limit::MAX_PERIOD {
-            return Err(ConfigError::InvalidPeriod(period));
-        }
+        let micros = whole_period_micros(period).ok_or(ConfigError::InvalidPeriod(period))?;
         let (a, p) = lowest_terms(amount, micros);
         // The stores compute `remainder + r * a` (r, remainder < p) and round its quotient by p
         // with one correction step: every intermediate stays below p * (a + 2), kept exact.
@@ -200,6 +280,7 @@ impl LimitBuilder {
             amount: a,
             per_micros: p,
             written_micros: micros,
+            warm_up_micros: 0,
         })
     }
 
@@ -234,6 +315,10 @@ impl std::fmt::Display for Limit {
         if self.capacity != tokens {
             write!(f, " burst {}", self.capacity)?;
         }
+        if self.warm_up_micros > 0 {
+            let (count, unit) = largest_unit(self.warm_up_micros);
+            write!(f, " warm-up {count}{unit}")?;
+        }
         Ok(())
     }
 }
@@ -262,7 +347,8 @@ impl std::str::FromStr for Limit {
 
     /// Reads a limit as people write them: `100/s`, `100/s burst 200`, `5000/h`,
     /// `100000/day`, `100/10s` (100 per 10 seconds), `15 per 2min`, `1 per 2 minutes burst 15`.
-    /// Without a burst, the capacity is one period's tokens. Numbers may group digits with
+    /// Without a burst, the capacity is one period's tokens; `warm-up 30s` (or `warm up 30s`)
+    /// at the end adds a [warm-up](Limit::warm_up). Numbers may group digits with
     /// single `_` or `,` (`100_000`); a period of zero is an error. Errors name the part that
     /// could not be read.
     ///
@@ -277,23 +363,36 @@ impl std::str::FromStr for Limit {
     /// ```
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let text = text.trim();
-        let (rate, burst) = match text.split_once("burst") {
-            Some((rate, burst)) => (rate.trim(), Some(burst.trim())),
+        let (text, warm_up) = match text.split_once("warm-up").or(text.split_once("warm up")) {
+            Some((limit, period)) => (limit.trim(), Some(duration(period.trim())?)),
             None => (text, None),
         };
-        let (amount, period) = match rate.split_once('/') {
-            Some(split) => split,
-            None => rate.split_once(" per ").ok_or_else(|| {
-                parse_error(rate, "`<tokens>/<period>` or `<tokens> per <period>`")
-            })?,
-        };
-        let amount = number(amount.trim())?;
-        let period = duration(period.trim())?;
-        let builder = Limit::per(amount, period);
-        match burst {
-            Some(burst) => builder.burst(number(burst)?),
-            None => builder.build(),
+        let limit = rate_and_burst(text)?;
+        match warm_up {
+            Some(period) => limit.warm_up(period),
+            None => Ok(limit),
         }
+    }
+}
+
+/// `100/s burst 200`: a limit without a warm-up.
+fn rate_and_burst(text: &str) -> Result<Limit, ConfigError> {
+    let (rate, burst) = match text.split_once("burst") {
+        Some((rate, burst)) => (rate.trim(), Some(burst.trim())),
+        None => (text, None),
+    };
+    let (amount, period) = match rate.split_once('/') {
+        Some(split) => split,
+        None => rate
+            .split_once(" per ")
+            .ok_or_else(|| parse_error(rate, "`<tokens>/<period>` or `<tokens> per <period>`"))?,
+    };
+    let amount = number(amount.trim())?;
+    let period = duration(period.trim())?;
+    let builder = Limit::per(amount, period);
+    match burst {
+        Some(burst) => builder.burst(number(burst)?),
+        None => builder.build(),
     }
 }
 
@@ -362,6 +461,14 @@ fn duration(text: &str) -> Result<Duration, ConfigError> {
         .checked_mul(micros)
         .map(Duration::from_micros)
         .ok_or_else(|| parse_error(text, "a period of at most 366 days"))
+}
+
+/// `period` in microseconds, when it is a whole, positive number of them, at most
+/// [`Limit::MAX_PERIOD`].
+fn whole_period_micros(period: Duration) -> Option<u64> {
+    let whole = period.subsec_nanos().is_multiple_of(1_000);
+    let micros = u64::try_from(period.as_micros()).ok()?;
+    (whole && micros > 0 && period <= Limit::MAX_PERIOD).then_some(micros)
 }
 
 fn lowest_terms(a: u64, b: u64) -> (u64, u64) {
@@ -555,5 +662,48 @@ mod tests {
         let s = l.share(4);
         assert_eq!(s.capacity(), 63);
         assert_eq!(s.time_to_accrue(25), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_warm_up_is_built_read_printed_and_part_of_the_identity() {
+        let plain = Limit::per_second(2).burst(1).unwrap();
+        let warm = plain.warm_up(Duration::from_secs(4)).unwrap();
+        assert_ne!(warm, plain);
+        assert_eq!(warm.warm_up_period(), Some(Duration::from_secs(4)));
+        assert_eq!(plain.warm_up_period(), None);
+        assert_eq!(warm.to_string(), "2/s burst 1 warm-up 4s");
+        for text in [
+            "2/s burst 1 warm-up 4s",
+            "2/s burst 1 warm up 4 s",
+            " 2/s burst 1 warm-up 4000ms ",
+        ] {
+            assert_eq!(text.parse::<Limit>(), Ok(warm), "{text}");
+        }
+        let minute: Limit = "100/min warm-up 90s".parse().unwrap();
+        assert_eq!(minute.to_string(), "100/min warm-up 90s");
+        assert_eq!(minute.to_string().parse::<Limit>(), Ok(minute));
+        // The share a host falls back to refills at the rate.
+        assert_eq!(warm.share(2).warm_up_period(), None);
+    }
+
+    #[test]
+    fn an_impossible_warm_up_is_an_error() {
+        let plain = Limit::per_second(2).burst(1).unwrap();
+        for period in [
+            Duration::ZERO,
+            Duration::from_nanos(1_500),
+            Duration::from_secs(367 * 86_400),
+        ] {
+            assert!(plain.warm_up(period).is_err(), "{period:?}");
+        }
+        // Cold permits past 2^52 in the stores' units: a thousand per microsecond for a year.
+        let fast = Limit::per_millisecond(1_000_000).burst(10).unwrap();
+        assert!(fast.warm_up(Duration::from_secs(366 * 86_400)).is_err());
+        assert!(fast.warm_up(Duration::from_secs(86_400)).is_ok());
+        // Three capacities of debt past 2^53 units.
+        let huge = Limit::per_day(1).burst(Limit::MAX_CAPACITY).unwrap();
+        assert!(huge.warm_up(Duration::from_secs(1)).is_err());
+        let error = "2/s warm-up fortnight".parse::<Limit>().unwrap_err();
+        assert!(error.to_string().contains("fortnight"), "{error}");
     }
 }

@@ -67,6 +67,16 @@ async fn buckets_expire_when_they_would_be_full_again() {
         !exists,
         "a full bucket is deleted: it is the same as a new one"
     );
+    // With a warm-up, a bucket is the same as a new one once it is full and cold again: one
+    // permit from a cold bucket of 10 per second warming up over 2 s costs 2.9 tokens (290 ms
+    // to refill) and a cold permit (100 ms to store again).
+    let warm = limit.warm_up(Duration::from_secs(2)).unwrap();
+    let key = bucket("expiring-warm");
+    let grant = redis.acquire(&key, &warm, TokenRequest::now(1, 1)).await;
+    assert_eq!(grant.unwrap().granted, 1);
+    let redis_key = redis.redis_key(&key);
+    let ttl: i64 = conn.pttl(&redis_key).await.unwrap();
+    assert!((370..=390).contains(&ttl), "pttl {ttl}");
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -846,6 +856,14 @@ async fn a_fleet_with_several_limits_and_levels_never_over_admits_any_bucket_on_
     ] {
         assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
     }
+}
+
+#[tokio::test]
+async fn a_fleet_on_redis_warms_up_and_never_beats_a_single_cold_bucket() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = server.store_on(&clock).await;
+    common::warm_up::fleet_warms_up(&clock, redis).await;
 }
 
 /// Three shaping hosts on one real Redis, on real time: bursts wait for their tokens instead

@@ -10,6 +10,7 @@
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
+use std::time::Duration;
 
 use governor::{Quota, RateLimiter};
 use hierarchical_throttle::global::{GlobalStore, TokenRequest};
@@ -58,6 +59,24 @@ fn text_key(k: u64) -> String {
     format!("customer-{k:06}")
 }
 
+/// A global store in which each of `keys` buckets of `limit` was taken from once.
+fn global_store(keys: u64, limit: &Limit) -> Box<dyn std::any::Any> {
+    let store = MemoryGlobalStore::<u64>::new()
+        .with_max_buckets(keys as usize * 2)
+        .expect("a bound");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        for k in 0..keys {
+            let key = BucketKey::new(k, "default").expect("a valid name");
+            let _ = store.acquire(&key, limit, TokenRequest::now(1, 1)).await;
+        }
+    });
+    assert_eq!(store.len() as u64, keys);
+    Box::new(store)
+}
+
 /// Fills one store in this process and prints its bytes per key.
 fn measure(store: &str, keys: u64) {
     let limit = Limit::per_second(100).burst(100).expect("a valid limit");
@@ -67,26 +86,21 @@ fn measure(store: &str, keys: u64) {
         "local_compact" => per_key(keys, || {
             local_store(keys, |k| CompactKey::from(text_key(k)))
         }),
-        "global" => per_key(keys, || {
-            let store = MemoryGlobalStore::<u64>::new();
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async {
-                for k in 0..keys {
-                    let key = BucketKey::new(k, "default").expect("a valid name");
-                    let _ = store.acquire(&key, &limit, TokenRequest::now(1, 1)).await;
-                }
-            });
-            assert_eq!(store.len() as u64, keys);
-            Box::new(store)
+        "global" => per_key(keys, || global_store(keys, &limit)),
+        "global_warm" => per_key(keys, || {
+            let warm = limit
+                .warm_up(Duration::from_secs(60))
+                .expect("a valid warm-up");
+            global_store(keys, &warm)
         }),
         "layer" => per_key(keys, || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
                 .build()
                 .expect("a runtime");
-            let global = MemoryGlobalStore::<u64>::new();
+            let global = MemoryGlobalStore::<u64>::new()
+                .with_max_buckets(keys as usize * 2)
+                .expect("a bound");
             // Slow enough that no global bucket is full again (and forgotten) during the run.
             let daily = Limit::per_day(100).burst(100).expect("a valid limit");
             // Each request waits for its key's batch (no credit), so that every key's state is
@@ -154,6 +168,10 @@ fn main() {
     println!(
         "| hierarchical-throttle `MemoryGlobalStore` (one process's global level) | {} |",
         run("global")
+    );
+    println!(
+        "| hierarchical-throttle `MemoryGlobalStore`, a limit that warms up (buckets kept whole) | {} |",
+        run("global_warm")
     );
     println!(
         "| hierarchical-throttle whole layer, after one request per key (local and global) | {} |",

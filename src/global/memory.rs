@@ -31,7 +31,8 @@ const SHARDS: usize = 1 << SHARD_BITS;
 ///
 /// A bucket costs about 50 bytes (with `u64` keys; see `BENCHMARKS.md`), plus its key's own
 /// bytes: the store keeps only the key and the instant its bucket is full again ([`FullAt`]),
-/// in one table per layer, level and limit name. The store holds at most
+/// in one table per layer, level and limit name (a limit that [warms up](Limit::warm_up)
+/// keeps its whole bucket, about 80 bytes). The store holds at most
 /// [`DEFAULT_MAX_BUCKETS`] buckets by default ([`with_max_buckets`](Self::with_max_buckets)):
 /// beyond, it forgets the buckets nearest to full first (an eighth of a shard at a time), so a
 /// flood of distinct keys (a per-day limit sprayed with a million keys) cannot grow it without
@@ -84,8 +85,9 @@ struct Shard<K> {
 struct Table<K> {
     names: BucketNames,
     buckets: HashTable<(K, FullAt)>,
-    /// Buckets full again beyond the clock's range (limits that refill over hundreds of
-    /// thousands of years), kept whole with their limit. Almost always empty.
+    /// Buckets kept whole with their limit: those of limits that [warm up](Limit::warm_up)
+    /// (their cold permits are state of their own), and those full again beyond the clock's
+    /// range (limits that refill over hundreds of thousands of years).
     far: HashTable<(K, (TokenBucket, Limit))>,
 }
 
@@ -117,8 +119,8 @@ impl<K> Shard<K> {
     }
 
     /// Brings the shard back under `bound` buckets once it is past it: forgets those full at
-    /// `now`, then, if that is not enough, the eighth nearest to full (buckets full beyond the
-    /// clock's range last).
+    /// `now`, then, if that is not enough, the eighth nearest to full (whichever table holds
+    /// them).
     fn make_room(&mut self, now: u64, bound: usize)
     where
         K: Eq,
@@ -136,18 +138,18 @@ impl<K> Shard<K> {
         let mut full_at: Vec<u64> = self
             .tables
             .iter()
-            .flat_map(|t| t.buckets.iter().map(|(_, at)| at.micros()))
+            .flat_map(|t| {
+                let compact = t.buckets.iter().map(|(_, at)| at.micros());
+                compact.chain(t.far.iter().map(|(_, (b, limit))| b.full_by(limit)))
+            })
             .collect();
-        if full_at.is_empty() {
-            for table in &mut self.tables {
-                table.far.clear();
-            }
-            return;
-        }
         let nth = (len / 8).min(full_at.len() - 1);
         let (_, &mut threshold, _) = full_at.select_nth_unstable(nth);
         for table in &mut self.tables {
             table.buckets.retain(|(_, at)| at.micros() > threshold);
+            table
+                .far
+                .retain(|(_, (b, limit))| b.full_by(limit) > threshold);
         }
     }
 }
@@ -158,10 +160,10 @@ impl<K: Eq> Table<K> {
         if let Some((_, full_at)) = self.buckets.find(hash, |e| e.0 == *key) {
             return TokenBucket::from_full_at(*full_at, limit, now);
         }
-        let far = self.far.find(hash, |e| e.0 == *key);
-        let mut bucket = far.map_or_else(|| TokenBucket::full(limit, now), |e| e.1.0);
-        bucket.refill(limit, now);
-        bucket
+        match self.far.find(hash, |e| e.0 == *key) {
+            Some((_, (bucket, kept_with))) => bucket.carried(kept_with, limit, now),
+            None => TokenBucket::full(limit, now),
+        }
     }
 
     /// Keeps `bucket` as `key`'s, or forgets it if it is full at `now`.
@@ -505,6 +507,28 @@ mod tests {
                 10,
                 "a heavy user is kept"
             );
+        }
+        // Buckets that warm up are kept whole, and bounded and chosen alike.
+        let warm = limit.warm_up(Duration::from_secs(3_600)).unwrap();
+        let take_warm = |key: u64, tokens: u64| {
+            let bucket = BucketKey::new(key, "warm").unwrap();
+            let grant = store.acquire(&bucket, &warm, TokenRequest::now(tokens, tokens));
+            futures_util::FutureExt::now_or_never(grant)
+                .unwrap()
+                .unwrap()
+        };
+        for key in 0..100 {
+            assert_eq!(take_warm(key, 50).granted, 50);
+        }
+        for key in 100..100_000 {
+            take_warm(key, 1);
+        }
+        assert!(store.len() <= 6_400, "{} buckets", store.len());
+        for key in 0..100 {
+            let bucket = BucketKey::new(key, "warm").unwrap();
+            // 50 permits paid with their warm-up surcharge; a forgotten bucket would hold 100.
+            let tokens = store.peek(&bucket, &warm).tokens();
+            assert!(tokens < 50, "a heavy user is kept: {tokens}");
         }
         assert!(
             MemoryGlobalStore::<u64>::new()

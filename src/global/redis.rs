@@ -450,6 +450,7 @@ impl<K: RedisKey> RedisGlobalStore<K> {
                 .arg(limit.capacity())
                 .arg(limit.refill_amount())
                 .arg(limit.period_micros())
+                .arg(limit.cold_max())
                 .arg(&args[..]);
         })
         .await

@@ -224,12 +224,12 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let limit = &owed.limit;
         let chunk = owed.tokens.min(limit.capacity());
         // At least one token, so that the answer tells when the next is due (as a fetch's
-        // does); the rest reserved ahead of the refill, far enough for the whole chunk,
-        // whatever is owed already.
+        // does); the rest reserved ahead of the refill, far enough for the whole chunk at its
+        // highest price, whatever is owed already.
         let request = TokenRequest {
             min: 1,
             want: chunk,
-            max_delay: limit.time_to_accrue(chunk) + Duration::from_secs(1),
+            max_delay: limit.time_to_pay(chunk) + Duration::from_secs(1),
         };
         self.stats.global_calls.incr();
         let key = self.global_key(&owed.id, owed.name);

@@ -224,6 +224,137 @@ where
     assert_level_conformance(store, clock).await;
     assert_adjust_conformance(store, clock).await;
     assert_batch_conformance(store, clock).await;
+    assert_warm_up_conformance(store, clock).await;
+}
+
+/// Warm-up: Guava's figures (2 per second warming up over 4 s, capacity 1: fully cold, the
+/// waits are 1.375, 1.125, 0.875, 0.625 s, then 0.5), then long seeded runs of acquires
+/// (with reservations), releases and reads held to the pure bucket's answers, step by step,
+/// on rates whose pricing runs past 2^53 in doubles, with an operator's adjustments among them.
+pub async fn assert_warm_up_conformance<G>(store: &G, clock: &ManualClock)
+where
+    G: GlobalStore<BucketKey<String>>,
+{
+    let guava = Limit::per_second(2)
+        .burst(1)
+        .unwrap()
+        .warm_up(Duration::from_secs(4))
+        .unwrap();
+    let key = BucketKey::new(format!("warm-up-{}", clock.now().as_micros()), "default").unwrap();
+    let mut waits = Vec::new();
+    for after_us in [0, 0, 1_375_000, 1_125_000, 875_000, 625_000, 500_000] {
+        clock.advance(Duration::from_micros(after_us));
+        let grant = store.acquire(&key, &guava, TokenRequest::now(1, 1)).await;
+        let grant = grant.expect("acquire");
+        waits.push((grant.granted, grant.refill_in.as_micros() as u64));
+    }
+    let expected = [
+        1_375_000, 1_375_000, 1_125_000, 875_000, 625_000, 500_000, 500_000,
+    ];
+    let granted = [1, 0, 1, 1, 1, 1, 1];
+    assert_eq!(
+        waits,
+        granted.into_iter().zip(expected).collect::<Vec<_>>(),
+        "Guava's warm-up"
+    );
+    let limits = [
+        Limit::per_second(7)
+            .burst(5)
+            .unwrap()
+            .warm_up(Duration::from_millis(2_500))
+            .unwrap(),
+        Limit::per(7, Duration::from_secs(3))
+            .burst(100)
+            .unwrap()
+            .warm_up(Duration::from_secs(400))
+            .unwrap(),
+    ];
+    for (n, limit) in limits.into_iter().enumerate() {
+        warm_up_against_the_model(store, clock, &limit, n as u64).await;
+    }
+}
+
+/// A seeded run on `limit`, every answer compared with [`TokenBucket`]'s.
+async fn warm_up_against_the_model<G>(store: &G, clock: &ManualClock, limit: &Limit, seed: u64)
+where
+    G: GlobalStore<BucketKey<String>>,
+{
+    use hierarchical_throttle::bucket::{BucketLevel, TokenBucket};
+    let key = BucketKey::new(
+        format!("warm-model-{seed}-{}", clock.now().as_micros()),
+        "d",
+    );
+    let key = key.unwrap();
+    let micros = |d: Duration| d.as_micros() as u64;
+    let mut model = TokenBucket::full(limit, micros(clock.now()));
+    let mut state = 0x2545_f491_4f6c_dd1d_u64 ^ seed;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for step in 0..300 {
+        clock.advance(Duration::from_micros(next() % 900_000));
+        let now = micros(clock.now());
+        let roll = next();
+        if roll % 13 == 0 {
+            let adjustment = match (roll >> 8) % 4 {
+                0 => Adjustment::Reset,
+                1 => Adjustment::Drain,
+                2 => Adjustment::Add(1 + (roll >> 12) % 7),
+                _ => Adjustment::Remove(1 + (roll >> 12) % 7),
+            };
+            let level = store.adjust(&key, limit, adjustment).await.expect("adjust");
+            model.adjust(limit, now, adjustment);
+            assert_eq!(
+                level,
+                BucketLevel::of(&model, limit, now),
+                "{limit} step {step}"
+            );
+            continue;
+        }
+        if roll % 5 == 0 {
+            let tokens = 1 + roll % 3;
+            store.release(&key, limit, tokens).await.expect("release");
+            model.give_back(limit, now, tokens);
+            continue;
+        }
+        let (min, want) = (1 + roll % 3, 1 + (roll >> 8) % 9);
+        let delay = match (roll >> 16) % 4 {
+            0 => (roll >> 20) % 1_500_000,
+            1 => (roll >> 20) % 1_000_000_000_000,
+            _ => 0,
+        };
+        let request = TokenRequest {
+            min,
+            want,
+            max_delay: Duration::from_micros(delay),
+        };
+        let grant = store.acquire(&key, limit, request).await.expect("acquire");
+        let taken = model.take_or_reserve(limit, now, min, want, delay);
+        let got = (
+            grant.granted,
+            grant.reserved,
+            micros(grant.ready_in),
+            grant.remaining,
+            micros(grant.refill_in),
+        );
+        let model_says = (
+            taken.granted,
+            taken.reserved,
+            taken.ready_in_micros,
+            taken.remaining,
+            taken.refill_in_micros,
+        );
+        assert_eq!(got, model_says, "{limit} step {step}");
+        let level = store.level(&key, limit).await.expect("level");
+        assert_eq!(
+            level,
+            BucketLevel::of(&model, limit, now),
+            "{limit} step {step}"
+        );
+    }
 }
 
 /// An operator's adjustments, exact: drained (a part-refilled token gone too), tokens added

@@ -6,6 +6,7 @@ pub mod conformance;
 pub mod levels;
 pub mod proxy;
 pub mod redis_server;
+pub mod warm_up;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -342,6 +342,14 @@ impl Scenario {
         }
         let linger = [0, 500, 5_000, 50_000][rng.below(4) as usize];
         self.global_batch_linger = Duration::from_micros(linger);
+        if rng.chance(0.25) {
+            // The hot keys' limits warm up (a change of limit drops it: a key that moves from a
+            // warm-up to none and back is drawn too).
+            let period = Duration::from_millis([100, 1_000, 10_000][rng.below(3) as usize]);
+            for key in &mut self.keys {
+                key.limit = key.limit.warm_up(period).expect("a valid warm-up");
+            }
+        }
         self
     }
 

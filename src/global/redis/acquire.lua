@@ -1,23 +1,58 @@
--- Dispenses between ARGV[4] (min) and ARGV[5] (want) tokens that are there, and reserves,
--- up to want in all, those due within ARGV[6] microseconds of the tokens already owed (when
--- fewer than min are there, at least min of them); see TokenBucket::take_or_reserve.
+-- Dispenses between ARGV[5] (min) and ARGV[6] (want) tokens that are there, and reserves,
+-- up to want in all, those due within ARGV[7] microseconds of the tokens already owed (when
+-- fewer than min are there, at least min of them); see TokenBucket::take_or_reserve (and its
+-- take_warming with a warm-up).
 -- Returns { granted, reserved, microseconds until the reserved are due, remaining,
 --           microseconds until min tokens are there again }.
-local min = math.min(math.max(tonumber(ARGV[4]), 1), capacity)
-local want = math.min(math.max(tonumber(ARGV[5]), min), capacity)
+local min = math.min(math.max(tonumber(ARGV[5]), 1), capacity)
+local want = math.min(math.max(tonumber(ARGV[6]), min), capacity)
+local warming = cold_max > 0
 local granted = 0
-if tokens >= min then
-  granted = math.min(want, tokens)
+local there = tokens
+if warming then
+  there = permits_within(units(), min, want)
+end
+if there >= min then
+  granted = math.min(want, there)
 end
 -- Reservations queue: each reaches at most max_delay beyond the tokens already owed.
-local due = math.min(want, math.max(level_after(micros_until(0) + tonumber(ARGV[6])), 0))
+local horizon = micros_until(0) + tonumber(ARGV[7])
+local due
+if warming then
+  -- Reserved permits are paid one after another, so their level is not capped at capacity;
+  -- beyond (3 * capacity + 1) tokens every want is covered, so the sum stops there, exact.
+  local most = (3 * capacity + 1) * p
+  local later = most
+  local to_most, short = divmod(most - units(), a)
+  if short > 0 then
+    to_most = to_most + 1
+  end
+  if horizon < to_most then
+    later = units() + horizon * a
+  end
+  due = permits_within(later, min, want)
+else
+  due = math.min(want, math.max(level_after(horizon), 0))
+end
 local extra = math.max(due - granted, 0)
 local reserved, ready_in = 0, 0
 if extra > 0 and (granted > 0 or extra >= min) then
-  reserved, ready_in = extra, micros_until(granted + extra)
+  reserved = extra
+  if warming then
+    ready_in = micros_until_units(required(granted + extra, min))
+  else
+    ready_in = micros_until(granted + extra)
+  end
 end
-tokens = tokens - granted - reserved
+local refill_in
+if warming then
+  consume(granted + reserved)
+  refill_in = micros_until_units(required(min, min))
+else
+  tokens = tokens - granted - reserved
+  refill_in = micros_until(min)
+end
 store()
 -- Waits are capped at bucket::MAX_WAIT_MICROS.
 return { granted, reserved, math.min(ready_in, 2 ^ 53), math.max(tokens, 0),
-  math.min(micros_until(min), 2 ^ 53) }
+  math.min(refill_in, 2 ^ 53) }

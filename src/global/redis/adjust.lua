@@ -1,9 +1,9 @@
--- Applies an operator's adjustment (ARGV[4]: 0 reset, 1 drain, 2 add, 3 remove) of ARGV[5]
+-- Applies an operator's adjustment (ARGV[5]: 0 reset, 1 drain, 2 add, 3 remove) of ARGV[6]
 -- tokens (add and remove); see TokenBucket::adjust. Returns the level after, as level.lua does.
-local op = tonumber(ARGV[4])
-local n = tonumber(ARGV[5])
+local op = tonumber(ARGV[5])
+local n = tonumber(ARGV[6])
 if op == 0 then
-  tokens, remainder = capacity, 0
+  tokens, remainder, cold = capacity, 0, cold_max
 elseif op == 1 then
   tokens, remainder = math.min(tokens, 0), 0
 elseif op == 2 then

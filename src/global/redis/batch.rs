@@ -92,6 +92,7 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
                 limit.capacity(),
                 limit.refill_amount(),
                 limit.period_micros(),
+                limit.cold_max(),
             ];
             for n in numbers.into_iter().chain(args) {
                 group.args.push(n.to_string().into_bytes());

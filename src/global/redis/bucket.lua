@@ -1,13 +1,16 @@
 -- The lazy token bucket of src/bucket.rs, step for step, in integers that stay below 2^53
--- (Limit validates p * (a + 2) < 2^53 and capacity < 2^53), so Lua's doubles are exact.
+-- (Limit validates p * (a + 2) < 2^53 and capacity < 2^53; with a warm-up, also cold_max <
+-- 2^52 and (3 * capacity + 1) * p < 2^53), so Lua's doubles are exact.
 -- KEYS[1]: the bucket (a hash: t = whole tokens, negative while reserved tokens are owed,
--- r = remainder in 1/p tokens, u = updated us).
+-- r = remainder in 1/p tokens, u = updated us, c = cold permits in 1/p tokens, warm-up only).
 -- ARGV[1] capacity, ARGV[2] a, ARGV[3] p (a tokens per p microseconds, lowest terms),
--- ARGV[4] to ARGV[6]: the operation's arguments, ARGV[7]: now in us (tests only; else TIME).
+-- ARGV[4] the most cold permits (0: no warm-up), ARGV[5] to ARGV[7]: the operation's
+-- arguments, ARGV[8]: now in us (tests only; else TIME).
 
 local capacity = tonumber(ARGV[1])
 local a = tonumber(ARGV[2])
 local p = tonumber(ARGV[3])
+local cold_max = tonumber(ARGV[4])
 
 -- Floor division and remainder, exact for integers below 2^53 (one correction step).
 local function divmod(x, d)
@@ -24,22 +27,24 @@ local function divmod(x, d)
 end
 
 -- A caller-supplied time (tests only) is simulated: Redis's real-time expiry would cut it short.
-local simulated = ARGV[7] ~= nil
+local simulated = ARGV[8] ~= nil
 local now
 if simulated then
-  now = tonumber(ARGV[7])
+  now = tonumber(ARGV[8])
 else
   -- Redis's clock, never the hosts': theirs drift.
   local time = redis.call('TIME')
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
 
-local state = redis.call('HMGET', KEYS[1], 't', 'r', 'u')
-local tokens, remainder, updated = capacity, 0, now
+local state = redis.call('HMGET', KEYS[1], 't', 'r', 'u', 'c')
+local tokens, remainder, updated, cold = capacity, 0, now, cold_max
 if state[1] then
   tokens = tonumber(state[1])
   remainder = tonumber(state[2])
   updated = tonumber(state[3])
+  -- Cold permits of another limit (one the key moved from) count up to this one's store.
+  cold = math.min(tonumber(state[4] or 0), cold_max)
   -- A clock that stepped back (a failover) must not count the same time twice.
   now = math.max(now, updated)
 end
@@ -59,8 +64,6 @@ local function level_after(elapsed)
   return tokens + added, rest
 end
 
-tokens, remainder = level_after(now - updated)
-
 -- Microseconds until the bucket holds n tokens (n <= capacity), rounded up:
 -- ceil(((n - tokens) * p - remainder) / a), split so every product stays exact.
 local function micros_until(n)
@@ -75,10 +78,89 @@ local function micros_until(n)
   return qa * p + q
 end
 
--- Stores the bucket, expiring it when it would be full again; a full bucket is deleted, as a
--- missing bucket starts full.
+-- Time spent full stores cold permits (warm-up only), at the refill rate, for at most the
+-- warm-up period (cold_max / a microseconds).
+if cold_max > 0 then
+  local idle_full = math.min(math.max(now - updated - micros_until(capacity), 0), cold_max / a)
+  cold = math.min(cold + idle_full * a, cold_max)
+end
+tokens, remainder = level_after(now - updated)
+
+-- The warm-up's pricing (TokenBucket::price and its helpers); used only when cold_max > 0,
+-- where every level in 1/p tokens stays exact.
+local function units()
+  return tokens * p + remainder
+end
+
+local function surcharge(hi, lo)
+  if 2 * hi <= cold_max then
+    return 0
+  end
+  local low = math.max(2 * lo, cold_max)
+  return math.ceil((2 * hi - low) * (2 * hi + low - 2 * cold_max) / (2 * cold_max))
+end
+
+local function price(permits)
+  local unit = permits * p
+  return unit + surcharge(cold, cold - math.min(unit, cold))
+end
+
+local function permits_within(u, min, want)
+  if u < p then
+    return 0
+  end
+  local lo, hi = 0, want - 1
+  while lo < hi do
+    local mid = lo + math.ceil((hi - lo) / 2)
+    if price(mid) <= u - p then
+      lo = mid
+    else
+      hi = mid - 1
+    end
+  end
+  if u >= capacity * p then
+    return math.max(lo + 1, min)
+  end
+  return lo + 1
+end
+
+local function required(permits, min)
+  local paid = p + price(permits - 1)
+  if permits <= min then
+    return math.min(paid, capacity * p)
+  end
+  return paid
+end
+
+local function micros_until_units(target)
+  local needed = target - units()
+  if needed <= 0 then
+    return 0
+  end
+  local q, r = divmod(needed, a)
+  if r > 0 then
+    q = q + 1
+  end
+  return q
+end
+
+local function consume(permits)
+  local u = units() - price(permits)
+  cold = cold - math.min(permits * p, cold)
+  tokens, remainder = divmod(u, p)
+end
+
+-- Stores the bucket, expiring it when it would be full (and fully cold) again; a full bucket
+-- is deleted, as a missing bucket starts full.
 local function store()
   local to_full = micros_until(capacity)
+  if cold_max > 0 then
+    local q, r = divmod(cold_max - cold, a)
+    if r > 0 then
+      q = q + 1
+    end
+    to_full = to_full + q
+  end
   if to_full == 0 then
     redis.call('DEL', KEYS[1])
     return
@@ -86,6 +168,11 @@ local function store()
   local ms = math.min(math.ceil(to_full / 1000), 2 ^ 52)
   redis.call('HSET', KEYS[1], 't', string.format('%.0f', tokens), 'r', string.format('%.0f', remainder),
     'u', string.format('%.0f', now))
+  if cold_max > 0 then
+    redis.call('HSET', KEYS[1], 'c', string.format('%.0f', cold))
+  elseif state[4] then
+    redis.call('HDEL', KEYS[1], 'c')
+  end
   if not simulated then
     redis.call('PEXPIRE', KEYS[1], string.format('%.0f', ms))
   end
