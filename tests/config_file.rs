@@ -67,3 +67,25 @@ fn limits_round_trip_and_bad_ones_name_the_part() {
     .unwrap_err();
     assert!(error.to_string().contains("`bad name`"), "{error}");
 }
+
+#[test]
+fn a_warm_up_loads_and_prints_back() {
+    let read: OneLimit = toml::from_str("limit = \"2/s burst 1 warm-up 4s\"").unwrap();
+    assert_eq!(
+        read.limit.warm_up_period(),
+        Some(std::time::Duration::from_secs(4))
+    );
+    let written = toml::to_string(&read).unwrap();
+    assert_eq!(written.trim(), "limit = \"2/s burst 1 warm-up 4s\"");
+    let quota: Quota = "per-second: 100/s warm-up 30s; per-day: 100,000/day"
+        .parse()
+        .unwrap();
+    assert_eq!(
+        quota.get("per-second").and_then(Limit::warm_up_period),
+        Some(std::time::Duration::from_secs(30))
+    );
+    assert_eq!(quota.get("per-day").and_then(Limit::warm_up_period), None);
+    assert_eq!(quota.to_string().parse::<Quota>().unwrap(), quota);
+    let error = toml::from_str::<OneLimit>("limit = \"2/s warm-up 0s\"").unwrap_err();
+    assert!(error.to_string().contains("0s"), "{error}");
+}
