@@ -72,7 +72,6 @@ impl TokenBucket {
     /// With a warm-up, time the bucket spends full stores cold permits, at the refill rate.
     pub fn refill(&mut self, limit: &Limit, now_micros: u64) {
         let elapsed = now_micros.saturating_sub(self.updated_micros);
-        self.updated_micros = self.updated_micros.max(now_micros);
         // Cold permits of another limit (one the key moved from) count up to this one's store.
         self.cold = self.cold.min(limit.cold_max());
         if limit.cold_max() > 0 {
@@ -81,6 +80,7 @@ impl TokenBucket {
         let (tokens, remainder) = self.level_after(limit, elapsed);
         self.tokens = tokens;
         self.remainder = remainder;
+        self.updated_micros = self.updated_micros.max(now_micros);
     }
 
     /// Stores the cold permits of the part of `elapsed` the bucket spends full (before the
@@ -93,10 +93,19 @@ impl TokenBucket {
     }
 
     /// The level `elapsed` microseconds after the last update: whole tokens and remainder.
+    /// A calendar quota's bucket gains its capacity at each reset (a debt carries over, paid
+    /// first) and nothing between.
     fn level_after(&self, limit: &Limit, elapsed: u64) -> (i64, u64) {
         let capacity = capacity(limit);
         if self.tokens >= capacity {
             return (capacity, 0);
+        }
+        if let Some(calendar) = limit.calendar() {
+            let later = self.updated_micros.saturating_add(elapsed);
+            let resets = calendar.resets_between(self.updated_micros, later);
+            let level = i128::from(self.tokens) + i128::from(resets) * i128::from(capacity);
+            // Below capacity, and above the level it rose from.
+            return (level.min(i128::from(capacity)) as i64, 0);
         }
         let (a, p) = (
             i128::from(limit.refill_amount()),
@@ -319,6 +328,14 @@ impl TokenBucket {
     /// rounded up, and at most [`MAX_WAIT_MICROS`] (about 285 years).
     pub fn micros_until(&self, limit: &Limit, tokens: u64) -> u64 {
         let tokens = i128::from(tokens.min(limit.capacity()));
+        if let Some(calendar) = limit.calendar() {
+            let lacking = u64::try_from(tokens - i128::from(self.tokens)).unwrap_or(0);
+            if lacking == 0 {
+                return 0;
+            }
+            let at = calendar.reset_after(self.updated_micros, lacking.div_ceil(limit.capacity()));
+            return at.saturating_sub(self.updated_micros).min(MAX_WAIT_MICROS);
+        }
         self.micros_until_units(limit, tokens * i128::from(limit.period_micros()))
     }
 
@@ -381,8 +398,8 @@ impl TokenBucket {
     /// `u64::MAX` microseconds from the clock's start (a limit that takes over 500,000 years
     /// to refill), or when the limit warms up (its cold permits are state of their own).
     pub fn full_at(&self, limit: &Limit) -> Option<FullAt> {
-        match limit.cold_max() {
-            0 => self.tokens_full_at(limit),
+        match (limit.cold_max(), limit.calendar()) {
+            (0, None) => self.tokens_full_at(limit),
             _ => None,
         }
     }
@@ -390,15 +407,21 @@ impl TokenBucket {
     /// This bucket of limit `from` as a bucket of `to` at `now_micros`, for a key that moved
     /// to another limit: as the in-memory store carries every bucket, by the time until its
     /// tokens are full (between limits of the same window, the same share of the capacity),
-    /// with its cold permits up to the new limit's store. Kept as it is when that time is
-    /// beyond the clock's range.
+    /// with its cold permits up to the new limit's store. Kept as its tokens (at most the new
+    /// capacity) when that time is beyond the clock's range, or either limit is a calendar
+    /// quota's (whose level is no function of a time until full).
     pub fn carried(&self, from: &Limit, to: &Limit, now_micros: u64) -> Self {
         let mut bucket = *self;
         bucket.refill(from, now_micros);
         if from == to {
             return bucket;
         }
-        let Some(full_at) = bucket.tokens_full_at(from) else {
+        let by_time = from.calendar().is_none() && to.calendar().is_none();
+        let Some(full_at) = bucket.tokens_full_at(from).filter(|_| by_time) else {
+            bucket.tokens = bucket.tokens.min(capacity(to));
+            if !by_time {
+                bucket.remainder = 0;
+            }
             bucket.refill(to, now_micros);
             return bucket;
         };

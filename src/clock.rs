@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// A monotonic time source.
 ///
@@ -15,19 +15,35 @@ use std::time::{Duration, Instant};
 pub trait Clock: Clone + Send + Sync + 'static {
     /// Time elapsed since this clock's origin.
     fn now(&self) -> Duration;
+
+    /// The Unix time of this clock's origin, which places its times on the calendar: the
+    /// memory store and the hosts reckon [calendar quotas](crate::Limit::per_calendar)'
+    /// resets by it. Default: zero (the clock counts from 1970-01-01 00:00 UTC).
+    fn unix_origin(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// The Unix time now, read once when a clock is made (zero for a system clock set before 1970).
+fn unix_now() -> Duration {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
 }
 
 /// The default clock: [`Instant`] relative to the moment the clock was created.
 #[derive(Debug, Clone, Copy)]
 pub struct MonotonicClock {
     origin: Instant,
+    unix_origin: Duration,
 }
 
 impl MonotonicClock {
-    /// A clock whose origin is now.
+    /// A clock whose origin is now (on the calendar: the system's time now).
     pub fn new() -> Self {
         Self {
             origin: Instant::now(),
+            unix_origin: unix_now(),
         }
     }
 }
@@ -42,11 +58,17 @@ impl Clock for MonotonicClock {
     fn now(&self) -> Duration {
         self.origin.elapsed()
     }
+
+    fn unix_origin(&self) -> Duration {
+        self.unix_origin
+    }
 }
 
 /// A clock that moves only when told to, for exact tests and simulations.
 ///
-/// Clones share the same time: advancing one advances all.
+/// Clones share the same time: advancing one advances all. Its zero is 1970-01-01 00:00 UTC
+/// ([`unix_origin`](Clock::unix_origin) is zero): to test a calendar quota's reset, set it to
+/// the Unix time the test starts at.
 ///
 /// ```
 /// use hierarchical_throttle::clock::{Clock, ManualClock};
@@ -89,13 +111,22 @@ impl Clock for ManualClock {
 #[derive(Debug, Clone, Copy)]
 pub struct TokioClock {
     origin: tokio::time::Instant,
+    unix_origin: Duration,
 }
 
 impl TokioClock {
-    /// A clock whose origin is tokio's now.
+    /// A clock whose origin is tokio's now, at 1970-01-01 00:00 UTC on the calendar (as a
+    /// [`ManualClock`]'s: runs are the same whenever they run).
     pub fn new() -> Self {
+        Self::at_unix_time(Duration::ZERO)
+    }
+
+    /// A clock whose origin is tokio's now, placed at `unix_time` on the calendar: for tests
+    /// on paused time that cross a calendar quota's reset.
+    pub fn at_unix_time(unix_time: Duration) -> Self {
         Self {
             origin: tokio::time::Instant::now(),
+            unix_origin: unix_time,
         }
     }
 }
@@ -110,10 +141,19 @@ impl Clock for TokioClock {
     fn now(&self) -> Duration {
         self.origin.elapsed()
     }
+
+    fn unix_origin(&self) -> Duration {
+        self.unix_origin
+    }
 }
 
 fn duration_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// `clock`'s time now on the calendar, in whole Unix microseconds: the time of every bucket.
+pub(crate) fn unix_micros(clock: &impl Clock) -> u64 {
+    micros(clock.now().saturating_add(clock.unix_origin()))
 }
 
 /// Whole microseconds of `d`, the unit of all bucket arithmetic.

@@ -56,7 +56,7 @@
 //!
 //! Beyond one limit per key: a [`Quota`] of several named limits and further
 //! [levels](Builder::level) of keys, all or nothing; limits that [warm up](Limit::warm_up)
-//! after idleness; [`Shaping`] to wait for tokens instead of being refused; [`Builder::settle`] to correct a cost from the response; `RateLimit-Policy`
+//! after idleness; [calendar quotas](Limit::per_calendar) (a day, week or month); [`Shaping`] to wait for tokens instead of being refused; [`Builder::settle`] to correct a cost from the response; `RateLimit-Policy`
 //! and `RateLimit` fields on every response ([`RateLimitFields`], draft revision 11); limits
 //! and levels in shadow ([`Builder::shadow_limit`]); uses outside a service on every level
 //! ([`HierarchicalThrottleLayer::acquire_keys`]); bodies charged by the byte ([`MeteredBody`]);
@@ -111,6 +111,7 @@
 pub mod batch;
 pub mod bucket;
 mod builder;
+pub mod calendar;
 pub mod clock;
 mod credit;
 mod error;
@@ -151,7 +152,7 @@ pub use layer::{
     BoxSettle, HierarchicalThrottleLayer, MemorySettlingLayer, MemoryThrottleLayer, SettleFn,
     ThrottleHandle,
 };
-pub use limit::{Limit, LimitBuilder};
+pub use limit::{CalendarQuota, Limit, LimitBuilder};
 pub use local::memory::MemoryLocalStore;
 pub use metered::MeteredBody;
 pub use quota::Quota;

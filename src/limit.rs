@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::calendar::{Calendar, Period};
 use crate::error::ConfigError;
 
 /// A token bucket's shape: it holds at most `capacity` tokens (the burst) and refills at
@@ -41,6 +42,9 @@ pub struct Limit {
     written_micros: u64,
     /// How long a cold bucket takes to reach its rate ([`warm_up`](Self::warm_up)); 0: none.
     warm_up_micros: u64,
+    /// A calendar quota's resets ([`per_calendar`](Self::per_calendar)): its whole capacity
+    /// comes back at each, nothing between; `amount / per_micros` is then only its nominal rate.
+    calendar: Option<Calendar>,
 }
 
 impl PartialEq for Limit {
@@ -150,7 +154,12 @@ impl Limit {
 
     /// How long an empty bucket takes to accrue the price of `permits` at its highest: three
     /// tokens each while a [warm-up](Self::warm_up) may price them cold, one otherwise.
+    /// A calendar quota's: as many of its longest periods as the permits take resets.
     pub(crate) fn time_to_pay(&self, permits: u64) -> Duration {
+        if let Some(calendar) = self.calendar {
+            let resets = permits.div_ceil(self.capacity);
+            return Duration::from_micros(calendar.longest_micros().saturating_mul(resets));
+        }
         match self.warm_up_micros {
             0 => self.time_to_accrue(permits),
             _ => self.time_to_accrue(permits.saturating_mul(3)),
@@ -179,16 +188,18 @@ impl Limit {
             written_micros: per_micros,
             // A host's share applies while the store is down, for a short while: at the rate.
             warm_up_micros: 0,
+            calendar: self.calendar,
         }
     }
 
     /// What makes two limits the same: how they hold, refill and warm up.
-    fn identity(&self) -> (u64, u64, u64, u64) {
+    fn identity(&self) -> (u64, u64, u64, u64, Option<Calendar>) {
         (
             self.capacity,
             self.amount,
             self.per_micros,
             self.warm_up_micros,
+            self.calendar,
         )
     }
 
@@ -229,6 +240,12 @@ impl Limit {
                        cold permits and a debt of three capacities fit the stores' 53-bit \
                        integers",
         };
+        if self.calendar.is_some() {
+            return Err(ConfigError::InvalidSetting {
+                setting: "Limit::warm_up",
+                expected: "a limit that refills at a rate: a calendar quota does not warm up",
+            });
+        }
         let micros = whole_period_micros(period).ok_or(invalid.clone())?;
         let cold = u128::from(micros) * u128::from(self.amount);
         let debt = (u128::from(self.capacity) * 3 + 1) * u128::from(self.per_micros);
@@ -252,6 +269,64 @@ impl Limit {
     /// The warm-up period in microseconds (0 without one).
     pub(crate) fn warm_up_micros(&self) -> u64 {
         self.warm_up_micros
+    }
+
+    /// `amount` per calendar `period`, the whole of it again at each reset (midnight UTC
+    /// unless [told otherwise](CalendarQuota::resetting_at)), nothing between: 100,000 requests
+    /// a calendar day, a million a month.
+    ///
+    /// ```
+    /// use hierarchical_throttle::{Limit, calendar::Period};
+    ///
+    /// let daily = Limit::per_calendar(100_000, Period::Day).build()?;
+    /// assert_eq!(daily, "100000 per day at 00:00 UTC".parse()?);
+    /// let monthly = Limit::per_calendar(1_000_000, Period::Month)
+    ///     .resetting_at(9, 0)
+    ///     .utc_offset_minutes(120)
+    ///     .build()?;
+    /// assert_eq!(monthly.to_string(), "1000000 per month at 09:00 UTC+02:00");
+    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
+    /// ```
+    ///
+    /// The global store's clock decides when a window ends (Redis's `TIME`, or the memory
+    /// store's clock placed on Unix time by [`Clock::unix_origin`](crate::clock::Clock::unix_origin)).
+    /// Hosts lease its tokens like any limit's, and hand back or drop what they hold shortly
+    /// before each reset, so that no token of one window is spent in the next.
+    pub fn per_calendar(amount: u64, period: Period) -> CalendarQuota {
+        CalendarQuota {
+            amount,
+            period,
+            at: (0, 0),
+            offset_minutes: 0,
+        }
+    }
+
+    /// When a calendar quota resets; `None` for a limit that refills at a rate.
+    pub fn calendar(&self) -> Option<Calendar> {
+        self.calendar
+    }
+
+    /// Tokens the global bucket of this limit gains from `from` to `to` (Unix microseconds)
+    /// if nothing is taken, not capped at its capacity: the rate's, or a capacity per reset.
+    pub(crate) fn accrued_between(&self, from: u64, to: u64) -> u64 {
+        match self.calendar {
+            None => self.accrued_in(to.saturating_sub(from)),
+            Some(calendar) => calendar
+                .resets_between(from, to)
+                .saturating_mul(self.capacity),
+        }
+    }
+
+    /// Microseconds from `now` (Unix) until an empty bucket of this limit holds `tokens`.
+    pub(crate) fn micros_to_accrue(&self, now: u64, tokens: u64) -> u64 {
+        match self.calendar {
+            None => crate::clock::micros(self.time_to_accrue(tokens)),
+            Some(_) if tokens == 0 => 0,
+            Some(calendar) => {
+                let resets = tokens.div_ceil(self.capacity);
+                calendar.reset_after(now, resets).saturating_sub(now)
+            }
+        }
     }
 }
 
@@ -281,6 +356,7 @@ impl LimitBuilder {
             per_micros: p,
             written_micros: micros,
             warm_up_micros: 0,
+            calendar: None,
         })
     }
 
@@ -288,6 +364,61 @@ impl LimitBuilder {
     pub fn build(self) -> Result<Limit, ConfigError> {
         let amount = self.amount;
         self.burst(amount)
+    }
+}
+
+/// A calendar quota waiting to be built; see [`Limit::per_calendar`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "call .build() to make a Limit"]
+pub struct CalendarQuota {
+    amount: u64,
+    period: Period,
+    at: (u8, u8),
+    offset_minutes: i16,
+}
+
+impl CalendarQuota {
+    /// Resets at `hour:minute` (24-hour clock) instead of midnight.
+    pub fn resetting_at(mut self, hour: u8, minute: u8) -> Self {
+        self.at = (hour, minute);
+        self
+    }
+
+    /// The reset time is `minutes` east of UTC (UTC+02:00: 120; UTC-05:00: -300), a fixed
+    /// offset (no daylight saving time) of at most 14 hours either way.
+    pub fn utc_offset_minutes(mut self, minutes: i16) -> Self {
+        self.offset_minutes = minutes;
+        self
+    }
+
+    /// The limit: an error when the amount is zero or above [`Limit::MAX_CAPACITY`], or the
+    /// time of day or the offset is out of range.
+    pub fn build(self) -> Result<Limit, ConfigError> {
+        let (hour, minute) = self.at;
+        let calendar = Calendar::new(self.period, hour, minute, self.offset_minutes).ok_or(
+            ConfigError::InvalidSetting {
+                setting: "CalendarQuota::resetting_at",
+                expected: "a time of day from 00:00 to 23:59, at most 14 hours from UTC",
+            },
+        )?;
+        match self.amount {
+            0 => return Err(ConfigError::ZeroCapacity),
+            amount if amount > Limit::MAX_CAPACITY => {
+                return Err(ConfigError::CapacityTooLarge(amount));
+            }
+            _ => {}
+        }
+        // The nominal rate (the amount over the period's usual length) only sizes estimates.
+        let nominal = calendar.nominal_micros();
+        let (amount, per_micros) = lowest_terms(self.amount, nominal);
+        Ok(Limit {
+            capacity: self.amount,
+            amount,
+            per_micros,
+            written_micros: nominal,
+            warm_up_micros: 0,
+            calendar: Some(calendar),
+        })
     }
 }
 
@@ -306,6 +437,14 @@ impl std::fmt::Display for Limit {
     /// unit the limit was written in, and the burst when it is not one period's worth. It
     /// reads back as the same limit.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(calendar) = self.calendar {
+            let period = match calendar.period() {
+                Period::Day => "day",
+                Period::Week => "week",
+                Period::Month => "month",
+            };
+            return write!(f, "{} per {period} {calendar}", self.capacity);
+        }
         let tokens = self.written_amount();
         let (count, unit) = largest_unit(self.written_micros);
         match count {
@@ -367,12 +506,77 @@ impl std::str::FromStr for Limit {
             Some((limit, period)) => (limit.trim(), Some(duration(period.trim())?)),
             None => (text, None),
         };
-        let limit = rate_and_burst(text)?;
+        let limit = match calendar_quota(text)? {
+            Some(limit) => limit,
+            None => rate_and_burst(text)?,
+        };
         match warm_up {
             Some(period) => limit.warm_up(period),
             None => Ok(limit),
         }
     }
+}
+
+/// `100000 per day at 00:00 UTC`, `1000000 per month`, `5000/week at 09:30 UTC+02:00`: a
+/// calendar quota (a period of a week or a month, or a reset time given); `None` for any other
+/// limit.
+fn calendar_quota(text: &str) -> Result<Option<Limit>, ConfigError> {
+    let Some((amount, rest)) = text.split_once('/').or(text.split_once(" per ")) else {
+        return Ok(None);
+    };
+    let rest = rest.trim();
+    let (unit, at) = match rest.split_once(" at ") {
+        Some((unit, at)) => (unit.trim(), Some(at.trim())),
+        None => (rest, None),
+    };
+    let period = match unit.split_whitespace().next().unwrap_or_default() {
+        "day" | "days" | "d" if at.is_some() => Period::Day,
+        "week" | "weeks" => Period::Week,
+        "month" | "months" => Period::Month,
+        _ => return Ok(None),
+    };
+    if rest.contains("burst") {
+        let expected = "no burst: a calendar quota gives its whole amount at each reset";
+        return Err(parse_error(rest, expected));
+    }
+    let mut quota = Limit::per_calendar(number(amount.trim())?, period);
+    if let Some(at) = at {
+        let (hour, minute, offset) = reset_time(at)?;
+        quota = quota.resetting_at(hour, minute).utc_offset_minutes(offset);
+    }
+    quota.build().map(Some)
+}
+
+/// `00:00 UTC`, `9:30 UTC+02:00`, `09:30 UTC-5`, `23:00` (UTC): a reset's time of day and its
+/// offset from UTC in minutes.
+fn reset_time(text: &str) -> Result<(u8, u8, i16), ConfigError> {
+    let expected = "a time of day and an optional offset: `00:00 UTC`, `09:30 UTC+02:00`";
+    let (time, zone) = match text.split_once(char::is_whitespace) {
+        Some((time, zone)) => (time, zone.trim()),
+        None => (text, "UTC"),
+    };
+    let (hour, minute) = time
+        .split_once(':')
+        .and_then(|(h, m)| Some((h.parse::<u8>().ok()?, m.parse::<u8>().ok()?)))
+        .ok_or_else(|| parse_error(time, expected))?;
+    let offset = zone
+        .strip_prefix("UTC")
+        .or(zone.strip_prefix("GMT"))
+        .and_then(|offset| match offset {
+            "" => Some(0),
+            offset => {
+                let (sign, rest) = match offset.split_at(1) {
+                    ("+", rest) => (1, rest),
+                    ("-", rest) => (-1, rest),
+                    _ => return None,
+                };
+                let (hours, minutes) = rest.split_once(':').unwrap_or((rest, "0"));
+                let (hours, minutes) = (hours.parse::<i16>().ok()?, minutes.parse::<i16>().ok()?);
+                (minutes < 60 && hours < 15).then_some(sign * (hours * 60 + minutes))
+            }
+        })
+        .ok_or_else(|| parse_error(zone, expected))?;
+    Ok((hour, minute, offset))
 }
 
 /// `100/s burst 200`: a limit without a warm-up.

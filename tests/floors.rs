@@ -14,6 +14,7 @@ const FLOORS: &[(&str, &[&str])] = &[
         "model",
         &[
             "limit",
+            "calendar",
             "quota",
             "key",
             "rejection",

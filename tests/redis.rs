@@ -866,6 +866,14 @@ async fn a_fleet_on_redis_warms_up_and_never_beats_a_single_cold_bucket() {
     common::warm_up::fleet_warms_up(&clock, redis).await;
 }
 
+#[tokio::test]
+async fn a_fleet_on_redis_never_carries_a_window_s_tokens_into_the_next() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = server.store_on(&clock).await;
+    common::calendar::fleet_crosses_midnight(&clock, redis).await;
+}
+
 /// Three shaping hosts on one real Redis, on real time: bursts wait for their tokens instead
 /// of being refused, and the fleet never serves more than `capacity + rate × elapsed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

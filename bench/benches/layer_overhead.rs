@@ -5,7 +5,8 @@
 //! with its default rejection: the same `String` key (`key`), the key borrowed from the header
 //! as text (`key_ref` with `key::header_str` and a `HeaderName`, a `String` key) and as bytes
 //! (`key::header_bytes`, a `CompactKey`), all with the `RateLimit` fields on admitted responses
-//! turned off, and the borrowed key with them on (the default), beside
+//! turned off, and the borrowed key (as text, and as bytes: the README's lead example) with them
+//! on (the default), beside
 //! tower_governor with its own headers on (`use_headers`, the name made once). Each iteration
 //! clones a prepared request.
 //!
@@ -74,6 +75,8 @@ fn bench(c: &mut Criterion) {
         measure(c, name("tower_governor_headers"), side, &requests);
         let side = throttle!(key_ref, api_key, true).layer(Echo);
         measure(c, name("throttled_key_ref_fields"), side, &requests);
+        let side = throttle!(key_ref, api_key_bytes, true).layer(Echo);
+        measure(c, name("throttled_key_bytes_fields"), side, &requests);
     }
 }
 

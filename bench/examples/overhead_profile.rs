@@ -6,7 +6,7 @@
 //!
 //! Sides: `unthrottled`, `tower_governor`, `tower_governor_header_name`, `throttled` (`key` with
 //! `key::header_value`), `throttled_key_ref` (`key_ref` with `key::header_str`),
-//! `throttled_key_bytes` (`key_ref` with `key::header_bytes`), `throttled_key_ref_fields` (the same with the `RateLimit` fields), and `constant_key` (the
+//! `throttled_key_bytes` (`key_ref` with `key::header_bytes`), `throttled_key_ref_fields` (the same with the `RateLimit` fields), `throttled_key_bytes_fields` (the README's lead example: `header_bytes` with the fields), and `constant_key` (the
 //! layer with a key read from nothing: what remains is the layer's own work).
 
 use std::convert::Infallible;
@@ -84,6 +84,11 @@ fn main() {
         ),
         "throttled_key_ref_fields" => run(
             throttle!(key_ref, api_key, true).layer(Echo),
+            &requests,
+            iterations,
+        ),
+        "throttled_key_bytes_fields" => run(
+            throttle!(key_ref, api_key_bytes, true).layer(Echo),
             &requests,
             iterations,
         ),

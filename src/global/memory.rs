@@ -8,7 +8,7 @@ use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
 use crate::bucket::{FullAt, TokenBucket};
-use crate::clock::{Clock, MonotonicClock, micros};
+use crate::clock::{Clock, MonotonicClock, micros, unix_micros};
 use crate::error::ConfigError;
 use crate::global::{Adjustment, BucketLevel, GlobalStore, Grant, LayerRegistry, TokenRequest};
 use crate::limit::Limit;
@@ -315,7 +315,7 @@ where
         limit: &Limit,
         f: impl FnOnce(&mut TokenBucket, u64) -> R,
     ) -> R {
-        let now = micros(self.inner.clock.now());
+        let now = unix_micros(&self.inner.clock);
         let hash = self.inner.hasher.hash_one(key.key());
         let mut shard = lock(self.inner.shard(hash));
         let table = shard.table(key.names());
@@ -337,7 +337,7 @@ where
     /// holds none. Its [`tokens`](TokenBucket::tokens) are what an acquire could get at once,
     /// and [`micros_until`](TokenBucket::micros_until) tells when more are due.
     pub fn peek(&self, key: &BucketKey<K>, limit: &Limit) -> TokenBucket {
-        let now = micros(self.inner.clock.now());
+        let now = unix_micros(&self.inner.clock);
         let hash = self.inner.hasher.hash_one(key.key());
         let shard = lock(self.inner.shard(hash));
         shard.find(key.names()).map_or_else(
@@ -390,7 +390,7 @@ where
     ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
         let bucket = self.peek(key, limit);
         // Read after the peek's own reading, so never earlier than the bucket's update.
-        let now = micros(self.inner.clock.now());
+        let now = unix_micros(&self.inner.clock);
         std::future::ready(Ok(BucketLevel::of(&bucket, limit, now)))
     }
 
@@ -417,7 +417,7 @@ where
 
     /// Forgets every bucket that has refilled, one shard (of 64) locked at a time.
     fn maintain(&self) {
-        let now = micros(self.inner.clock.now());
+        let now = unix_micros(&self.inner.clock);
         for shard in self.inner.shards.iter() {
             for table in &mut lock(shard).tables {
                 table.forget_full(now);

@@ -11,7 +11,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
-use crate::clock::{Clock, micros};
+use crate::clock::{Clock, micros, unix_micros};
 use crate::error::ConfigError;
 use crate::global::{
     Adjustment, Answer, BucketLevel, Call, GlobalStore, Grant, LayerRegistry, TokenRequest,
@@ -397,7 +397,7 @@ impl<K> RedisGlobalStore<K> {
     /// production, hosts' clocks drift, and only Redis's own clock keeps a fleet's limit.
     /// Buckets do not expire in this mode (Redis expires keys in real time).
     pub fn with_clock_override(mut self, clock: impl Clock) -> Self {
-        self.now_override = Some(Arc::new(move || micros(clock.now())));
+        self.now_override = Some(Arc::new(move || unix_micros(&clock)));
         self
     }
 }
@@ -451,6 +451,8 @@ impl<K: RedisKey> RedisGlobalStore<K> {
                 .arg(limit.refill_amount())
                 .arg(limit.period_micros())
                 .arg(limit.cold_max())
+                .arg(calendar_code(limit))
+                .arg(calendar_shift(limit))
                 .arg(&args[..]);
         })
         .await
@@ -499,6 +501,16 @@ impl<K: RedisKey> RedisGlobalStore<K> {
             }
         }
     }
+}
+
+/// A calendar quota's period as the scripts number it (0: a limit that refills at a rate).
+fn calendar_code(limit: &Limit) -> u8 {
+    limit.calendar().map_or(0, |c| c.code())
+}
+
+/// A calendar quota's resets' distance from midnight UTC, in microseconds.
+fn calendar_shift(limit: &Limit) -> i64 {
+    limit.calendar().map_or(0, |c| c.shift_micros())
 }
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";

@@ -11,14 +11,12 @@ pub(super) struct Fallback {
     /// The host's share of the limit that the bucket follows.
     pub(super) share: Limit,
     pub(super) bucket: TokenBucket,
-    /// When it is full again if nothing more is taken (`None`: beyond the clock's range):
-    /// from then on it is the same as no bucket, which starts full.
-    pub(super) full_at: Option<crate::bucket::FullAt>,
 }
 
 impl Fallback {
+    /// Whether it is full at `now`: from then on it is the same as no bucket, which starts full.
     pub(super) fn is_full_at(&self, now: u64) -> bool {
-        self.full_at.is_some_and(|at| at.is_full_at(now))
+        self.bucket.is_full_at(&self.share, now)
     }
 
     /// The limit or the expected fleet changed: a bucket of the new `share`, holding what the
@@ -30,7 +28,6 @@ impl Fallback {
         self.share = *share;
         self.bucket = TokenBucket::full(share, now);
         self.bucket.take(share, now, lacking, lacking);
-        self.full_at = self.bucket.full_at(share);
     }
 
     /// What this host can admit alone: `lease` tokens leased before the store went down, and

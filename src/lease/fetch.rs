@@ -432,6 +432,7 @@ impl LocalBucket {
             if self.tokens == 0 {
                 self.cold_mut().leased_at = now;
             }
+            self.dated = limit.calendar().is_some();
             self.tokens = self.tokens.saturating_add(grant.granted);
             self.low_water = half(grant.granted);
         }

@@ -47,6 +47,8 @@ pub struct LocalBucket {
     /// How many limits the key's quota had when last looked up (kept by a key's first bucket,
     /// so that the hot path finds the others without asking for the quota); 0 while unknown.
     slots: u8,
+    /// The lease holds a calendar quota's tokens, which it must not keep past the quota's reset.
+    dated: bool,
     cold: Option<Box<Cold>>,
 }
 
@@ -175,6 +177,16 @@ impl View {
             next_in: 0,
             full_in: 0,
             share: None,
+        }
+    }
+
+    /// A full bucket at `now`: a calendar quota's says when it resets next (`next_in`), as its
+    /// `RateLimit` field's `t` does, full or not.
+    pub(crate) fn full_at(limit: &Limit, now: u64) -> Self {
+        let next_in = limit.calendar().map_or(0, |c| c.reset_after(now, 1) - now);
+        Self {
+            next_in,
+            ..Self::full(limit)
         }
     }
 }
@@ -481,9 +493,9 @@ impl LocalBucket {
             _ if short => 0,
             // It was short at its answer: its first token came at `next_token_at`.
             _ if cold.next_token_at > cold.global_seen_at => {
-                1 + limit.accrued_in(now - cold.next_token_at)
+                1 + limit.accrued_between(cold.next_token_at, now)
             }
-            left => left.saturating_add(limit.accrued_in(now.saturating_sub(cold.global_seen_at))),
+            left => left.saturating_add(limit.accrued_between(cold.global_seen_at, now)),
         };
         // Tokens admitted on credit will be taken from the global bucket.
         let tokens = lease
@@ -491,16 +503,16 @@ impl LocalBucket {
             .saturating_sub(u64::from(cold.owed))
             .min(capacity);
         if tokens >= capacity {
-            return View::full(limit);
+            return View::full_at(limit, now);
         }
         let lacking = capacity - tokens;
         let (next_in, full_in) = if short {
             let next_in = cold.next_token_at - now;
-            let rest = micros(limit.time_to_accrue(lacking - 1));
+            let rest = limit.micros_to_accrue(cold.next_token_at, lacking - 1);
             (next_in, next_in.saturating_add(rest))
         } else {
-            let full_in = micros(limit.time_to_accrue(lacking));
-            (micros(limit.time_to_accrue(1)).min(full_in), full_in)
+            let full_in = limit.micros_to_accrue(now, lacking);
+            (limit.micros_to_accrue(now, 1).min(full_in), full_in)
         };
         View {
             tokens,
@@ -554,8 +566,8 @@ impl LocalBucket {
         }
         // The global bucket's first token is due at `next_token_at`, the rest at its rate.
         let more = cost - held;
-        let rest = micros(limit.time_to_accrue(more - 1));
-        let refilled = cold.next_token_at.max(now).saturating_add(rest);
+        let first = cold.next_token_at.max(now);
+        let refilled = first.saturating_add(limit.micros_to_accrue(first, more - 1));
         refilled.max(cold.reserved.last_due())
     }
 
@@ -611,6 +623,19 @@ impl LocalBucket {
         self.cold.is_some()
     }
 
+    /// Whether the lease holds a calendar quota's tokens (see [`take_usable`](Self::take_usable)).
+    pub(crate) fn is_dated(&self) -> bool {
+        self.dated
+    }
+
+    /// Takes every usable leased token out (a calendar quota's reset is near: they must not be
+    /// spent after it), and the lease stops being dated.
+    pub(crate) fn take_usable(&mut self) -> u64 {
+        self.dated = false;
+        self.low_water = 0;
+        std::mem::take(&mut self.tokens)
+    }
+
     /// Takes every leased token out, reserved ones included: the bucket is being dropped.
     pub(crate) fn take_all_leased(&mut self) -> u64 {
         let reserved = self.cold.as_mut().map_or(0, |c| c.reserved.take_all());
@@ -624,14 +649,12 @@ impl LocalBucket {
             Box::new(Fallback {
                 share: *share,
                 bucket: TokenBucket::full(share, now),
-                full_at: None,
             })
         });
         if fallback.share != *share {
             fallback.reshare(share, now);
         }
         let taken = fallback.bucket.take(share, now, cost, cost);
-        fallback.full_at = fallback.bucket.full_at(share);
         if taken.granted >= cost {
             0
         } else {
@@ -663,7 +686,7 @@ fn global_full_at(left: u64, next_token_at: u64, seen_at: u64, limit: &Limit) ->
     } else {
         (seen_at, capacity.saturating_sub(left))
     };
-    from.saturating_add(micros(limit.time_to_accrue(lacking)))
+    from.saturating_add(limit.micros_to_accrue(from, lacking))
 }
 
 #[cfg(test)]

@@ -166,6 +166,10 @@ fn service_limit(r: &Remaining) -> (u64, u64) {
     if r.refused {
         return (0, ceil_secs(r.next_in).max(1));
     }
+    // A calendar quota's tokens come back all at its reset: what is left, and the time to it.
+    if r.limit.calendar().is_some() {
+        return (sf_integer(r.tokens), ceil_secs(r.next_in).max(1));
+    }
     let (_, window) = policy_window(&r.limit);
     let window_micros = window.saturating_mul(1_000_000);
     // A full bucket refills from its first use: one token's time after it.

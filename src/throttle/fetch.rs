@@ -52,7 +52,13 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let interval = self.interval(now);
         // Every batch reads the key's quota afresh: a limit changed at run time applies from
         // the next batch, even on a lease that never runs dry.
-        let reserving = !self.config.max_reservation.is_zero();
+        // A calendar quota's tokens are not reserved ahead: they would come due in the next
+        // window, where the lease does not keep tokens.
+        let max_reservation = match limit.calendar() {
+            Some(_) => Duration::ZERO,
+            None => self.config.max_reservation,
+        };
+        let reserving = !max_reservation.is_zero();
         // Read before the plan, so a request that joins the fetch after it sends it at once.
         let behind = self.calls.behind();
         let plan = self.local.with_bucket(id, |b| {
@@ -65,8 +71,12 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         if !self.health.is_up(now) {
             return FetchOutcome::Failed;
         }
-        let batch = self.batch_size(&limit, &plan);
-        let request = plan.request(batch, self.config.max_reservation);
+        // Near a calendar quota's reset, only what the waiting requests need.
+        let batch = match self.near_reset(&limit, now) {
+            true => plan.needed,
+            false => self.batch_size(&limit, &plan),
+        };
+        let request = plan.request(batch, max_reservation);
         self.stats.global_calls.incr();
         let span = tracing::debug_span!(
             "global_acquire",
@@ -174,7 +184,12 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             let settled = match &bucket {
                 Some(bucket) => {
                     self.serve(id, bucket, b);
-                    b.settle(outcome, now, self.interval(now), &bucket.limit)
+                    let mut settled = b.settle(outcome, now, self.interval(now), &bucket.limit);
+                    if self.near_reset(&bucket.limit, now) {
+                        // Served the waiters; no token of this window is kept for the next.
+                        settled.excess = settled.excess.saturating_add(b.take_usable());
+                    }
+                    settled
                 }
                 None => b.drop_limit(),
             };
@@ -192,7 +207,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         self.stats.tokens_uncharged.add(uncharged);
         self.deliver(id, verdicts);
         if excess > 0 {
-            self.defer_return(id.clone(), dispenser, excess);
+            self.defer_return(id.clone(), dispenser, excess, now);
         }
         if refetch {
             self.start_fetch(id.clone());

@@ -379,8 +379,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         BucketKey::from_parts(id.key.clone(), self.config.layer, level, limit)
     }
 
+    /// The time now, on the calendar (Unix microseconds): calendar quotas reset by it.
     pub(crate) fn now(&self) -> u64 {
-        micros(self.clock.now())
+        crate::clock::unix_micros(&self.clock)
     }
 
     fn interval(&self, now: u64) -> u64 {

@@ -364,10 +364,12 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let mut queues = lock(&self.shaper.queues);
         let (waiting, ahead) = queues.get(&key).map_or((0, 0), |q| (q.waiting, q.tokens));
         let own = refusal.retry_after.unwrap_or_default();
-        // The tokens of the requests ahead come first, at the refusing limit's rate.
+        // The tokens of the requests ahead come first, at the refusing limit's rate (a
+        // calendar quota's, with the first, at its reset).
         let due = own
             + refusal
                 .limit
+                .filter(|l| l.calendar().is_none())
                 .map_or(Duration::ZERO, |l| l.time_to_accrue(ahead));
         let now = tokio::time::Instant::now();
         if waiting >= bound || now + due > deadline {

@@ -28,7 +28,14 @@ pub(crate) struct Return<K> {
     id: LeaseKey<K>,
     dispenser: u32,
     tokens: u64,
+    /// When they left the lease: a calendar quota's tokens are not handed back into a window
+    /// after theirs.
+    taken_at: u64,
 }
+
+/// How far apart a host's clock and the global store's may be, for a calendar quota's resets:
+/// hosts stop holding its tokens this much earlier than their own clock says.
+const CLOCK_SKEW: Duration = Duration::from_secs(1);
 
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// Hands back leases not used within the lease time-to-live, those of evicted buckets, and
@@ -40,19 +47,27 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         self.collect_evicted();
         let mut returns = std::mem::take(&mut *lock(&self.returns));
         let mut waiting = 0;
+        let mut dated = Vec::new();
         self.local.for_each_bucket(|id, b| {
             self.stats.admitted_local.add(b.take_uncounted());
             waiting += b.waiting() as u64;
+            if b.is_dated() {
+                dated.push(id.clone());
+            }
             let tokens = b.take_expired(now, ttl, interval);
             if tokens > 0 {
                 returns.push(Return {
                     id: id.clone(),
                     dispenser: b.dispenser(),
                     tokens,
+                    taken_at: now,
                 });
             }
         });
         self.waiting_for_batches.store(waiting, Ordering::Relaxed);
+        for id in dated {
+            returns.extend(self.take_before_reset(id, now));
+        }
         stream::iter(returns)
             .for_each_concurrent(CONCURRENT_RETURNS, |back| self.hand_back(back))
             .await;
@@ -73,12 +88,24 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             id,
             dispenser,
             tokens,
+            taken_at,
         } = back;
         let bucket = self.resolve(&id);
         let Some(bucket) = bucket.filter(|b| dispenser == 0 || dispenser == b.name.id()) else {
             self.stats.tokens_forfeited.add(tokens);
             return;
         };
+        // A calendar quota's tokens go back only into their own window: a hand-back that could
+        // land after the reset (by the store's clock) would add them to the next.
+        let lands_by = now
+            .saturating_add(micros(self.config.store_timeout))
+            .saturating_add(micros(CLOCK_SKEW));
+        if let Some(calendar) = bucket.limit.calendar()
+            && calendar.resets_between(taken_at, lands_by) > 0
+        {
+            self.stats.tokens_forfeited.add(tokens);
+            return;
+        }
         let key = self.global_key(&id, bucket.name);
         let call = Call::Release {
             key,
@@ -103,7 +130,12 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 if may_have_applied {
                     self.stats.tokens_lost.add(tokens);
                 } else {
-                    self.defer_return(id, dispenser, tokens);
+                    lock(&self.returns).push(Return {
+                        id,
+                        dispenser,
+                        tokens,
+                        taken_at,
+                    });
                 }
             }
             Err(CallFailure::TimedOut) => {
@@ -114,12 +146,45 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         }
     }
 
-    pub(super) fn defer_return(&self, id: LeaseKey<K>, dispenser: u32, tokens: u64) {
+    /// Keeps `tokens` taken out of bucket `id`'s lease at `now` for the next sweep to hand
+    /// back.
+    pub(super) fn defer_return(&self, id: LeaseKey<K>, dispenser: u32, tokens: u64, now: u64) {
         lock(&self.returns).push(Return {
             id,
             dispenser,
             tokens,
+            taken_at: now,
         });
+    }
+
+    /// Whether a lease of `limit` must hold none of its tokens at `now`: the limit is a
+    /// calendar quota whose reset is near enough that the next sweep could come after the
+    /// last moment a hand-back still reaches the store before it (host clocks within
+    /// [`CLOCK_SKEW`] of the store's). Its leases then serve only the requests waiting.
+    pub(super) fn near_reset(&self, limit: &crate::Limit, now: u64) -> bool {
+        let Some(calendar) = limit.calendar() else {
+            return false;
+        };
+        let quiet = (self.config.lease_ttl / 2 + self.config.store_timeout + CLOCK_SKEW)
+            .saturating_add(self.config.store_timeout);
+        calendar.resets_between(now, now.saturating_add(micros(quiet))) > 0
+    }
+
+    /// The tokens of dated bucket `id`'s lease, taken out if its calendar quota's reset is near.
+    fn take_before_reset(&self, id: LeaseKey<K>, now: u64) -> Option<Return<K>> {
+        let bucket = self.resolve(&id)?;
+        if !self.near_reset(&bucket.limit, now) {
+            return None;
+        }
+        let (tokens, dispenser) = self
+            .local
+            .with_bucket(&id, |b| (b.take_usable(), b.dispenser()));
+        (tokens > 0).then_some(Return {
+            id,
+            dispenser,
+            tokens,
+            taken_at: now,
+        })
     }
 
     /// Counts the requests served by evicted buckets, and keeps their leases for the next sweep.
@@ -138,6 +203,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                     id,
                     dispenser,
                     tokens,
+                    taken_at: self.now(),
                 });
             }
         }

@@ -51,7 +51,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             let view = self
                 .local
                 .peek_bucket(id, |bucket| bucket.view(now, &limit, store_up))
-                .unwrap_or_else(|| View::full(&limit));
+                .unwrap_or_else(|| View::full_at(&limit, now));
             out.push(self.remaining_of_limit(&id.key, name, level_name, limit, view));
         }
         id.slot = 0;
@@ -59,7 +59,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
 
     /// This host's view of every limit of `keys` (first buckets of their levels).
     pub(crate) fn remaining_of(&self, keys: &mut [LeaseKey<K>]) -> Vec<Remaining> {
-        let now = micros(self.clock.now());
+        let now = self.now();
         let mut out = Vec::new();
         for id in keys {
             self.remaining_local(id, now, &mut out);

@@ -225,6 +225,73 @@ where
     assert_adjust_conformance(store, clock).await;
     assert_batch_conformance(store, clock).await;
     assert_warm_up_conformance(store, clock).await;
+    assert_calendar_conformance(store, clock).await;
+}
+
+/// Calendar quotas: a day's quota taken a second before midnight is whole again at midnight;
+/// a month's, taken on the 1st of February 2024, in 29 days; then seeded runs of acquires
+/// (with reservations), releases, adjustments and reads over many resets (days at an offset
+/// from UTC, weeks, months), held to the pure bucket's answers step by step. Moves `clock` to
+/// 2024 (calendar times are Unix times).
+pub async fn assert_calendar_conformance<G>(store: &G, clock: &ManualClock)
+where
+    G: GlobalStore<BucketKey<String>>,
+{
+    use hierarchical_throttle::calendar::Period;
+    // 2024-02-28 23:59:59 UTC.
+    clock.set(Duration::from_secs(1_709_164_799));
+    let daily: Limit = "3 per day at 00:00 UTC".parse().unwrap();
+    let key = BucketKey::new("calendar-day".to_owned(), "default").unwrap();
+    let grant = store
+        .acquire(&key, &daily, TokenRequest::now(1, 3))
+        .await
+        .unwrap();
+    assert_eq!(
+        (grant.granted, grant.refill_in),
+        (3, Duration::from_secs(1))
+    );
+    clock.advance(Duration::from_micros(999_999));
+    let grant = store
+        .acquire(&key, &daily, TokenRequest::now(1, 3))
+        .await
+        .unwrap();
+    assert_eq!(
+        (grant.granted, grant.refill_in),
+        (0, Duration::from_micros(1))
+    );
+    clock.advance(Duration::from_micros(1));
+    let grant = store
+        .acquire(&key, &daily, TokenRequest::now(1, 3))
+        .await
+        .unwrap();
+    assert_eq!(grant.granted, 3, "whole again on the leap day");
+    // 2024-03-01 00:00:00 UTC, then February: 29 days.
+    clock.set(Duration::from_secs(1_709_251_200));
+    let monthly = Limit::per_calendar(10, Period::Month).build().unwrap();
+    let key = BucketKey::new("calendar-month".to_owned(), "default").unwrap();
+    let grant = store
+        .acquire(&key, &monthly, TokenRequest::now(10, 10))
+        .await
+        .unwrap();
+    assert_eq!(
+        (grant.granted, grant.refill_in),
+        (10, Duration::from_secs(31 * 86_400))
+    );
+    let limits = [
+        "7 per day at 09:30 UTC+02:00",
+        "100 per week",
+        "1000 per month at 00:00 UTC-05:00",
+    ];
+    for (n, limit) in limits.into_iter().enumerate() {
+        let limit: Limit = limit.parse().unwrap();
+        let period = limit.calendar().unwrap().period();
+        let step = match period {
+            Period::Day => 10 * 3_600_000_000,
+            Period::Week => 2 * 86_400_000_000,
+            _ => 9 * 86_400_000_000,
+        };
+        against_the_model(store, clock, &limit, 100 + n as u64, step).await;
+    }
 }
 
 /// Warm-up: Guava's figures (2 per second warming up over 4 s, capacity 1: fully cold, the
@@ -270,13 +337,19 @@ where
             .unwrap(),
     ];
     for (n, limit) in limits.into_iter().enumerate() {
-        warm_up_against_the_model(store, clock, &limit, n as u64).await;
+        against_the_model(store, clock, &limit, n as u64, 900_000).await;
     }
 }
 
-/// A seeded run on `limit`, every answer compared with [`TokenBucket`]'s.
-async fn warm_up_against_the_model<G>(store: &G, clock: &ManualClock, limit: &Limit, seed: u64)
-where
+/// A seeded run on `limit`, the clock moving up to `step_us` between steps, every answer
+/// compared with [`TokenBucket`]'s.
+async fn against_the_model<G>(
+    store: &G,
+    clock: &ManualClock,
+    limit: &Limit,
+    seed: u64,
+    step_us: u64,
+) where
     G: GlobalStore<BucketKey<String>>,
 {
     use hierarchical_throttle::bucket::{BucketLevel, TokenBucket};
@@ -295,7 +368,7 @@ where
         state
     };
     for step in 0..300 {
-        clock.advance(Duration::from_micros(next() % 900_000));
+        clock.advance(Duration::from_micros(next() % step_us));
         let now = micros(clock.now());
         let roll = next();
         if roll % 13 == 0 {

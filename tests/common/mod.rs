@@ -2,6 +2,7 @@
 //! stores that record or fail.
 #![allow(dead_code)]
 
+pub mod calendar;
 pub mod conformance;
 pub mod levels;
 pub mod proxy;

@@ -35,6 +35,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hierarchical_throttle::calendar::Period;
 use hierarchical_throttle::clock::{Clock, TokioClock};
 use hierarchical_throttle::global::Adjustment;
 use hierarchical_throttle::local::LocalStore;
@@ -160,6 +161,11 @@ pub struct Scenario {
     pub adjustments: Vec<(Duration, usize, Adjustment)>,
     /// How long a host refuses a key from one answer (`None`: the lease time-to-live).
     pub refusal_memory: Option<Duration>,
+    /// The hot keys' first limits (group 0) are calendar quotas of their capacity a day, and
+    /// a day ends during the run (at `unix_origin`'s next midnight).
+    pub calendar: bool,
+    /// Where the run's clock starts on the calendar.
+    pub unix_origin: Duration,
 }
 
 /// A run-time change of hot-0's quota, at `at`.
@@ -266,6 +272,8 @@ impl Scenario {
             meter_one_in: 0,
             adjustments: Vec::new(),
             refusal_memory: None,
+            calendar: false,
+            unix_origin: Duration::ZERO,
         }
         .draw_more(&mut rng)
     }
@@ -342,13 +350,20 @@ impl Scenario {
         }
         let linger = [0, 500, 5_000, 50_000][rng.below(4) as usize];
         self.global_batch_linger = Duration::from_micros(linger);
-        if rng.chance(0.25) {
+        let warm = rng.chance(0.25);
+        if warm {
             // The hot keys' limits warm up (a change of limit drops it: a key that moves from a
             // warm-up to none and back is drawn too).
             let period = Duration::from_millis([100, 1_000, 10_000][rng.below(3) as usize]);
             for key in &mut self.keys {
                 key.limit = key.limit.warm_up(period).expect("a valid warm-up");
             }
+        }
+        if !warm && rng.chance(0.2) {
+            // 2024-11-26 00:00 UTC, a calendar day's reset, comes this far into the run.
+            self.calendar = true;
+            let reset_in = Duration::from_micros(rng.below(self.duration.as_micros() as u64));
+            self.unix_origin = Duration::from_secs(1_732_579_200) - reset_in;
         }
         self
     }
@@ -376,6 +391,9 @@ impl Scenario {
         let limit = self.keys[i].limit;
         let limit = match (group, self.other_scale) {
             (1, Some(scale)) => scaled(limit, scale),
+            (0, _) if self.calendar => Limit::per_calendar(limit.capacity(), Period::Day)
+                .build()
+                .expect("a valid calendar quota"),
             _ => limit,
         };
         quota_of(limit, self.two_limits)
@@ -563,7 +581,7 @@ type Quotas = Arc<Mutex<HashMap<String, Quota>>>;
 type History = Vec<(Duration, Quota)>;
 
 async fn simulate(s: Scenario) -> Result<String, String> {
-    let clock = TokioClock::new();
+    let clock = TokioClock::at_unix_time(s.unix_origin);
     let global = FaultyGlobal::new(clock, s.faults.clone(), s.seed);
     let groups = if s.other_scale.is_some() { 2 } else { 1 };
     let spray_limit = Limit::per_second(5).burst(5).expect("valid limit");
@@ -849,7 +867,7 @@ fn build_host(
         .name(LAYERS[group])
         .cost(|job: &Job| job.cost)
         .limit_per_key(move |key: &String| quotas.lock().unwrap()[key].clone())
-        .clock(TokioClock::new())
+        .clock(TokioClock::at_unix_time(s.unix_origin))
         .store_timeout(s.store_timeout)
         .lease_ttl(s.lease_ttl)
         .demand_window(10, s.demand_interval)
@@ -928,9 +946,9 @@ fn apply_change(
                 .unwrap_or(0)
         })
         .sum();
-    let in_flight = first.capacity() + allowance(&first, s.store_timeout * 2, &[]) as u64;
+    let answering = allowance(&first, s.unix_origin + now, s.store_timeout * 2, &[]);
+    let in_flight = first.capacity() + answering as u64;
     quotas.insert("hot-0".to_owned(), changed(&old, change.kind));
-    let _ = now;
     held + in_flight
 }
 
@@ -1218,13 +1236,34 @@ fn check_allowance(
             let credit = u128::from(credit) * s.hosts as u128;
             let mut total = 0u128;
             let mut beyond_charges = 0u128;
+            let mut windows: HashMap<Duration, (u128, u128)> = HashMap::new();
             for a in &events {
-                if limit_at(history, name, a.at).is_none() {
+                let Some(limit) = limit_at(history, name, a.at) else {
                     continue;
-                }
+                };
                 total += u128::from(a.used);
                 beyond_charges += u128::from(a.used.saturating_sub(a.charged));
-                let allowed = allowance_over(history, name, a.at, &restarts)
+                if let Some(calendar) = limit.calendar().filter(|_| history.len() == 1) {
+                    // A calendar quota's window holds its own allowance: nothing carries over.
+                    let reset = calendar.next_reset(s.unix_origin + a.at);
+                    let (used, beyond) = windows.entry(reset).or_default();
+                    *used += u128::from(a.used);
+                    *beyond += u128::from(a.used.saturating_sub(a.charged));
+                    let restarted = restarts.iter().filter(|&&r| r <= a.at).count() as u128;
+                    let allowed = u128::from(limit.capacity()) * (1 + restarted)
+                        + u128::from(global.forgiven(&bucket))
+                        + *beyond
+                        + u128::from(unleased)
+                        + credit;
+                    if *used > allowed {
+                        return Err(format!(
+                            "over-admission in a calendar window: {bucket} admitted {used} by \
+                             {:?} in the window ending {reset:?}, allowed {allowed}",
+                            a.at
+                        ));
+                    }
+                }
+                let allowed = allowance_over(history, name, a.at, &restarts, s.unix_origin)
                     + u128::from(global.forgiven(&bucket))
                     + beyond_charges
                     + u128::from(unleased)
@@ -1252,7 +1291,13 @@ fn limit_at(history: &History, name: &str, t: Duration) -> Option<Limit> {
 /// The allowance of the bucket called `name` by `t`: for each stretch of the history in which
 /// it had one limit, that limit's capacity and what it refills over the stretch (plus a token
 /// for each stretch after the first: each one's refill is rounded down on its own).
-fn allowance_over(history: &History, name: &str, t: Duration, restarts: &[Duration]) -> u128 {
+fn allowance_over(
+    history: &History,
+    name: &str,
+    t: Duration,
+    restarts: &[Duration],
+    origin: Duration,
+) -> u128 {
     let mut sum = 0u128;
     let mut stretches = 0u128;
     for (i, (from, quota)) in history.iter().enumerate() {
@@ -1266,7 +1311,7 @@ fn allowance_over(history: &History, name: &str, t: Duration, restarts: &[Durati
                 .filter(|&&r| r > *from && r <= until)
                 .map(|&r| r - *from)
                 .collect();
-            sum += allowance(limit, until - *from, &restarts);
+            sum += allowance(limit, origin + *from, until - *from, &restarts);
             stretches += 1;
         }
     }
@@ -1300,9 +1345,22 @@ fn buckets(group: usize, key: &str, quota: &Quota) -> Vec<(BucketKey<String>, Li
 }
 
 /// capacity + rate x t, plus a fresh bucket from each restart before `t`.
-fn allowance(limit: &Limit, t: Duration, restarts: &[Duration]) -> u128 {
-    let refilled =
-        t.as_micros() * u128::from(limit.refill_amount()) / limit.refill_period().as_micros();
+fn allowance(limit: &Limit, start: Duration, t: Duration, restarts: &[Duration]) -> u128 {
+    let refilled = match limit.calendar() {
+        // A capacity at each reset.
+        Some(calendar) => {
+            let mut resets = 0u128;
+            let mut reset = calendar.next_reset(start);
+            while reset <= start + t {
+                resets += 1;
+                reset = calendar.next_reset(reset);
+            }
+            resets * u128::from(limit.capacity())
+        }
+        None => {
+            t.as_micros() * u128::from(limit.refill_amount()) / limit.refill_period().as_micros()
+        }
+    };
     let buckets = 1 + restarts.iter().filter(|&&r| r <= t).count() as u128;
     buckets * u128::from(limit.capacity()) + refilled
 }
@@ -1402,6 +1460,11 @@ async fn check_liveness(
     for (i, _) in s.keys.iter().enumerate() {
         let key = format!("hot-{i}");
         let buckets = buckets(group, &key, &quotas[&key]);
+        if buckets.iter().any(|(_, limit)| limit.calendar().is_some()) {
+            // A calendar quota spent in its window serves again only at the next reset, a day
+            // away: its exactness and its windows' bounds are what the oracle holds it to.
+            continue;
+        }
         // Whatever a host's cache says was due before a full refill (a restarted store cannot
         // tell the hosts it has forgotten what they owe).
         let full = buckets

@@ -1,11 +1,11 @@
--- Dispenses between ARGV[5] (min) and ARGV[6] (want) tokens that are there, and reserves,
--- up to want in all, those due within ARGV[7] microseconds of the tokens already owed (when
+-- Dispenses between ARGV[7] (min) and ARGV[8] (want) tokens that are there, and reserves,
+-- up to want in all, those due within ARGV[9] microseconds of the tokens already owed (when
 -- fewer than min are there, at least min of them); see TokenBucket::take_or_reserve (and its
 -- take_warming with a warm-up).
 -- Returns { granted, reserved, microseconds until the reserved are due, remaining,
 --           microseconds until min tokens are there again }.
-local min = math.min(math.max(tonumber(ARGV[5]), 1), capacity)
-local want = math.min(math.max(tonumber(ARGV[6]), min), capacity)
+local min = math.min(math.max(tonumber(ARGV[7]), 1), capacity)
+local want = math.min(math.max(tonumber(ARGV[8]), min), capacity)
 local warming = cold_max > 0
 local granted = 0
 local there = tokens
@@ -16,7 +16,7 @@ if there >= min then
   granted = math.min(want, there)
 end
 -- Reservations queue: each reaches at most max_delay beyond the tokens already owed.
-local horizon = micros_until(0) + tonumber(ARGV[7])
+local horizon = micros_until(0) + tonumber(ARGV[9])
 local due
 if warming then
   -- Reserved permits are paid one after another, so their level is not capped at capacity;

@@ -1,7 +1,7 @@
--- Applies an operator's adjustment (ARGV[5]: 0 reset, 1 drain, 2 add, 3 remove) of ARGV[6]
+-- Applies an operator's adjustment (ARGV[7]: 0 reset, 1 drain, 2 add, 3 remove) of ARGV[8]
 -- tokens (add and remove); see TokenBucket::adjust. Returns the level after, as level.lua does.
-local op = tonumber(ARGV[5])
-local n = tonumber(ARGV[6])
+local op = tonumber(ARGV[7])
+local n = tonumber(ARGV[8])
 if op == 0 then
   tokens, remainder, cold = capacity, 0, cold_max
 elseif op == 1 then

@@ -93,8 +93,15 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
                 limit.refill_amount(),
                 limit.period_micros(),
                 limit.cold_max(),
+                u64::from(super::calendar_code(&limit)),
             ];
-            for n in numbers.into_iter().chain(args) {
+            for n in numbers {
+                group.args.push(n.to_string().into_bytes());
+            }
+            group
+                .args
+                .push(super::calendar_shift(&limit).to_string().into_bytes());
+            for n in args {
                 group.args.push(n.to_string().into_bytes());
             }
         }

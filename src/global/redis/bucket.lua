@@ -4,13 +4,17 @@
 -- KEYS[1]: the bucket (a hash: t = whole tokens, negative while reserved tokens are owed,
 -- r = remainder in 1/p tokens, u = updated us, c = cold permits in 1/p tokens, warm-up only).
 -- ARGV[1] capacity, ARGV[2] a, ARGV[3] p (a tokens per p microseconds, lowest terms),
--- ARGV[4] the most cold permits (0: no warm-up), ARGV[5] to ARGV[7]: the operation's
--- arguments, ARGV[8]: now in us (tests only; else TIME).
+-- ARGV[4] the most cold permits (0: no warm-up), ARGV[5] a calendar quota's period (0: none,
+-- 1 day, 2 week, 3 month; its capacity comes back at each reset, a and p unused), ARGV[6] its
+-- resets' distance from midnight UTC in us, ARGV[7] to ARGV[9]: the operation's arguments,
+-- ARGV[10]: now in us (tests only; else TIME).
 
 local capacity = tonumber(ARGV[1])
 local a = tonumber(ARGV[2])
 local p = tonumber(ARGV[3])
 local cold_max = tonumber(ARGV[4])
+local period = tonumber(ARGV[5])
+local shift = tonumber(ARGV[6])
 
 -- Floor division and remainder, exact for integers below 2^53 (one correction step).
 local function divmod(x, d)
@@ -27,10 +31,10 @@ local function divmod(x, d)
 end
 
 -- A caller-supplied time (tests only) is simulated: Redis's real-time expiry would cut it short.
-local simulated = ARGV[8] ~= nil
+local simulated = ARGV[10] ~= nil
 local now
 if simulated then
-  now = tonumber(ARGV[8])
+  now = tonumber(ARGV[10])
 else
   -- Redis's clock, never the hosts': theirs drift.
   local time = redis.call('TIME')
@@ -49,11 +53,75 @@ if state[1] then
   now = math.max(now, updated)
 end
 
--- The level `elapsed` microseconds after (tokens, remainder): a per p microseconds, never
--- past capacity.
+-- The time (tokens, remainder) are as of: the last update's, then now's once refilled.
+local as_of = updated
+
+-- A calendar quota's windows (src/calendar.rs): days since 1970-01-01 of a civil date, the
+-- civil year and month of such a day, the window holding a time, and the start of a window.
+local DAY = 86400000000
+
+local function days_from_civil(y, m, d)
+  if m <= 2 then
+    y = y - 1
+  end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local doy = math.floor((153 * ((m + 9) % 12) + 2) / 5) + d - 1
+  return era * 146097 + yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy - 719468
+end
+
+local function civil_from_days(z)
+  z = z + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local m = mp + 3
+  if mp >= 10 then
+    m = mp - 9
+  end
+  local y = yoe + era * 400
+  if m <= 2 then
+    y = y + 1
+  end
+  return y, m
+end
+
+local function window(t)
+  local days = divmod(t - shift, DAY)
+  if period == 1 then
+    return days
+  elseif period == 2 then
+    return math.floor((days - 4) / 7)
+  end
+  local y, m = civil_from_days(days)
+  return y * 12 + m - 1
+end
+
+local function start(k)
+  local days
+  if period == 1 then
+    days = k
+  elseif period == 2 then
+    days = k * 7 + 4
+  else
+    local y = math.floor(k / 12)
+    days = days_from_civil(y, k - y * 12 + 1, 1)
+  end
+  return math.max(days * DAY + shift, 0)
+end
+
+-- The level `elapsed` microseconds after (tokens, remainder): a per p microseconds (a calendar
+-- quota: its capacity at each reset), never past capacity.
 local function level_after(elapsed)
   if tokens >= capacity then
     return capacity, 0
+  end
+  if period > 0 then
+    local resets = window(as_of + elapsed) - window(as_of)
+    return math.min(tokens + resets * capacity, capacity), 0
   end
   local q, r = divmod(elapsed, p)
   local whole, rest = divmod(remainder + r * a, p)
@@ -70,6 +138,10 @@ local function micros_until(n)
   if tokens >= n then
     return 0
   end
+  if period > 0 then
+    local resets = math.ceil((n - tokens) / capacity)
+    return start(window(as_of) + resets) - as_of
+  end
   local qa, ra = divmod(n - tokens, a)
   local q, r = divmod(ra * p - remainder, a)
   if r > 0 then
@@ -85,6 +157,7 @@ if cold_max > 0 then
   cold = math.min(cold + idle_full * a, cold_max)
 end
 tokens, remainder = level_after(now - updated)
+as_of = now
 
 -- The warm-up's pricing (TokenBucket::price and its helpers); used only when cold_max > 0,
 -- where every level in 1/p tokens stays exact.

@@ -1,14 +1,14 @@
--- Many buckets of one node in one script. KEYS[i] is a bucket; ARGV holds eight values per
+-- Many buckets of one node in one script. KEYS[i] is a bucket; ARGV holds ten values per
 -- bucket: the operation ('a' to acquire, 'r' to release), then that operation's ARGV[1] to
--- ARGV[7]; in tests, one more closes ARGV: the simulated time. Returns a reply per bucket, in
+-- ARGV[9]; in tests, one more closes ARGV: the simulated time. Returns a reply per bucket, in
 -- order: an acquire's five numbers, a release's one.
-local per = 8
+local per = 10
 local now = ARGV[#KEYS * per + 1]
 local replies = {}
 for i = 1, #KEYS do
   local base = (i - 1) * per
   local args = { ARGV[base + 2], ARGV[base + 3], ARGV[base + 4], ARGV[base + 5], ARGV[base + 6],
-    ARGV[base + 7], ARGV[base + 8], now }
+    ARGV[base + 7], ARGV[base + 8], ARGV[base + 9], ARGV[base + 10], now }
   if ARGV[base + 1] == 'a' then
     replies[i] = acquire({ KEYS[i] }, args)
   else

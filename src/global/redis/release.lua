@@ -1,5 +1,5 @@
--- Takes back ARGV[5] unused tokens, never past capacity. Returns the tokens now held.
-tokens = math.min(tokens + math.min(tonumber(ARGV[5]), capacity), capacity)
+-- Takes back ARGV[7] unused tokens, never past capacity. Returns the tokens now held.
+tokens = math.min(tokens + math.min(tonumber(ARGV[7]), capacity), capacity)
 if tokens == capacity then
   remainder = 0
 end

@@ -1,0 +1,63 @@
+//! A fleet on a calendar quota across its reset: one scenario, run on the in-memory store and
+//! on Redis.
+
+use std::time::Duration;
+
+use hierarchical_throttle::Limit;
+use hierarchical_throttle::clock::ManualClock;
+use hierarchical_throttle::global::GlobalStore;
+use hierarchical_throttle::quota::BucketKey;
+
+use super::{Outcome, backend, host_builder, send};
+
+/// Four hosts on `global`, 2,000 a calendar day, from 10 s before 2024-11-26 00:00 UTC to 10 s
+/// after: before midnight each sends a request every 25 ms (1,596 in all, so the hosts hold
+/// leases as the day ends), after it one every millisecond (far above what is left). Each
+/// window admits at most its 2,000, none of the first day's tokens in the second, and the
+/// second nearly all of its own.
+pub async fn fleet_crosses_midnight<G>(clock: &ManualClock, global: G)
+where
+    G: GlobalStore<BucketKey<String>> + Clone,
+{
+    let midnight = Duration::from_secs(1_732_579_200);
+    let start = midnight - Duration::from_secs(10);
+    clock.set(start);
+    let limit: Limit = "2000 per day at 00:00 UTC".parse().unwrap();
+    let layers: Vec<_> = (0..4)
+        .map(|_| {
+            host_builder(clock, limit)
+                .global_store(global.clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut hosts: Vec<_> = layers
+        .iter()
+        .map(|l| tower::Layer::layer(l, backend()))
+        .collect();
+    let (mut before, mut after) = (0u64, 0u64);
+    for ms in 1..=20_000u64 {
+        let now = start + Duration::from_millis(ms);
+        clock.set(now);
+        let sends = now >= midnight || ms % 25 == 0;
+        for host in hosts.iter_mut().filter(|_| sends) {
+            match send(host, "tenant", 1).await {
+                Outcome::Served if now < midnight => before += 1,
+                Outcome::Served => after += 1,
+                _ => {}
+            }
+        }
+        if ms % 500 == 0 {
+            for layer in &layers {
+                layer.return_unused_leases().await;
+            }
+        }
+    }
+    // 399 rounds of four before midnight.
+    assert_eq!(
+        before, 1_596,
+        "every request of the first day is within its quota"
+    );
+    assert!(after <= 2_000, "over-admission after midnight: {after}");
+    assert!(after >= 1_900, "under-admission after midnight: {after}");
+}
