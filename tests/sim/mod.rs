@@ -20,7 +20,8 @@
 //! nothing, and never to refuse), uses outside a service (`acquire`, `acquire_ref` on a
 //! borrowed key, bodies streamed through `meter`, each frame a use), cold starts on credit,
 //! batch sizes, a second layer of other limits on the same store, and an operator's changes by
-//! hand (reset, drain, tokens added or removed) through one host's layer, beside the traffic
+//! hand (reset, drain, tokens added or removed) through one host's layer, limits that warm up,
+//! calendar quotas whose day ends during the run (each window held to its own allowance), beside the traffic
 //! and through the store's latency and faults, and how long hosts
 //! refuse a key from one answer; the oracle's bounds
 //! follow (see `check_allowance`: tokens a change adds are allowed on top, and count as
@@ -362,6 +363,9 @@ impl Scenario {
         if !warm && rng.chance(0.2) {
             // 2024-11-26 00:00 UTC, a calendar day's reset, comes this far into the run.
             self.calendar = true;
+            // Changes derive their limits from a rate; a calendar quota's nominal one (its
+            // amount a day) makes limits whose refill takes days of simulated sweeps.
+            self.change = None;
             let reset_in = Duration::from_micros(rng.below(self.duration.as_micros() as u64));
             self.unix_origin = Duration::from_secs(1_732_579_200) - reset_in;
         }
