@@ -5,44 +5,23 @@ mod common;
 
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Body;
-use axum::routing::get;
+use common::router::{app, call};
 use hierarchical_throttle::clock::ManualClock;
-use hierarchical_throttle::{ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
-use http::{Request, StatusCode};
-use tower::ServiceExt;
+use hierarchical_throttle::{ColdStart, MemoryGlobalStore};
+use http::StatusCode;
 
 /// 2024-02-28 23:59:58 UTC.
 const BEFORE_LEAP_DAY: Duration = Duration::from_secs(1_709_164_798);
-
-fn app(clock: &ManualClock, limit: Limit) -> Router {
-    let layer = HierarchicalThrottleLayer::builder()
-        .cold_start(ColdStart::Exact)
-        .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
-        .clock(clock.clone())
-        .limit(limit)
-        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
-        .build()
-        .unwrap();
-    Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer)
-}
-
-async fn call(app: &Router, api_key: &str) -> http::Response<Body> {
-    let req = Request::get("/").header("x-api-key", api_key);
-    app.clone()
-        .oneshot(req.body(Body::empty()).unwrap())
-        .await
-        .unwrap()
-}
 
 #[tokio::test]
 async fn a_daily_quota_is_spent_then_whole_again_at_midnight() {
     let clock = ManualClock::new();
     clock.set(BEFORE_LEAP_DAY);
-    let app = app(&clock, "3 per day at 00:00 UTC".parse().unwrap());
+    let app = app(
+        &clock,
+        "3 per day at 00:00 UTC".parse().unwrap(),
+        ColdStart::Exact,
+    );
     let first = call(&app, "k").await;
     assert_eq!(first.status(), StatusCode::OK);
     // Two left, the reset two seconds away; a day's window in the policy.
@@ -79,7 +58,7 @@ async fn a_daily_quota_is_spent_then_whole_again_at_midnight() {
 async fn a_monthly_quota_waits_for_the_first_of_the_month_whatever_its_length() {
     let clock = ManualClock::new();
     clock.set(BEFORE_LEAP_DAY);
-    let app = app(&clock, "2 per month".parse().unwrap());
+    let app = app(&clock, "2 per month".parse().unwrap(), ColdStart::Exact);
     for _ in 0..2 {
         assert_eq!(call(&app, "k").await.status(), StatusCode::OK);
     }

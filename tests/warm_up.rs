@@ -5,39 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Body;
-use axum::routing::get;
+use common::router::{app, call};
 use hierarchical_throttle::clock::ManualClock;
-use hierarchical_throttle::{ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
-use http::{Request, StatusCode};
-use tower::ServiceExt;
+use hierarchical_throttle::{ColdStart, Limit, MemoryGlobalStore};
+use http::StatusCode;
 
-fn app(clock: &ManualClock, limit: Limit, cold_start: ColdStart) -> Router {
-    let layer = HierarchicalThrottleLayer::builder()
-        .cold_start(cold_start)
-        .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
-        .clock(clock.clone())
-        .limit(limit)
-        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
-        .build()
-        .unwrap();
-    Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer)
-}
-
-async fn call(app: &Router, api_key: &str) -> http::Response<Body> {
-    let req = Request::get("/").header("x-api-key", api_key);
-    app.clone()
-        .oneshot(req.body(Body::empty()).unwrap())
-        .await
-        .unwrap()
-}
-
-/// The reference notes' example: 2 permits a second, warming up over 4 s, fully cold; the
-/// requests are spaced by 1.375, 1.125, 0.875, 0.625 s, then 0.5 s each. Each is admitted
-/// exactly when due and a request a microsecond earlier is refused with the time left.
 #[tokio::test(start_paused = true)]
 async fn a_cold_key_is_admitted_on_guava_s_warm_up_schedule() {
     let clock = ManualClock::new();

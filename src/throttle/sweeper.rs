@@ -165,8 +165,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let Some(calendar) = limit.calendar() else {
             return false;
         };
-        let quiet = (self.config.lease_ttl / 2 + self.config.store_timeout + CLOCK_SKEW)
-            .saturating_add(self.config.store_timeout);
+        let quiet = self.config.lease_ttl / 2 + self.config.store_timeout * 2 + CLOCK_SKEW;
         calendar.resets_between(now, now.saturating_add(micros(quiet))) > 0
     }
 

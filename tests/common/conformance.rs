@@ -229,7 +229,7 @@ where
 }
 
 /// Calendar quotas: a day's quota taken a second before midnight is whole again at midnight;
-/// a month's, taken on the 1st of February 2024, in 29 days; then seeded runs of acquires
+/// a month's, taken on the 1st of March 2024, in 31 days; then seeded runs of acquires
 /// (with reservations), releases, adjustments and reads over many resets (days at an offset
 /// from UTC, weeks, months), held to the pure bucket's answers step by step. Moves `clock` to
 /// 2024 (calendar times are Unix times).
@@ -242,30 +242,17 @@ where
     clock.set(Duration::from_secs(1_709_164_799));
     let daily: Limit = "3 per day at 00:00 UTC".parse().unwrap();
     let key = BucketKey::new("calendar-day".to_owned(), "default").unwrap();
-    let grant = store
-        .acquire(&key, &daily, TokenRequest::now(1, 3))
-        .await
-        .unwrap();
-    assert_eq!(
-        (grant.granted, grant.refill_in),
-        (3, Duration::from_secs(1))
-    );
+    let take_three = async || {
+        let grant = store.acquire(&key, &daily, TokenRequest::now(1, 3)).await;
+        let grant = grant.unwrap();
+        (grant.granted, grant.refill_in)
+    };
+    assert_eq!(take_three().await, (3, Duration::from_secs(1)));
     clock.advance(Duration::from_micros(999_999));
-    let grant = store
-        .acquire(&key, &daily, TokenRequest::now(1, 3))
-        .await
-        .unwrap();
-    assert_eq!(
-        (grant.granted, grant.refill_in),
-        (0, Duration::from_micros(1))
-    );
+    assert_eq!(take_three().await, (0, Duration::from_micros(1)));
     clock.advance(Duration::from_micros(1));
-    let grant = store
-        .acquire(&key, &daily, TokenRequest::now(1, 3))
-        .await
-        .unwrap();
-    assert_eq!(grant.granted, 3, "whole again on the leap day");
-    // 2024-03-01 00:00:00 UTC, then February: 29 days.
+    assert_eq!(take_three().await.0, 3, "whole again on the leap day");
+    // 2024-03-01 00:00:00 UTC: the whole of March, 31 days, to the next reset.
     clock.set(Duration::from_secs(1_709_251_200));
     let monthly = Limit::per_calendar(10, Period::Month).build().unwrap();
     let key = BucketKey::new("calendar-month".to_owned(), "default").unwrap();
