@@ -460,12 +460,13 @@ fn with_burst(limit: Limit, burst: u64) -> Limit {
         .expect("a valid limit")
 }
 
-/// An admitted request: its layer group, key, when, the tokens it used and those it was
-/// charged.
+/// An admitted request: its layer group, key, when it was sent and admitted, the tokens it
+/// used and those it was charged.
 #[derive(Debug, Clone)]
 pub struct Admission {
     pub group: usize,
     pub key: String,
+    pub sent: Duration,
     pub at: Duration,
     pub used: u64,
     pub charged: u64,
@@ -913,6 +914,7 @@ fn served(
             log.lock().unwrap().admitted.push(Admission {
                 group,
                 key: job.key,
+                sent: job.sent,
                 at: clock.now(),
                 used,
                 charged: job.cost,
@@ -985,6 +987,7 @@ async fn acquire_one(
         log.lock().unwrap().admitted.push(Admission {
             group,
             key: job.key.clone(),
+            sent,
             at: clock.now(),
             used: job.cost,
             charged: job.cost,
@@ -1032,6 +1035,7 @@ async fn meter_one(
             log.lock().unwrap().admitted.push(Admission {
                 group,
                 key: job.key.clone(),
+                sent,
                 at: clock.now(),
                 used,
                 charged: used,
@@ -1071,6 +1075,7 @@ async fn reserve_one(
         log.lock().unwrap().admitted.push(Admission {
             group,
             key: job.key.clone(),
+            sent,
             at: clock.now(),
             used: job.cost,
             charged: job.cost,
@@ -1247,9 +1252,15 @@ fn check_allowance(
                 };
                 total += u128::from(a.used);
                 beyond_charges += u128::from(a.used.saturating_sub(a.charged));
-                if let Some(calendar) = limit.calendar().filter(|_| history.len() == 1) {
+                let calendar = limit.calendar().filter(|_| history.len() == 1);
+                let reset = calendar.map(|c| c.next_reset(s.unix_origin + a.at));
+                // One sent in an earlier window may have been decided there (its batch was
+                // answered before the reset, delivered after): only the cumulative bound holds it.
+                let straddles = calendar
+                    .zip(reset)
+                    .is_some_and(|(c, reset)| c.next_reset(s.unix_origin + a.sent) < reset);
+                if let Some(reset) = reset.filter(|_| !straddles) {
                     // A calendar quota's window holds its own allowance: nothing carries over.
-                    let reset = calendar.next_reset(s.unix_origin + a.at);
                     let (used, beyond) = windows.entry(reset).or_default();
                     *used += u128::from(a.used);
                     *beyond += u128::from(a.used.saturating_sub(a.charged));
