@@ -295,7 +295,8 @@ pub struct Acquire<K> {
 // Every payload a thin box, so the whole decision is two words, returned in registers: an
 // admission (the common case) is then never stored and reloaded on its way to the caller.
 enum AcquireState<K> {
-    Admitted,
+    /// Admitted from leased tokens, at the time given (0: not known).
+    Admitted(u64),
     Rejected(Box<Rejection<K>>),
     Waiting(Box<crate::throttle::Decision<K>>),
     Done,
@@ -305,10 +306,11 @@ enum AcquireState<K> {
 impl<K> Unpin for Acquire<K> {}
 
 impl<K> Acquire<K> {
+    /// Admitted from leased tokens at `at` (see [`Admitted`]'s time).
     #[inline]
-    pub(crate) fn admitted() -> Self {
+    pub(crate) fn admitted(at: u64) -> Self {
         Self {
-            state: AcquireState::Admitted,
+            state: AcquireState::Admitted(at),
         }
     }
 
@@ -337,7 +339,7 @@ impl<K> Future for Acquire<K> {
             return Poll::Ready(decided);
         }
         match std::mem::replace(state, AcquireState::Done) {
-            AcquireState::Admitted => Poll::Ready(Ok(Admitted::LEASED)),
+            AcquireState::Admitted(at) => Poll::Ready(Ok(Admitted::leased_at(at))),
             AcquireState::Rejected(rejection) => Poll::Ready(Err(*rejection)),
             AcquireState::Waiting(_) | AcquireState::Done => Poll::Pending,
         }
@@ -347,7 +349,7 @@ impl<K> Future for Acquire<K> {
 impl<K> std::fmt::Debug for Acquire<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.state {
-            AcquireState::Admitted => "admitted",
+            AcquireState::Admitted(_) => "admitted",
             AcquireState::Rejected(_) => "rejected",
             AcquireState::Waiting(_) => "waiting",
             AcquireState::Done => "done",

@@ -80,3 +80,151 @@ async fn a_fleet_on_memory_never_carries_a_window_s_tokens_into_the_next() {
     let store = MemoryGlobalStore::with_clock(clock.clone());
     common::calendar::fleet_crosses_midnight(&clock, store).await;
 }
+
+mod tokens_taken_back {
+    //! Tokens that leave a use after its admission (a settled refund, a reservation dropped)
+    //! go back into the lease within the window they were taken in, and are forfeited when a
+    //! reset came since: the next window never spends them.
+
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::routing::get;
+    use hierarchical_throttle::clock::ManualClock;
+    use hierarchical_throttle::{
+        HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore, key,
+    };
+    use http::{Request, Response, StatusCode};
+    use tower::ServiceExt;
+
+    use super::BEFORE_LEAP_DAY;
+
+    /// 2024-02-28 12:00 UTC: half a day from the reset.
+    const MIDDAY: Duration = Duration::from_secs(1_709_121_600);
+    /// 2024-02-29 00:00:10 UTC (a refund within a second or so of a reset is forfeited, as
+    /// the store's clock may be that far from the host's).
+    const AFTER_MIDNIGHT: Duration = Duration::from_secs(1_709_164_810);
+
+    type Jobs = HierarchicalThrottleLayer<
+        String,
+        String,
+        MemoryGlobalStore<String, ManualClock>,
+        MemoryLocalStore<String>,
+        ManualClock,
+    >;
+
+    /// Jobs with a quota of 10 a day.
+    fn jobs(clock: &ManualClock) -> Jobs {
+        HierarchicalThrottleLayer::builder()
+            .key(|job: &String| Some(job.clone()))
+            .clock(clock.clone())
+            .limit("10 per day at 00:00 UTC".parse::<Limit>().unwrap())
+            .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+            .build()
+            .unwrap()
+    }
+
+    /// How many uses of one token the layer admits before refusing.
+    async fn admitted_before_refusal(layer: &Jobs) -> u32 {
+        let mut admitted = 0;
+        while layer.acquire("job".to_owned(), 1).await.is_ok() {
+            admitted += 1;
+            assert!(admitted <= 100, "never refused");
+        }
+        admitted
+    }
+
+    #[tokio::test]
+    async fn a_refund_within_the_window_is_spent_in_it() {
+        let clock = ManualClock::new();
+        clock.set(MIDDAY);
+        let layer = jobs(&clock);
+        let admitted = layer.acquire("job".to_owned(), 4).await.unwrap();
+        clock.advance(Duration::from_secs(60));
+        layer.settle("job".to_owned(), admitted, 4, 1).await;
+        assert_eq!(layer.stats().tokens_refunded, 3);
+        assert_eq!(admitted_before_refusal(&layer).await, 10 - 1);
+    }
+
+    #[tokio::test]
+    async fn a_refund_settled_after_the_reset_is_forfeited() {
+        let clock = ManualClock::new();
+        clock.set(BEFORE_LEAP_DAY);
+        let layer = jobs(&clock);
+        let admitted = layer.acquire("job".to_owned(), 4).await.unwrap();
+        clock.set(AFTER_MIDNIGHT);
+        layer.settle("job".to_owned(), admitted, 4, 1).await;
+        let stats = layer.stats();
+        assert_eq!((stats.tokens_refunded, stats.tokens_forfeited), (0, 3));
+        // The leap day's 10, and not the 3 refunded from the day before.
+        assert_eq!(admitted_before_refusal(&layer).await, 10);
+    }
+
+    #[tokio::test]
+    async fn a_reservation_dropped_after_the_reset_gives_nothing_to_the_next_window() {
+        let clock = ManualClock::new();
+        clock.set(BEFORE_LEAP_DAY);
+        let layer = jobs(&clock);
+        // A batch fills the lease; the reservation then takes its tokens at once.
+        assert!(layer.acquire("job".to_owned(), 1).await.is_ok());
+        let reserved = layer
+            .reserve("job".to_owned(), 5, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(reserved.delay(), Duration::ZERO);
+        clock.set(AFTER_MIDNIGHT);
+        drop(reserved);
+        assert_eq!(layer.stats().tokens_forfeited, 5);
+        assert_eq!(admitted_before_refusal(&layer).await, 10);
+    }
+
+    #[tokio::test]
+    async fn a_response_settled_below_its_charge_after_midnight_refunds_nothing_into_the_leap_day()
+    {
+        let clock = ManualClock::new();
+        clock.set(BEFORE_LEAP_DAY);
+        let handler_clock = clock.clone();
+        // The handler runs across midnight and reports the tokens it used.
+        let handler = move || {
+            let clock = handler_clock.clone();
+            async move {
+                clock.set(AFTER_MIDNIGHT);
+                Response::builder()
+                    .header("x-tokens-used", "1")
+                    .body(Body::empty())
+                    .unwrap()
+            }
+        };
+        let layer = HierarchicalThrottleLayer::builder()
+            .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+            .cost(|_: &Request<Body>| 4)
+            .settle(|response: &Response<Body>, charged| {
+                let used = response.headers().get("x-tokens-used");
+                used.and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(charged)
+            })
+            .clock(clock.clone())
+            .limit("10 per day at 00:00 UTC".parse::<Limit>().unwrap())
+            .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+            .build()
+            .unwrap();
+        let app = Router::new().route("/", get(handler)).layer(layer.clone());
+        let call = || async {
+            let req = Request::get("/").header("x-api-key", "k");
+            let response = app.clone().oneshot(req.body(Body::empty()).unwrap());
+            response.await.unwrap().status()
+        };
+        assert_eq!(call().await, StatusCode::OK);
+        // Admitted before midnight, settled after it: its refund of 3 is forfeited.
+        let stats = layer.stats();
+        assert_eq!((stats.tokens_refunded, stats.tokens_forfeited), (0, 3));
+        // On the leap day each request is charged 4 and settles to 1 (its refund of 3 back
+        // in the lease, within the day): one is admitted while 4 of 10 are left.
+        let mut admitted_today = 0;
+        while call().await == StatusCode::OK {
+            admitted_today += 1;
+        }
+        assert_eq!(admitted_today, 7, "10 - 6 = 4 left for the 7th");
+    }
+}

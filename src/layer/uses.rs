@@ -177,7 +177,7 @@ where
 
     /// A use admitted at once (the engine counted it).
     fn admitted_at_once(&self) -> Acquire<K> {
-        Acquire::admitted()
+        Acquire::admitted(self.throttle.stamped(Admitted::LEASED).admitted_at())
     }
 
     #[inline(never)]
@@ -349,6 +349,8 @@ where
     ///
     /// The limits are those `key` has when it is settled: settle soon after the use, or a
     /// refund may go to a limit the key gained since, if its lease holds that limit's tokens.
+    /// A [calendar quota](crate::Limit::per_calendar)'s refund is forfeited when its reset
+    /// came (or is near) since the use: the next window never spends the last one's tokens.
     /// [`settle_keys`](Self::settle_keys) settles a use of [`acquire_keys`](Self::acquire_keys).
     pub async fn settle(&self, key: K, admitted: Admitted, charged: u64, actual: u64) {
         self.settle_keys(Keys::first_level(key), admitted, charged, actual)

@@ -358,11 +358,12 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for Held<K, G, L, C> {
         if self.kept {
             return;
         }
+        let now = self.throttle.now();
         for id in &self.at_once {
-            self.throttle.undo(id, self.cost);
+            self.throttle.take_back(id, self.cost, now, true);
         }
         for id in &self.after_wait {
-            self.throttle.give_back(id, self.cost);
+            self.throttle.take_back(id, self.cost, now, false);
         }
     }
 }

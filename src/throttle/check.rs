@@ -198,15 +198,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     }
 
     /// Puts back the `cost` tokens a request took from bucket `id` when another of its buckets
-    /// refused it.
+    /// refused it in the same check (a later undo goes through
+    /// [`take_back`](Self::take_back)).
     pub(crate) fn undo(&self, id: &LeaseKey<K>, cost: u64) {
         self.local.with_bucket(id, |b| b.undo_take(cost));
-    }
-
-    /// Puts back the `cost` tokens a waiting request was admitted with by bucket `id`, when
-    /// another of its buckets refused it or it went away.
-    pub(crate) fn give_back(&self, id: &LeaseKey<K>, cost: u64) {
-        self.local.with_bucket(id, |b| b.give_back(cost));
     }
 
     /// Tells bucket `b` (of `id`) the limit it serves now, `bucket`: a first bucket learns how
@@ -276,9 +271,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for PendingVerdict<K, G, 
     fn drop(&mut self) {
         self.verdict.close();
         if let Ok(Verdict::Admitted) = self.verdict.try_recv() {
-            self.throttle
-                .local
-                .with_bucket(&self.id, |b| b.give_back(self.cost));
+            let now = self.throttle.now();
+            self.throttle.take_back(&self.id, self.cost, now, false);
         }
     }
 }

@@ -71,6 +71,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         if !self.health.is_up(now) {
             return FetchOutcome::Failed;
         }
+        self.note_limit(&limit);
         // Near a calendar quota's reset, only what the waiting requests need.
         let batch = match self.near_reset(&limit, now) {
             true => plan.needed,
@@ -244,7 +245,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             }
         }
         if unclaimed > 0 {
-            self.local.with_bucket(id, |b| b.give_back(unclaimed));
+            self.take_back(id, unclaimed, self.now(), false);
         }
     }
 }

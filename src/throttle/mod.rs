@@ -15,7 +15,7 @@
 //! above it turn those decisions into responses. Every `impl Throttle` block lives here, one
 //! role per file: `check` (a request on one bucket), `admission` (all or nothing over several),
 //! `fetch` (batches, one per key and host), `health` (back-off and the failure policy),
-//! `sweeper` (hand-backs), `refusal`, `settle` (costs from responses), `shaping` (waits),
+//! `sweeper` (hand-backs), `resets` (calendar quotas' windows), `refusal`, `settle` (costs from responses), `shaping` (waits),
 //! `views`, and `key` (reading a request's key).
 
 use std::hash::BuildHasher;
@@ -42,6 +42,7 @@ mod check;
 mod fetch;
 mod health;
 mod refusal;
+mod resets;
 mod sweeper;
 
 pub(crate) use fetch::TimedOut;
@@ -83,6 +84,9 @@ pub struct Admitted {
     untaken: u128,
     /// Admitted in shadow mode: it took nothing, and has nothing to settle.
     shadow: bool,
+    /// When it was admitted (the throttle's Unix microseconds; 0: not known), for calendar
+    /// quotas: a refund after their reset goes nowhere.
+    at: u64,
 }
 
 impl Admitted {
@@ -91,13 +95,20 @@ impl Admitted {
         by_policy: 0,
         untaken: 0,
         shadow: false,
+        at: 0,
     };
+
+    /// Every bucket admitted with leased tokens, at `at` (0: not known).
+    pub(crate) fn leased_at(at: u64) -> Self {
+        Self { at, ..Self::LEASED }
+    }
 
     /// Served in shadow mode instead of refused.
     pub(crate) const SHADOW: Self = Self {
         by_policy: u128::MAX,
         untaken: 0,
         shadow: true,
+        at: 0,
     };
 
     /// Bucket `id` admitted by the failure policy.
@@ -120,13 +131,30 @@ impl Admitted {
         (u32::from(level) * 16 + u32::from(slot)).min(127)
     }
 
-    /// The buckets of both.
+    /// The buckets of both (admitted at the earlier time known).
     pub(crate) fn and(self, other: Self) -> Self {
         Self {
             by_policy: self.by_policy | other.by_policy,
             untaken: self.untaken | other.untaken,
             shadow: self.shadow || other.shadow,
+            at: match (self.at, other.at) {
+                (0, at) | (at, 0) => at,
+                (a, b) => a.min(b),
+            },
         }
+    }
+
+    /// Admitted at `now` (the throttle's Unix microseconds).
+    pub(crate) fn at(self, now: u64) -> Self {
+        Self {
+            at: now.max(1),
+            ..self
+        }
+    }
+
+    /// When it was admitted (0: not known).
+    pub(crate) fn admitted_at(&self) -> u64 {
+        self.at
     }
 
     /// Whether it was served in shadow mode, taking nothing.
@@ -282,6 +310,9 @@ pub(crate) struct Throttle<K, G, L, C> {
     pub(crate) requests_withdrawn: crate::stats::Counter,
     pub(crate) health: StoreHealth,
     sweeper_running: AtomicBool,
+    /// Whether this host has leased a calendar quota's tokens: admissions then carry their
+    /// time.
+    leases_calendar_quotas: AtomicBool,
     jitter: Jitter,
     pub(crate) refusals: crate::stats::RefusalsByLimit,
     /// Requests waiting for a batch at the last sweep.
@@ -318,6 +349,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             requests_withdrawn: Default::default(),
             health: StoreHealth::default(),
             sweeper_running: AtomicBool::new(false),
+            leases_calendar_quotas: AtomicBool::new(false),
             jitter: Jitter::default(),
             refusals: crate::stats::RefusalsByLimit::default(),
             waiting_for_batches: AtomicU64::new(0),

@@ -32,6 +32,24 @@ impl Jitter {
 }
 
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
+    /// A use of `cost` tokens is admitted, finally, as `admitted`: counts the tokens the
+    /// failure policy admitted without a lease (once the use is sure to go ahead, so that one
+    /// refused by another bucket, or dropped, counts nothing).
+    pub(crate) fn count_admitted(&self, admitted: Admitted, cost: u64) -> Admitted {
+        self.stats.requests_admitted.incr();
+        self.stamped(self.count_unleased(admitted, cost))
+    }
+
+    /// [`count_admitted`](Self::count_admitted) for a use counted as a request already (when
+    /// its check admitted it at once): the tokens the failure policy admitted without a lease.
+    pub(crate) fn count_unleased(&self, admitted: Admitted, cost: u64) -> Admitted {
+        let buckets = u64::from(admitted.policy_buckets());
+        if buckets > 0 {
+            self.stats.tokens_unleased.add(cost.saturating_mul(buckets));
+        }
+        admitted
+    }
+
     /// Counts a request without a key, and logs it at warn: the first, then at most one a
     /// minute, so that a key closure that never finds its key (a mistyped header name) shows.
     pub(crate) fn note_missing_key(&self, policy: &str) {
@@ -63,24 +81,6 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
 const MISSING_KEY_WARNING_EVERY: u64 = 60_000_000;
 
 impl<K, G, L, C> Throttle<K, G, L, C> {
-    /// A use of `cost` tokens is admitted, finally, as `admitted`: counts the tokens the
-    /// failure policy admitted without a lease (once the use is sure to go ahead, so that one
-    /// refused by another bucket, or dropped, counts nothing).
-    pub(crate) fn count_admitted(&self, admitted: Admitted, cost: u64) -> Admitted {
-        self.stats.requests_admitted.incr();
-        self.count_unleased(admitted, cost)
-    }
-
-    /// [`count_admitted`](Self::count_admitted) for a use counted as a request already (when
-    /// its check admitted it at once): the tokens the failure policy admitted without a lease.
-    pub(crate) fn count_unleased(&self, admitted: Admitted, cost: u64) -> Admitted {
-        let buckets = u64::from(admitted.policy_buckets());
-        if buckets > 0 {
-            self.stats.tokens_unleased.add(cost.saturating_mul(buckets));
-        }
-        admitted
-    }
-
     /// The partition key of `key` at `level`, when the layer's fields carry them.
     pub(crate) fn partition_key(
         &self,

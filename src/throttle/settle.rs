@@ -107,6 +107,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 settle: None,
             };
         }
+        let admitted = self.stamped(admitted);
         let drawn: Vec<Drawn<K>> = keys
             .iter()
             .filter_map(|id| Some((id.clone(), self.quota(id.level, &id.key)?)))
@@ -141,7 +142,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// Corrects a request charged `charged` tokens on every bucket it `drew` on, admitted as
     /// `admitted`, to `actual`. A refund goes at once into each lease that gave the tokens: not
     /// into a bucket the failure policy decided (it gave none), nor into a lease that now holds
-    /// another limit's tokens (the key changed tiers); those refunds are forfeited. A further
+    /// another limit's tokens (the key changed tiers), nor into a calendar quota's lease when
+    /// its reset came (or is near) since the admission; those refunds are forfeited. A further
     /// charge is taken from the leases at once, and what they lack from the global buckets by
     /// the returned future.
     pub(crate) fn settle_cost(
@@ -156,6 +158,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         }
         let mut owed = Vec::new();
         let (mut refunded, mut forfeited) = (0u64, 0u64);
+        let now = self.now();
         for (first, quota) in drawn {
             let mut id = first.clone();
             for (slot, (name, limit)) in (0..).zip(quota.slots_iter()) {
@@ -163,6 +166,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 if actual < charged {
                     let refund = charged - actual;
                     let into_lease = admitted.leased(id.level, slot)
+                        && self.may_take_back(&limit, admitted.admitted_at(), now)
                         && self.local.with_bucket(&id, |b| {
                             let ours = b.holds_tokens_of(name);
                             if ours {

@@ -138,10 +138,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for Taken<K, G, L, C> {
             let mut id = id.clone();
             for slot in (0..slots).filter(|&slot| self.admitted.leased(id.level, slot)) {
                 id.slot = slot;
-                match self.at_once {
-                    true => self.throttle.undo(&id, self.cost),
-                    false => self.throttle.give_back(&id, self.cost),
-                }
+                let taken_at = self.admitted.admitted_at();
+                self.throttle
+                    .take_back(&id, self.cost, taken_at, self.at_once);
             }
         }
     }
@@ -324,6 +323,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         at_once: bool,
         admitted: Admitted,
     ) -> Reservation<K> {
+        let admitted = self.stamped(admitted);
         let taken = Taken {
             throttle: self.clone(),
             keys,

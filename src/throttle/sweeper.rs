@@ -11,6 +11,7 @@ use crate::global::Call;
 use crate::stats::ThrottleStats;
 use crate::sync::lock;
 use crate::throttle::calls::{CallFailure, Due, Reply};
+use crate::throttle::resets::CLOCK_SKEW;
 use crate::throttle::{Global, Key, Local, Throttle, TimedOut};
 
 use std::sync::Arc;
@@ -32,10 +33,6 @@ pub(crate) struct Return<K> {
     /// after theirs.
     taken_at: u64,
 }
-
-/// How far apart a host's clock and the global store's may be, for a calendar quota's resets:
-/// hosts stop holding its tokens this much earlier than their own clock says.
-const CLOCK_SKEW: Duration = Duration::from_secs(1);
 
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// Hands back leases not used within the lease time-to-live, those of evicted buckets, and
@@ -155,18 +152,6 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             tokens,
             taken_at: now,
         });
-    }
-
-    /// Whether a lease of `limit` must hold none of its tokens at `now`: the limit is a
-    /// calendar quota whose reset is near enough that the next sweep could come after the
-    /// last moment a hand-back still reaches the store before it (host clocks within
-    /// [`CLOCK_SKEW`] of the store's). Its leases then serve only the requests waiting.
-    pub(super) fn near_reset(&self, limit: &crate::Limit, now: u64) -> bool {
-        let Some(calendar) = limit.calendar() else {
-            return false;
-        };
-        let quiet = self.config.lease_ttl / 2 + self.config.store_timeout * 2 + CLOCK_SKEW;
-        calendar.resets_between(now, now.saturating_add(micros(quiet))) > 0
     }
 
     /// The tokens of dated bucket `id`'s lease, taken out if its calendar quota's reset is near.
