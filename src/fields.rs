@@ -184,6 +184,11 @@ impl RateLimitFields {
         }
     }
 
+    /// Whether the fields carry partition keys.
+    pub(crate) fn has_partition_keys(&self) -> bool {
+        self.partition_secret.is_some()
+    }
+
     /// The partition key of `key` at `level` of `layer`, when they are on.
     pub(crate) fn partition_key<K: Hash>(
         &self,

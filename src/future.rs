@@ -172,7 +172,8 @@ where
                     }
                 }
                 StateProj::Charging { charging } => {
-                    charging.after.admission.remaining = ready!(charging.charge.as_mut().poll(cx));
+                    charging.after.admission.remaining =
+                        ready!(charging.charge.as_mut().poll(cx)).into();
                     // Always Some here: it is taken only on the way out.
                     let Some(mut response) = charging.response.take() else {
                         return Poll::Pending;
@@ -261,7 +262,7 @@ impl<Req, K, R> After<Req, K, R> {
         if let Some(settling) = self.admission.settle.take() {
             let actual = self.policy.on_rejection.settle(&response, settling.charged);
             match (settling.finish)(actual) {
-                Corrected::Done(remaining) => self.admission.remaining = remaining,
+                Corrected::Done(remaining) => self.admission.remaining = remaining.into(),
                 Corrected::Charging(charge) => return Err((charge, response)),
             }
         }
@@ -276,7 +277,7 @@ impl<Req, K, R> After<Req, K, R> {
         if !self.admission.remaining.is_empty() {
             self.policy
                 .on_rejection
-                .on_admitted(response, &self.admission.remaining);
+                .on_admitted(response, self.admission.remaining.as_slice());
         }
     }
 }

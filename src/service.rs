@@ -19,7 +19,7 @@ use crate::rejection::{Rejection, RejectionReason};
 use crate::response::{DefaultRejection, OnRejection};
 use crate::stats::ThrottleStats;
 use crate::throttle::key::KeyReader;
-use crate::throttle::{Admission, Admitted, Check, Decision, Throttle};
+use crate::throttle::{Admission, Admitted, Check, Decision, LimitStates, Throttle, Viewed};
 
 /// Throttles requests to the inner service per key; made by
 /// [`HierarchicalThrottleLayer`](crate::HierarchicalThrottleLayer).
@@ -107,7 +107,7 @@ where
     fn call(&mut self, request: Req) -> Self::Future {
         let cost = self.policy.cost(&request);
         if self.annotates() || self.settles() || self.throttle.shapes() {
-            return self.call_keyed(request, cost);
+            return self.call_annotated(request, cost);
         }
         let check = match &self.policy.key {
             KeyReader::Borrowed(reader) if self.policy.levels.is_empty() => {
@@ -151,6 +151,36 @@ where
             && OnRejection::<Req, K, S::Response, S::Error>::annotates_admitted(
                 &self.policy.on_rejection,
             )
+    }
+
+    /// A request whose response gets the state of its limits, or whose cost is settled from
+    /// it, or which may wait for its tokens. When only the state is added, on one limit the
+    /// same for every key and a borrowed key, the lease's take reads it too (one lookup, no
+    /// key made); otherwise the keys are kept ([`call_keyed`](Self::call_keyed)).
+    #[inline(never)]
+    fn call_annotated(&mut self, request: Req, cost: u64) -> ResponseFuture<S, Req, K, R> {
+        let viewed = match &self.policy.key {
+            KeyReader::Borrowed(reader)
+                if self.policy.levels.is_empty() && !self.settles() && !self.throttle.shapes() =>
+            {
+                self.throttle
+                    .check_borrowed_viewed(&**reader, &request, cost)
+            }
+            _ => None,
+        };
+        match viewed {
+            Some(Viewed::Admitted(state)) => {
+                let admission = Admission {
+                    remaining: LimitStates::One(state),
+                    settle: None,
+                };
+                self.admitted(request, admission)
+            }
+            Some(Viewed::Decided(check, first)) => {
+                self.respond(check, request, Some(vec![first]), cost)
+            }
+            Some(Viewed::NoKey) | None => self.call_keyed(request, cost),
+        }
     }
 
     /// A request whose keys are kept: to read the state of its limits for its response once

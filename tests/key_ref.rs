@@ -2,6 +2,8 @@
 //! in the same buckets, with the missing-key policy, further limits and levels, and with a
 //! local store of the user's own.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -378,4 +380,79 @@ async fn a_level_keyed_by_another_type_converts_into_the_key_type() {
         ]
     );
     assert_eq!(layer.stats().requests_refused, 1);
+}
+
+/// The `RateLimit` fields of a borrowed key's admitted response are read in the same lookup
+/// as its take: they must say what the fields read after it say, for the same key made, on
+/// a long script with refills, several keys, and the store failing for a while (each host's
+/// share then, under `FailurePolicy::local_fallback`).
+#[tokio::test(start_paused = true)]
+async fn the_fields_read_with_the_take_are_those_read_after_it() {
+    let clock = ManualClock::new();
+    let limit = Limit::per_second(5).burst(8).unwrap();
+    let stores: Vec<_> = (0..2)
+        .map(|_| common::FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone())))
+        .collect();
+    let fallback = || hierarchical_throttle::FailurePolicy::local_fallback(2).unwrap();
+    let made = HierarchicalThrottleLayer::builder()
+        .key(|req: &Request<Body>| key::header_value(req, &API_KEY))
+        .clock(clock.clone())
+        .limit(limit)
+        .failure_policy(fallback())
+        // Batches go at once: no timer on tokio's clock to make the two hosts' timing differ.
+        .global_batch_linger(Duration::ZERO)
+        .global_store(stores[0].clone())
+        .build()
+        .unwrap();
+    let borrowed = HierarchicalThrottleLayer::builder()
+        .key_ref(api_key)
+        .clock(clock.clone())
+        .limit(limit)
+        .failure_policy(fallback())
+        .global_batch_linger(Duration::ZERO)
+        .global_store(stores[1].clone())
+        .build()
+        .unwrap();
+    let app = |layer| {
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer)
+    };
+    let (made, borrowed) = (app(made), app(borrowed));
+    let fields = |response: &http::Response<Body>| {
+        let header = |name| response.headers().get(name).cloned();
+        (
+            response.status(),
+            header("ratelimit"),
+            header("ratelimit-policy"),
+            header("retry-after"),
+        )
+    };
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut admitted_with_fields = 0;
+    for step in 0..400 {
+        if step == 150 || step == 300 {
+            let fault = match step {
+                150 => common::Fault::Error,
+                _ => common::Fault::None,
+            };
+            stores.iter().for_each(|store| store.set(fault));
+        }
+        clock.advance(Duration::from_millis(next(300)));
+        let key = ["a", "b", "c"][next(3) as usize];
+        let expected = fields(&send(&made, Some(key)).await);
+        let got = fields(&send(&borrowed, Some(key)).await);
+        assert_eq!(got, expected, "step {step}, key {key}");
+        admitted_with_fields += usize::from(expected.0 == StatusCode::OK && expected.1.is_some());
+        // Paused time moves on once every task is idle: both hosts' batches have landed.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Both outcomes are on the script: admissions with fields and refusals.
+    assert!(admitted_with_fields > 100, "{admitted_with_fields}");
 }

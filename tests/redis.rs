@@ -874,6 +874,19 @@ async fn a_fleet_on_redis_never_carries_a_window_s_tokens_into_the_next() {
     common::calendar::fleet_crosses_midnight(&clock, redis).await;
 }
 
+/// The same on a 3-primary Cluster: the calendar arithmetic runs in the script of the node
+/// that holds the key's slot.
+#[tokio::test]
+async fn a_fleet_on_a_redis_cluster_never_carries_a_window_s_tokens_into_the_next() {
+    let cluster = RedisCluster::start();
+    let clock = ManualClock::new();
+    let redis: RedisGlobalStore<String> = RedisGlobalStore::connect_cluster(cluster.urls())
+        .await
+        .expect("connect to the test's cluster")
+        .with_clock_override(clock.clone());
+    common::calendar::fleet_crosses_midnight(&clock, redis).await;
+}
+
 /// Three shaping hosts on one real Redis, on real time: bursts wait for their tokens instead
 /// of being refused, and the fleet never serves more than `capacity + rate × elapsed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

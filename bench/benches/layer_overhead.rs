@@ -18,7 +18,7 @@ use std::hint::black_box;
 use axum::body::Body;
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{Request, Response};
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, Service};
 use tower_governor::governor::GovernorConfigBuilder;
 
 #[path = "support/sides.rs"]
@@ -29,7 +29,7 @@ mod support;
 use sides::{ApiKey, ApiKeyByName, Echo, api_key, api_key_bytes, governor, owned_key, requests};
 use support::poll_once;
 
-/// Measures `service` on `requests` after one warm-up round (every key then holds tokens).
+/// Measures `service` on `requests` after the warm-up rounds (every key then holds tokens).
 fn measure<S>(c: &mut Criterion, name: String, mut service: S, requests: &[Request<()>])
 where
     S: Service<Request<()>, Response = Response<Body>, Error = Infallible> + Clone,
@@ -38,13 +38,7 @@ where
         .enable_all()
         .build()
         .expect("a runtime");
-    for request in requests {
-        let warm = runtime.block_on(service.clone().oneshot(request.clone()));
-        assert!(warm.is_ok());
-    }
-    // A cold key passes on credit; its lease comes with the batch the warm-up started: let
-    // those land.
-    runtime.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(50)).await });
+    sides::warm_up(&runtime, &service, requests);
     let _guard = runtime.enter();
     let mut i = 0;
     c.bench_function(&name, |b| {

@@ -4,7 +4,8 @@
 //!
 //! Run with: cargo run --release -p hierarchical-throttle-bench --example overhead_profile -- <side> <keys> <iterations>
 //!
-//! Sides: `unthrottled`, `tower_governor`, `tower_governor_header_name`, `throttled` (`key` with
+//! Sides: `unthrottled`, `tower_governor`, `tower_governor_header_name`,
+//! `tower_governor_headers` (with its `x-ratelimit-*` headers), `throttled` (`key` with
 //! `key::header_value`), `throttled_key_ref` (`key_ref` with `key::header_str`),
 //! `throttled_key_bytes` (`key_ref` with `key::header_bytes`), `throttled_key_ref_fields` (the same with the `RateLimit` fields), `throttled_key_bytes_fields` (the README's lead example: `header_bytes` with the fields), and `constant_key` (the
 //! layer with a key read from nothing: what remains is the layer's own work).
@@ -14,7 +15,7 @@ use std::hint::black_box;
 
 use axum::body::Body;
 use http::{Request, Response};
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, Service};
 use tower_governor::governor::GovernorConfigBuilder;
 
 #[path = "../benches/support/sides.rs"]
@@ -26,7 +27,7 @@ mod support;
 use sides::{ApiKey, ApiKeyByName, Echo, api_key, api_key_bytes, governor, owned_key, requests};
 use support::poll_once;
 
-/// Calls `service` `iterations` times over `requests` after one warm-up round.
+/// Calls `service` `iterations` times over `requests` after the warm-up rounds.
 fn run<S>(mut service: S, requests: &[Request<()>], iterations: usize)
 where
     S: Service<Request<()>, Response = Response<Body>, Error = Infallible> + Clone,
@@ -35,13 +36,7 @@ where
         .enable_all()
         .build()
         .expect("a runtime");
-    for request in requests {
-        let warm = runtime.block_on(service.clone().oneshot(request.clone()));
-        assert!(warm.is_ok());
-    }
-    // A cold key passes on credit; its lease comes with the batch the warm-up started: let
-    // those land.
-    runtime.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(50)).await });
+    sides::warm_up(&runtime, &service, requests);
     let _guard = runtime.enter();
     let mut i = 0;
     for _ in 0..iterations {
@@ -67,6 +62,11 @@ fn main() {
             run(governor(config).layer(Echo), &requests, iterations)
         }
         "tower_governor_header_name" => run(governor(by_name()).layer(Echo), &requests, iterations),
+        "tower_governor_headers" => run(
+            governor(by_name().use_headers()).layer(Echo),
+            &requests,
+            iterations,
+        ),
         "throttled" => run(
             throttle!(key, owned_key, false).layer(Echo),
             &requests,

@@ -270,22 +270,41 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        self.take_group_then(key, level, cost, |_| ()).0
+    }
+
+    /// [`take_group_by`](Self::take_group_by) that also reads the first bucket once it has
+    /// taken (`read`, under the same lock; `None` when the key has no bucket here): one lookup
+    /// for a request whose response tells the state of its limit.
+    #[inline(always)]
+    pub(crate) fn take_group_then<Q, R>(
+        &self,
+        key: &Q,
+        level: u8,
+        cost: u64,
+        read: impl FnOnce(&LocalBucket) -> R,
+    ) -> (GroupHit, Option<R>)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let group = self.group_hash(key, level);
         self.with_shard_counted(group, |table, admitted| {
             let Some(entry) = table.find_mut(group, |e| is_bucket(&e.key, key, level, 0)) else {
-                return GroupHit::First(Hit::Short, 0);
+                return (GroupHit::First(Hit::Short, 0), None);
             };
             entry.bucket.mark_used();
             let hit = entry.bucket.take_leased(cost);
             let slots = entry.bucket.slots();
+            let read = Some(read(&entry.bucket));
             if slots <= 1 || hit == Hit::Short {
                 let whole = slots == 1 && hit != Hit::Short;
                 *admitted += u64::from(whole);
-                return GroupHit::First(hit, slots);
+                return (GroupHit::First(hit, slots), read);
             }
             let taken = take_rest(table, group, (key, level), hit, slots, cost);
             *admitted += u64::from(matches!(taken, GroupHit::All { .. }));
-            taken
+            (taken, read)
         })
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
-use crate::limit::Limit;
+use crate::limit::{Limit, mul_div};
 use crate::rejection::{Rejection, RejectionReason, ceil_secs};
 use crate::remaining::Remaining;
 
@@ -30,21 +30,20 @@ pub fn append_ratelimit_fields(headers: &mut http::HeaderMap, remaining: &[Remai
     }
     let policy = match remaining {
         [only] => single_policy(only),
-        _ => {
-            let mut out = Vec::with_capacity(64 * remaining.len());
+        _ => field_value(|out| {
             for (i, r) in remaining.iter().enumerate() {
-                push_policy_item(&mut out, i, r);
+                push_policy_item(out, i, r);
             }
-            header_value(out)
-        }
+        }),
     };
-    let mut state = Vec::with_capacity(40 * remaining.len());
-    for (i, r) in remaining.iter().enumerate() {
-        let (available, window) = service_limit(r);
-        push_state_item(&mut state, i, r, available, window);
-    }
+    let state = field_value(|out| {
+        for (i, r) in remaining.iter().enumerate() {
+            let (available, window) = service_limit(r);
+            push_state_item(out, i, r, available, window);
+        }
+    });
     headers.append(RATELIMIT_POLICY, policy);
-    headers.append(RATELIMIT, header_value(state));
+    headers.append(RATELIMIT, state);
 }
 
 /// `RateLimit-Policy` for one limit. It changes only with the limit and its names, so each
@@ -55,11 +54,7 @@ fn single_policy(r: &Remaining) -> HeaderValue {
     thread_local! {
         static LAST: std::cell::RefCell<Last> = const { std::cell::RefCell::new(None) };
     }
-    let write = || {
-        let mut out = Vec::with_capacity(64);
-        push_policy_item(&mut out, 0, r);
-        header_value(out)
-    };
+    let write = || field_value(|out| push_policy_item(out, 0, r));
     if r.partition_key.is_some() {
         return write();
     }
@@ -150,13 +145,10 @@ fn push_partition_key(out: &mut Vec<u8>, r: &Remaining) {
 /// never exceeds the rate (and falls short of it by less than one token per window).
 fn policy_window(limit: &Limit) -> (u64, u64) {
     let (amount, period) = limit.written_rate();
-    let period = period.as_micros().max(1);
+    let period = u64::try_from(period.as_micros()).unwrap_or(u64::MAX).max(1);
     let window = period.div_ceil(1_000_000);
-    let quota = u128::from(amount) * window * 1_000_000 / period;
-    (
-        sf_integer(u64::try_from(quota).unwrap_or(u64::MAX)),
-        sf_integer(u64::try_from(window).unwrap_or(u64::MAX)),
-    )
+    let quota = mul_div(amount, window.saturating_mul(1_000_000), period);
+    (sf_integer(quota), sf_integer(window))
 }
 
 /// `RateLimit`'s `r` and `t`: within the policy's window, the tokens left and those that
@@ -225,9 +217,8 @@ pub(crate) fn insert_ratelimit_fields<K>(headers: &mut http::HeaderMap, rejectio
     if let (RejectionReason::Throttled, Some(secs)) =
         (rejection.reason, rejection.retry_after_secs())
     {
-        let mut state = Vec::with_capacity(40);
-        push_state_item(&mut state, 0, &refusing, 0, secs);
-        headers.insert(RATELIMIT, header_value(state));
+        let state = field_value(|out| push_state_item(out, 0, &refusing, 0, secs));
+        headers.insert(RATELIMIT, state);
     }
 }
 
@@ -241,9 +232,19 @@ fn sf_integer(n: u64) -> u64 {
     n.min(SF_INTEGER_MAX)
 }
 
-fn header_value(s: impl Into<Vec<u8>>) -> HeaderValue {
-    // Built only from digits, names and fixed ASCII, so always a valid header value.
-    HeaderValue::try_from(s.into()).unwrap_or_else(|_| HeaderValue::from_static(""))
+/// A field's value, written by `write` into this thread's scratch buffer and copied out: one
+/// allocation of its exact size (a `Vec` with room to spare becomes a `Bytes` through a
+/// second allocation).
+fn field_value(write: impl FnOnce(&mut Vec<u8>)) -> HeaderValue {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with_borrow_mut(|out| {
+        out.clear();
+        write(out);
+        // Built only from digits, names and fixed ASCII, so always a valid header value.
+        HeaderValue::from_bytes(out).unwrap_or_else(|_| HeaderValue::from_static(""))
+    })
 }
 
 #[cfg(test)]

@@ -93,7 +93,12 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// The decision after the default store's [`take_group`](MemoryLocalStore::take_group)
     /// answered `hit` for `id`'s key, which it counted when admitted whole.
     #[inline(always)]
-    fn after_group_hit(self: &Arc<Self>, id: &LeaseKey<K>, hit: GroupHit, cost: u64) -> Check<K> {
+    pub(super) fn after_group_hit(
+        self: &Arc<Self>,
+        id: &LeaseKey<K>,
+        hit: GroupHit,
+        cost: u64,
+    ) -> Check<K> {
         match hit {
             GroupHit::All { fetch: 0 } => Check::Admit,
             GroupHit::All { fetch } => {

@@ -4,7 +4,9 @@
 use std::marker::PhantomData;
 
 use crate::key::BorrowedKey;
+use crate::limit::Limit;
 use crate::local::memory::{GroupHit, MemoryLocalStore};
+use crate::local::{LocalBucket, View};
 
 /// A closure making a request's key.
 pub(crate) type KeyFn<Req, K> = Box<dyn Fn(&Req) -> Option<K> + Send + Sync>;
@@ -37,6 +39,24 @@ pub(crate) trait ReadBorrowed<Req, K>: Send + Sync {
     /// needs the key makes it with [`owned`](Self::owned) (returning the key from here cost
     /// every admitted request a stall on the stack copy of the answer).
     fn take(&self, request: &Req, store: &MemoryLocalStore<K>, cost: u64) -> Option<GroupHit>;
+
+    /// [`take`](Self::take), and the view of the key's first bucket once taken (`None` when
+    /// this host holds no bucket of the key), read at `at`.
+    fn take_viewed(
+        &self,
+        request: &Req,
+        store: &MemoryLocalStore<K>,
+        cost: u64,
+        at: &ViewAt,
+    ) -> Option<(GroupHit, Option<View>)>;
+}
+
+/// What a bucket's [`View`] is read with: the time, the bucket's limit, and whether the
+/// global store is up (while it is down, a host that decides alone views its share).
+pub(crate) struct ViewAt {
+    pub(crate) now: u64,
+    pub(crate) limit: Limit,
+    pub(crate) store_up: bool,
 }
 
 /// A closure borrowing a `Q` from the request, for a key of type `Q::Key`.
@@ -66,5 +86,17 @@ where
     #[inline]
     fn take(&self, request: &Req, store: &MemoryLocalStore<Q::Key>, cost: u64) -> Option<GroupHit> {
         Some(store.take_group_by::<Q>((self.key)(request)?, 0, cost))
+    }
+
+    fn take_viewed(
+        &self,
+        request: &Req,
+        store: &MemoryLocalStore<Q::Key>,
+        cost: u64,
+        at: &ViewAt,
+    ) -> Option<(GroupHit, Option<View>)> {
+        let key = (self.key)(request)?;
+        let view = |b: &LocalBucket| b.view(at.now, &at.limit, at.store_up);
+        Some(store.take_group_then::<Q, _>(key, 0, cost, view))
     }
 }

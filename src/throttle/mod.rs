@@ -51,7 +51,8 @@ use refusal::Jitter;
 use sweeper::Return;
 pub(crate) mod key;
 mod settle;
-pub(crate) use settle::{Admission, Corrected};
+pub(crate) use settle::{Admission, Corrected, LimitStates};
+pub(crate) use views::Viewed;
 pub(crate) mod shaping;
 mod views;
 

@@ -183,7 +183,7 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
             })
             .flatten();
         Admission {
-            remaining: remaining.into_iter().collect(),
+            remaining: remaining.map_or(super::LimitStates::None, super::LimitStates::One),
             settle: None,
         }
     }

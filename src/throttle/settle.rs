@@ -25,8 +25,42 @@ use crate::throttle::{Admitted, Global, Key, Local, Throttle, TimedOut};
 #[derive(Default)]
 pub(crate) struct Admission {
     /// The state of its limits to add (when not settling: settling reads them afterwards).
-    pub(crate) remaining: Vec<Remaining>,
+    pub(crate) remaining: LimitStates,
     pub(crate) settle: Option<Settling>,
+}
+
+/// The state of a request's limits, for its response: one limit's kept inline (most quotas
+/// have one), so that it costs no allocation of its own.
+#[derive(Default)]
+pub(crate) enum LimitStates {
+    #[default]
+    None,
+    One(Remaining),
+    Many(Vec<Remaining>),
+}
+
+impl LimitStates {
+    pub(crate) fn as_slice(&self) -> &[Remaining] {
+        match self {
+            Self::None => &[],
+            Self::One(one) => std::slice::from_ref(one),
+            Self::Many(many) => many,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+}
+
+impl From<Vec<Remaining>> for LimitStates {
+    fn from(mut states: Vec<Remaining>) -> Self {
+        match states.len() {
+            0 => Self::None,
+            1 => states.pop().map_or(Self::None, Self::One),
+            _ => Self::Many(states),
+        }
+    }
 }
 
 impl Admission {
@@ -103,7 +137,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     ) -> Admission {
         if !settle {
             return Admission {
-                remaining: self.remaining(&mut keys, annotate),
+                remaining: self.remaining(&mut keys, annotate).into(),
                 settle: None,
             };
         }
@@ -123,7 +157,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             }))
         };
         Admission {
-            remaining: Vec::new(),
+            remaining: LimitStates::None,
             settle: Some(Settling {
                 charged: cost,
                 finish: Box::new(finish),

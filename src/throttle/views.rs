@@ -1,15 +1,28 @@
 //! Read-only views of what a key's limits hold, as this host sees them or as the global store
 //! holds them.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, micros};
+use crate::fields::PartitionKey;
 use crate::global::BucketLevel;
 use crate::limit::Limit;
 use crate::local::View;
 use crate::quota::{BucketKey, LeaseKey, Name};
 use crate::remaining::Remaining;
-use crate::throttle::{Global, Key, Local, Throttle};
+use crate::throttle::key::{ReadBorrowed, ViewAt};
+use crate::throttle::{Check, Global, Key, Local, QuotaSource, Throttle};
+
+/// A request's decision from [`check_borrowed_viewed`](Throttle::check_borrowed_viewed).
+pub(crate) enum Viewed<K> {
+    /// Admitted by the lease: the state of its limit, for its response.
+    Admitted(Remaining),
+    /// Anything else: the decision, and the request's first bucket for what follows it.
+    Decided(Check<K>, LeaseKey<K>),
+    /// The request has no key.
+    NoKey,
+}
 
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// What limit `name` of `key` (at `level`) holds, as `view` tells it, described as the
@@ -21,6 +34,20 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         level: Option<Name>,
         limit: Limit,
         view: View,
+    ) -> Remaining {
+        let partition_key = self.partition_key(level.map(Name::as_str), key);
+        self.remaining_with(name, level, limit, view, partition_key)
+    }
+
+    /// [`remaining_of_limit`](Self::remaining_of_limit) for a key whose partition key is
+    /// `partition_key`.
+    fn remaining_with(
+        &self,
+        name: Name,
+        level: Option<Name>,
+        limit: Limit,
+        view: View,
+        partition_key: Option<PartitionKey>,
     ) -> Remaining {
         // While the host decides alone, its share is the limit it holds to.
         let mut remaining = Remaining::new(
@@ -34,8 +61,54 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         remaining.layer = self.config.layer_name();
         let level = level.map(Name::as_str);
         remaining.unit = self.config.unit(level, name.as_str());
-        remaining.partition_key = self.partition_key(level, key);
+        remaining.partition_key = partition_key;
         remaining
+    }
+
+    /// A request on the first level's one limit (the same for every key) whose response
+    /// tells that limit's state: [`check_borrowed`](Self::check_borrowed) with the state read
+    /// in the same lookup, and no key made while the lease admits it. `None` when this does
+    /// not apply: another local store, a quota per key or of several limits, partition keys
+    /// in the fields (they hash the key made).
+    pub(crate) fn check_borrowed_viewed<Req>(
+        self: &Arc<Self>,
+        reader: &dyn ReadBorrowed<Req, K>,
+        request: &Req,
+        cost: u64,
+    ) -> Option<Viewed<K>> {
+        let (name, limit) = self.one_limit_for_every_key()?;
+        let memory = self.memory_store()?;
+        if self.config.fields.has_partition_keys() {
+            return None;
+        }
+        let now = self.now();
+        let at = ViewAt {
+            now,
+            limit,
+            store_up: self.health.is_up(now),
+        };
+        let Some((hit, view)) = reader.take_viewed(request, memory, cost, &at) else {
+            return Some(Viewed::NoKey);
+        };
+        if let (true, Some(view)) = (hit.is_plain_admission(), view) {
+            return Some(Viewed::Admitted(
+                self.remaining_with(name, None, limit, view, None),
+            ));
+        }
+        // Read again only now: the closure borrows from the request, so it finds the same key.
+        let Some(key) = reader.owned(request) else {
+            return Some(Viewed::NoKey);
+        };
+        let id = LeaseKey::new(key, 0, 0);
+        Some(Viewed::Decided(self.after_group_hit(&id, hit, cost), id))
+    }
+
+    /// The first level's limit when its quota is one limit, the same for every key.
+    fn one_limit_for_every_key(&self) -> Option<(Name, Limit)> {
+        match &self.levels.first()?.quota {
+            QuotaSource::Fixed(quota) if quota.slots() == 1 => quota.slot(0),
+            _ => None,
+        }
     }
 
     /// This host's view of every limit of the key of bucket `id` at its level, appended to

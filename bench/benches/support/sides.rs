@@ -126,3 +126,21 @@ macro_rules! throttle {
             .expect("a valid layer")
     };
 }
+
+/// Sends every request of `requests` through `service` for a few rounds, each followed by
+/// 50 ms in which the batches it started land, so that what is measured after is the hit
+/// path: a cold key passes on credit and its first batch pays that credit; the next round
+/// learns the global bucket's level, and the batch it starts fills the lease for the run.
+pub fn warm_up<S>(runtime: &tokio::runtime::Runtime, service: &S, requests: &[Request<()>])
+where
+    S: Service<Request<()>, Response = Response<Body>, Error = Infallible> + Clone,
+{
+    use tower::ServiceExt;
+    for _ in 0..3 {
+        for request in requests {
+            let warm = runtime.block_on(service.clone().oneshot(request.clone()));
+            assert!(warm.is_ok());
+        }
+        runtime.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(50)).await });
+    }
+}
