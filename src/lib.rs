@@ -66,8 +66,8 @@
 //! # Modules
 //!
 //! The crate is built in floors, each using only those below it (a test keeps it so):
-//! foundations (errors, clocks, locks); the model ([`Limit`], [`Quota`], keys, rejections,
-//! [`Remaining`], policies, counters); pure state machines (the token bucket, each key's lease);
+//! foundations (errors, clocks, locks, arithmetic); the model ([`Limit`], [`Quota`], keys,
+//! rejections, [`Remaining`], policies, counters); pure state machines (the token bucket, each key's lease);
 //! the stores ([`local`], [`global`]); the engine (fetching, back-off, the sweeper, settling,
 //! shaping: plain decisions, no HTTP); the answers (HTTP and gRPC rejections, the `RateLimit`
 //! fields); and the tower surface (builder, layer, service, response future).
@@ -108,6 +108,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
+mod arith;
 pub mod batch;
 pub mod bucket;
 mod builder;

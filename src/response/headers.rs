@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
-use crate::limit::{Limit, mul_div};
+use crate::arith::mul_div;
+use crate::limit::Limit;
 use crate::rejection::{Rejection, RejectionReason, ceil_secs};
 use crate::remaining::Remaining;
 
