@@ -67,10 +67,11 @@
 //!
 //! The crate is built in floors, each using only those below it (a test keeps it so):
 //! foundations (errors, clocks, locks, arithmetic); the model ([`Limit`], [`Quota`], keys,
-//! rejections, [`Remaining`], policies, counters); pure state machines (the token bucket, each key's lease);
-//! the stores ([`local`], [`global`]); the engine (fetching, back-off, the sweeper, settling,
-//! shaping: plain decisions, no HTTP); the answers (HTTP and gRPC rejections, the `RateLimit`
-//! fields); and the tower surface (builder, layer, service, response future).
+//! rejections, [`Remaining`], policies, counters); pure state machines (the token bucket, each
+//! key's lease); the stores ([`local`], [`global`]); the engine (fetching, back-off, the
+//! sweeper, settling, shaping: plain decisions, no HTTP); the answers (HTTP and gRPC
+//! rejections, the `RateLimit` fields); and the tower surface (builder, layer, service,
+//! response future).
 //!
 //! - [`bucket`]: the lazy token bucket's exact arithmetic, shared by every store;
 //! - [`global`]: the [`GlobalStore`](global::GlobalStore) trait, [`MemoryGlobalStore`] and, with
