@@ -76,24 +76,19 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         request: &Req,
         cost: u64,
     ) -> Option<Viewed<K>> {
-        let (name, limit) = self.one_limit_for_every_key()?;
+        let template = self.one_limit.as_ref()?;
         let memory = self.memory_store()?;
-        if self.config.fields.has_partition_keys() {
-            return None;
-        }
         let now = self.now();
         let at = ViewAt {
             now,
-            limit,
+            limit: template.limit,
             store_up: self.health.is_up(now),
         };
         let Some((hit, view)) = reader.take_viewed(request, memory, cost, &at) else {
             return Some(Viewed::NoKey);
         };
         if let (true, Some(view)) = (hit.is_plain_admission(), view) {
-            return Some(Viewed::Admitted(
-                self.remaining_with(name, None, limit, view, None),
-            ));
+            return Some(Viewed::Admitted(filled_in(template, view)));
         }
         // Read again only now: the closure borrows from the request, so it finds the same key.
         let Some(key) = reader.owned(request) else {
@@ -101,6 +96,18 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         };
         let id = LeaseKey::new(key, 0, 0);
         Some(Viewed::Decided(self.after_group_hit(&id, hit, cost), id))
+    }
+
+    /// The state of the first level's limit as the fields describe it, its view to be filled
+    /// in, when [`check_borrowed_viewed`](Self::check_borrowed_viewed) applies: the quota is
+    /// one limit, the same for every key, and the fields carry no partition keys (they hash
+    /// the key made). Worked out once, when the throttle is made.
+    pub(super) fn one_limit_template(&self) -> Option<Remaining> {
+        if self.config.fields.has_partition_keys() {
+            return None;
+        }
+        let (name, limit) = self.one_limit_for_every_key()?;
+        Some(self.remaining_with(name, None, limit, View::full(&limit), None))
     }
 
     /// The first level's limit when its quota is one limit, the same for every key.
@@ -174,5 +181,17 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             share: None,
         };
         self.remaining_of_limit(key, name, level_name, limit, view)
+    }
+}
+
+/// `template` (the state of a limit, [`Throttle::one_limit_template`]) with `view` filled in.
+fn filled_in(template: &Remaining, view: View) -> Remaining {
+    Remaining {
+        // While the host decides alone, its share is the limit it holds to.
+        limit: view.share.unwrap_or(template.limit),
+        tokens: view.tokens,
+        next_in: Duration::from_micros(view.next_in),
+        full_in: Duration::from_micros(view.full_in),
+        ..template.clone()
     }
 }
