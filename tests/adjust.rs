@@ -217,3 +217,63 @@ async fn a_store_error_is_the_adjustments_answer_and_changes_nothing_here() {
         "drained through the handle: the lease revoked"
     );
 }
+
+/// A change by hand whose answer comes after the key's limit changed tells of the old limit:
+/// the host, which meanwhile asked the store under the new one, does not refuse from it.
+#[tokio::test(start_paused = true)]
+async fn an_adjustment_answered_after_a_limit_change_does_not_throttle_under_the_new_limit() {
+    use std::sync::{Arc, Mutex};
+
+    use hierarchical_throttle::batch::{BatchContext, BatchPolicy};
+
+    /// Batches of what the waiting requests need: the lease is empty after each.
+    struct Needed;
+    impl BatchPolicy for Needed {
+        fn batch_size(&self, cx: &BatchContext<'_>) -> u64 {
+            cx.needed
+        }
+    }
+
+    let clock = ManualClock::new();
+    let memory = MemoryGlobalStore::with_clock(clock.clone());
+    let store = common::FaultyStore::new(memory.clone());
+    store.delay_adjust_answers(Duration::from_millis(10));
+    let old = Limit::per_second(100).burst(100).unwrap(); // a token every 10 ms
+    let new = Limit::per_second(25).burst(50).unwrap(); // a token every 40 ms
+    let current = Arc::new(Mutex::new(old));
+    let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(ColdStart::Exact)
+        .key(|key: &String| Some(key.clone()))
+        .clock(clock.clone())
+        .batch_policy(Needed)
+        .limit_per_key({
+            let current = current.clone();
+            move |_: &String| *current.lock().unwrap()
+        })
+        .global_store(store)
+        .build()
+        .unwrap();
+    let key = || "k".to_owned();
+    let bucket = BucketKey::new(key(), "default").unwrap();
+    assert!(layer.acquire(key(), 1).await.is_ok());
+
+    // 150 taken by hand from the 99 left: 51 owed under the old limit. Its answer is held.
+    let adjusting = tokio::spawn({
+        let layer = layer.clone();
+        async move { layer.adjust("k", Adjustment::Remove(150)).await }
+    });
+    while memory.peek(&bucket, &old).owed() == 0 {
+        tokio::task::yield_now().await;
+    }
+    // Lowered: the store carries the bucket by its time until full (1.51 s), 12 tokens under
+    // the new limit; the host learns the new limit at its next request, which the store serves.
+    *current.lock().unwrap() = new;
+    assert!(layer.acquire(key(), 1).await.is_ok());
+    assert_eq!(memory.peek(&bucket, &new).tokens(), 11);
+    // The answer lands: it said the bucket was short for 510 ms, under the old limit.
+    let after = adjusting.await.unwrap().unwrap();
+    assert_eq!(after[0].tokens, 0);
+    // The host asks the store again rather than refuse from it.
+    assert!(layer.acquire(key(), 1).await.is_ok());
+    assert_eq!(memory.peek(&bucket, &new).tokens(), 10);
+}

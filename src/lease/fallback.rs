@@ -30,11 +30,14 @@ impl Fallback {
         self.bucket.take(share, now, lacking, lacking);
     }
 
-    /// What this host can admit alone: `lease` tokens leased before the store went down, and
-    /// this bucket's, within `limit`'s capacity.
-    pub(super) fn view(&self, lease: u64, now: u64, limit: &Limit) -> View {
+    /// What this host can admit alone, as its share tells it: `lease` tokens leased before the
+    /// store went down and this bucket's, within the share's capacity (a view says no more
+    /// tokens than its limit holds; the lease beyond it is still admitted from).
+    pub(super) fn view(&self, lease: u64, now: u64) -> View {
         let level = BucketLevel::of(&self.bucket, &self.share, now);
-        let tokens = lease.saturating_add(level.tokens).min(limit.capacity());
+        let tokens = lease
+            .saturating_add(level.tokens)
+            .min(self.share.capacity());
         View {
             tokens,
             next_in: micros(level.next_in),

@@ -485,7 +485,7 @@ impl LocalBucket {
         let cold = self.cold();
         let lease = self.tokens.saturating_add(cold.reserved.due_by(now));
         if let (false, Some(fallback)) = (store_up, &cold.fallback) {
-            return fallback.view(lease, now, limit);
+            return fallback.view(lease, now);
         }
         let short = now < cold.next_token_at;
         let global = match cold.global_left {

@@ -103,6 +103,28 @@ fn a_view_of_a_key_known_short_counts_only_the_lease_until_tokens_are_due() {
 }
 
 #[test]
+fn a_view_while_deciding_alone_says_no_more_than_the_share_holds() {
+    let limit = limit(); // 10 per second, burst 10
+    let share = Limit::per_second(5).burst(5).unwrap();
+    let mut b = LocalBucket::default();
+    b.settle(&grant(4, 0, 0, 0), 0, 0, &limit);
+    // The store goes down; the host takes 1 from its own (full) bucket of its share.
+    assert_eq!(b.take_fallback(&share, 0, 1), 0);
+    let view = b.view(0, &limit, false);
+    // The lease's 4 and the fallback's 4 are 8 the host can admit; the view, in the share's
+    // terms, says its capacity.
+    assert_eq!(view.share, Some(share));
+    assert_eq!(view.tokens, share.capacity());
+    let mut b = LocalBucket::default();
+    assert_eq!(b.take_fallback(&share, 0, 3), 0);
+    assert_eq!(
+        b.view(0, &limit, false).tokens,
+        2,
+        "below it, what is there"
+    );
+}
+
+#[test]
 fn the_hot_part_of_a_bucket_stays_small() {
     assert!(std::mem::size_of::<LocalBucket>() <= 32);
     // Within glibc's 192-byte chunk class (a 184-byte request and its 8-byte header).

@@ -37,9 +37,17 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             let after = self.global.adjust(&bucket, &limit, adjustment).await?;
             let id = LeaseKey::new(key.clone(), level, slot);
             let now = self.now();
-            let revoked = self
-                .local
-                .with_bucket(&id, |b| b.adjusted(revoke, &after, sent_at, now));
+            // The answer is the bucket's under the limit it was asked with: if the key's limit
+            // changed (or moved to another tier) while the call was under way, its times are
+            // not this limit's, and the lease learns the bucket at its next answer; a drain
+            // still takes out what the lease holds of that bucket.
+            let current = self.resolve(&id);
+            let unchanged = current.is_some_and(|c| c.name == name && c.limit == limit);
+            let revoked = self.local.with_bucket(&id, |b| match unchanged {
+                true => b.adjusted(revoke, &after, sent_at, now),
+                false if revoke && b.holds_tokens_of(name) => b.take_all_leased(),
+                false => 0,
+            });
             self.stats.tokens_forfeited.add(revoked);
             out.push(self.remaining_global_of(key, name, level_name, limit, after));
         }

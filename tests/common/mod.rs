@@ -212,6 +212,8 @@ pub struct FaultyStore<G> {
     spread_micros: Arc<AtomicU64>,
     pub acquires: Arc<Mutex<Vec<TokenRequest>>>,
     pub releases: Arc<AtomicU64>,
+    /// How long a change by hand's answer comes after the change was made (on tokio's clock).
+    adjust_answer_micros: Arc<AtomicU64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,7 +244,14 @@ impl<G> FaultyStore<G> {
             spread_micros: Arc::default(),
             acquires: Arc::default(),
             releases: Arc::default(),
+            adjust_answer_micros: Arc::default(),
         }
+    }
+
+    /// A change by hand is made at once, its answer comes `delay` later (on tokio's clock).
+    pub fn delay_adjust_answers(&self, delay: Duration) {
+        self.adjust_answer_micros
+            .store(delay.as_micros() as u64, Ordering::SeqCst);
     }
 
     pub fn set(&self, fault: Fault) {
@@ -354,7 +363,9 @@ impl<K: Sync, G: GlobalStore<K>> GlobalStore<K> for FaultyStore<G> {
         // The memory store does its work when called: a failing store is not called at all.
         let done =
             (self.fault() == Fault::None as u8).then(|| self.inner.adjust(key, limit, adjustment));
+        let answer_after = Duration::from_micros(self.adjust_answer_micros.load(Ordering::SeqCst));
         async move {
+            tokio::time::sleep(answer_after).await;
             match done {
                 Some(done) => done.await.map_err(|_| StoreDown),
                 None => Err(StoreDown),

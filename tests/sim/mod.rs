@@ -21,7 +21,9 @@
 //! borrowed key, bodies streamed through `meter`, each frame a use), cold starts on credit,
 //! batch sizes, a second layer of other limits on the same store, and an operator's changes by
 //! hand (reset, drain, tokens added or removed) through one host's layer, limits that warm up,
-//! calendar quotas whose day ends during the run (each window held to its own allowance), beside the traffic
+//! calendar quotas whose day ends during the run (each window held to its own allowance), one
+//! limit for every key as a fixed quota, admitted responses told their limits' state (never
+//! more tokens than a bucket holds), beside the traffic
 //! and through the store's latency and faults, and how long hosts
 //! refuse a key from one answer; the oracle's bounds
 //! follow (see `check_allowance`: tokens a change adds are allowed on top, and count as
@@ -43,7 +45,7 @@ use hierarchical_throttle::local::LocalStore;
 use hierarchical_throttle::quota::{BucketKey, LeaseKey};
 use hierarchical_throttle::{
     ColdStart, FailurePolicy, HierarchicalThrottleLayer, Limit, MemoryLocalStore, OnRejection,
-    Quota, Rejection, RejectionReason, Shaping,
+    Quota, Rejection, RejectionReason, Remaining, Shaping,
 };
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -167,6 +169,11 @@ pub struct Scenario {
     pub calendar: bool,
     /// Where the run's clock starts on the calendar.
     pub unix_origin: Duration,
+    /// Every key has the same one limit, given to the layers as a fixed quota (not per key).
+    pub fixed_quota: bool,
+    /// Admitted responses get the state of their limits (`RateLimit` fields); with a fixed
+    /// quota, hosts that borrow the key read it inside the take's lookup.
+    pub annotate: bool,
 }
 
 /// A run-time change of hot-0's quota, at `at`.
@@ -275,6 +282,8 @@ impl Scenario {
             refusal_memory: None,
             calendar: false,
             unix_origin: Duration::ZERO,
+            fixed_quota: false,
+            annotate: false,
         }
         .draw_more(&mut rng)
     }
@@ -369,6 +378,14 @@ impl Scenario {
             let reset_in = Duration::from_micros(rng.below(self.duration.as_micros() as u64));
             self.unix_origin = Duration::from_secs(1_732_579_200) - reset_in;
         }
+        self.annotate = rng.chance(0.5);
+        // One hot key, no spray, no second layer and no change of limit: the same quota for
+        // every key the run sends, so a fixed one decides as the per-key one would.
+        let uniform = self.keys.len() == 1
+            && self.spray == 0
+            && self.other_scale.is_none()
+            && self.change.is_none();
+        self.fixed_quota = uniform && rng.chance(0.7);
         self
     }
 
@@ -483,6 +500,10 @@ pub struct Log {
     pub inexact: Vec<String>,
     pub refused: u64,
     pub store_unavailable: u64,
+    /// Admitted responses told the state of their limits.
+    pub annotated: u64,
+    /// States told of admitted responses that no bucket can hold, described.
+    pub misreported: Vec<String>,
 }
 
 /// The hosts' `OnRejection`: records the refusal, and checks on the spot that a throttled
@@ -505,6 +526,8 @@ pub struct Recorder {
     settle: bool,
     /// The limit in shadow, which must never refuse.
     shadowed: Option<&'static str>,
+    /// Admitted responses get the state of their limits.
+    annotate: bool,
 }
 
 impl OnRejection<Job, String, Outcome, Infallible> for Recorder {
@@ -557,6 +580,27 @@ impl OnRejection<Job, String, Outcome, Infallible> for Recorder {
         match response {
             Outcome::Used(tokens) => *tokens,
             _ => charged,
+        }
+    }
+
+    fn annotates_admitted(&self) -> bool {
+        self.annotate
+    }
+
+    /// Each state said of an admitted response stays within its limit, and an admitted request
+    /// is told of at least one limit.
+    fn on_admitted(&self, _: &mut Outcome, remaining: &[Remaining]) {
+        let mut log = self.log.lock().unwrap();
+        log.annotated += 1;
+        if remaining.is_empty() {
+            log.misreported
+                .push("an admitted response told of no limit".to_owned());
+        }
+        for r in remaining.iter().filter(|r| r.tokens > r.limit.capacity()) {
+            log.misreported.push(format!(
+                "an admitted response told of {} tokens of {} ({:?})",
+                r.tokens, r.limit_name, r.limit
+            ));
         }
     }
 }
@@ -612,6 +656,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         exact: !(s.faulty && matches!(s.policy, FailurePolicy::LocalFallback { .. })),
         settle: s.settle,
         shadowed: s.shadow_slow.then_some("slow"),
+        annotate: s.annotate,
     };
     // Layers by group, then host.
     let layers: Vec<Vec<Host>> = (0..groups)
@@ -784,6 +829,12 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             s.answer_within()
         ));
     }
+    if let Some(first) = log_now.misreported.first() {
+        return Err(format!(
+            "an admitted response's state misreported ({} in all): {first}",
+            log_now.misreported.len()
+        ));
+    }
     let stats: Vec<_> = every_layer().map(|l| l.stats()).collect();
     if s.shadow {
         return check_shadow(&log_now, &stats);
@@ -868,10 +919,14 @@ fn build_host(
         Some(memory) => builder.refusal_memory(memory),
         None => builder,
     };
+    let builder = builder.name(LAYERS[group]).cost(|job: &Job| job.cost);
+    // The same one limit for every key: a fixed quota (with the response's state read in the
+    // take's lookup, for hosts that borrow the key).
+    let builder = match s.fixed_quota {
+        true => builder.quota(s.quota(0, group)),
+        false => builder.limit_per_key(move |key: &String| quotas.lock().unwrap()[key].clone()),
+    };
     builder
-        .name(LAYERS[group])
-        .cost(|job: &Job| job.cost)
-        .limit_per_key(move |key: &String| quotas.lock().unwrap()[key].clone())
         .clock(TokioClock::at_unix_time(s.unix_origin))
         .store_timeout(s.store_timeout)
         .lease_ttl(s.lease_ttl)
