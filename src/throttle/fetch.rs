@@ -181,13 +181,21 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 .add(grant.granted.saturating_add(grant.reserved));
         }
         let bucket = self.resolve(id);
+        // When the answer's tokens were asked for: a calendar quota's, handed back, go back
+        // into their own window only.
+        let asked_at = match outcome {
+            FetchOutcome::Granted { sent_at, .. } => *sent_at,
+            _ => now,
+        };
         let (settled, dispenser) = self.local.with_bucket(id, |b| {
             let settled = match &bucket {
                 Some(bucket) => {
                     self.serve(id, bucket, b);
                     let mut settled = b.settle(outcome, now, self.interval(now), &bucket.limit);
-                    if self.near_reset(&bucket.limit, now) {
-                        // Served the waiters; no token of this window is kept for the next.
+                    // Served the waiters; no token of this window is kept for the next: not
+                    // near a reset, nor from an answer asked for before one (a waiter gone
+                    // meanwhile left its tokens, which the next window must not spend).
+                    if !self.may_take_back(&bucket.limit, asked_at, now) {
                         settled.excess = settled.excess.saturating_add(b.take_usable());
                     }
                     settled
@@ -206,9 +214,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         } = settled;
         self.stats.tokens_forfeited.add(forfeited);
         self.stats.tokens_uncharged.add(uncharged);
-        self.deliver(id, verdicts);
+        self.deliver(id, verdicts, asked_at);
         if excess > 0 {
-            self.defer_return(id.clone(), dispenser, excess, now);
+            self.defer_return(id.clone(), dispenser, excess, asked_at);
         }
         if refetch {
             self.start_fetch(id.clone());
@@ -235,8 +243,14 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         charge.uncharged = owed.tokens.saturating_sub(charged);
     }
 
-    /// Sends each verdict; tokens taken for a request that went away go back to the lease.
-    pub(super) fn deliver(&self, id: &LeaseKey<K>, verdicts: Vec<(Waiter, Verdict)>) {
+    /// Sends each verdict; tokens taken for a request that went away go back to the lease
+    /// (a calendar quota's only within the window of the batch asked for at `asked_at`).
+    pub(super) fn deliver(
+        &self,
+        id: &LeaseKey<K>,
+        verdicts: Vec<(Waiter, Verdict)>,
+        asked_at: u64,
+    ) {
         let mut unclaimed = 0u64;
         for (waiter, verdict) in verdicts {
             let cost = waiter.cost();
@@ -245,7 +259,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             }
         }
         if unclaimed > 0 {
-            self.take_back(id, unclaimed, self.now(), false);
+            self.take_back(id, unclaimed, asked_at, false);
         }
     }
 }
@@ -296,7 +310,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for FetchTask<K, G, L, C>
             .local
             .with_bucket(&self.id, |b| b.fail_fetch());
         self.throttle.stats.tokens_uncharged.add(failed.uncharged);
-        self.throttle.deliver(&self.id, failed.verdicts);
+        let now = self.throttle.now();
+        self.throttle.deliver(&self.id, failed.verdicts, now);
     }
 }
 
