@@ -363,12 +363,11 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for Held<K, G, L, C> {
         if self.kept {
             return;
         }
-        let now = self.throttle.now();
         for id in &self.at_once {
-            self.throttle.take_back(id, self.cost, now, true);
+            self.throttle.take_back(id, self.cost, None, true);
         }
         for id in &self.after_wait {
-            self.throttle.take_back(id, self.cost, now, false);
+            self.throttle.take_back(id, self.cost, None, false);
         }
     }
 }

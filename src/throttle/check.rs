@@ -271,8 +271,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for PendingVerdict<K, G, 
     fn drop(&mut self) {
         self.verdict.close();
         if let Ok(Verdict::Admitted) = self.verdict.try_recv() {
-            let now = self.throttle.now();
-            self.throttle.take_back(&self.id, self.cost, now, false);
+            self.throttle.take_back(&self.id, self.cost, None, false);
         }
     }
 }

@@ -214,7 +214,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         } = settled;
         self.stats.tokens_forfeited.add(forfeited);
         self.stats.tokens_uncharged.add(uncharged);
-        self.deliver(id, verdicts, asked_at);
+        self.deliver(id, verdicts, Some(asked_at));
         if excess > 0 {
             self.defer_return(id.clone(), dispenser, excess, asked_at);
         }
@@ -244,12 +244,13 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     }
 
     /// Sends each verdict; tokens taken for a request that went away go back to the lease
-    /// (a calendar quota's only within the window of the batch asked for at `asked_at`).
+    /// (a calendar quota's only within the window of the batch asked for at `asked_at`;
+    /// `None`: moments ago).
     pub(super) fn deliver(
         &self,
         id: &LeaseKey<K>,
         verdicts: Vec<(Waiter, Verdict)>,
-        asked_at: u64,
+        asked_at: Option<u64>,
     ) {
         let mut unclaimed = 0u64;
         for (waiter, verdict) in verdicts {
@@ -310,8 +311,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for FetchTask<K, G, L, C>
             .local
             .with_bucket(&self.id, |b| b.fail_fetch());
         self.throttle.stats.tokens_uncharged.add(failed.uncharged);
-        let now = self.throttle.now();
-        self.throttle.deliver(&self.id, failed.verdicts, now);
+        self.throttle.deliver(&self.id, failed.verdicts, None);
     }
 }
 

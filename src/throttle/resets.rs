@@ -73,26 +73,33 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         }
     }
 
-    /// Puts the `tokens` a use took from bucket `id` at `taken_at` (see
+    /// [`may_take_back`](Self::may_take_back) now: the clock is read only for a calendar
+    /// quota.
+    pub(crate) fn may_take_back_now(&self, limit: &Limit, taken_at: u64) -> bool {
+        limit.calendar().is_none() || self.may_take_back(limit, taken_at, self.now())
+    }
+
+    /// Puts the `tokens` a use took from bucket `id` at `taken_at` (`None`: moments ago; see
     /// [`may_take_back`](Self::may_take_back)) back into its lease, or forfeits them; `undo`:
-    /// the use was counted as admitted by the lease, and is not. Returns whether they went back.
+    /// the use was counted as admitted by the lease, and is not. Until this host leases a
+    /// calendar quota's tokens, every lease takes its tokens back as they are.
     pub(crate) fn take_back(
         &self,
         id: &LeaseKey<K>,
         tokens: u64,
-        taken_at: u64,
+        taken_at: Option<u64>,
         undo: bool,
-    ) -> bool {
-        let now = self.now();
-        let back = self
-            .resolve(id)
-            .is_none_or(|bucket| self.may_take_back(&bucket.limit, taken_at, now));
+    ) {
+        let back = !self.leases_calendar_quotas.load(Ordering::Relaxed)
+            || self.resolve(id).is_none_or(|bucket| {
+                let taken_at = taken_at.unwrap_or_else(|| self.now());
+                self.may_take_back_now(&bucket.limit, taken_at)
+            });
         let kept = if back { tokens } else { 0 };
         self.local.with_bucket(id, |b| match undo {
             true => b.undo_take(kept),
             false => b.give_back(kept),
         });
         self.stats.tokens_forfeited.add(tokens - kept);
-        back
     }
 }

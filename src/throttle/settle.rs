@@ -192,7 +192,6 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         }
         let mut owed = Vec::new();
         let (mut refunded, mut forfeited) = (0u64, 0u64);
-        let now = self.now();
         for (first, quota) in drawn {
             let mut id = first.clone();
             for (slot, (name, limit)) in (0..).zip(quota.slots_iter()) {
@@ -200,7 +199,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 if actual < charged {
                     let refund = charged - actual;
                     let into_lease = admitted.leased(id.level, slot)
-                        && self.may_take_back(&limit, admitted.admitted_at(), now)
+                        && self.may_take_back_now(&limit, admitted.admitted_at())
                         && self.local.with_bucket(&id, |b| {
                             let ours = b.holds_tokens_of(name);
                             if ours {

@@ -140,7 +140,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for Taken<K, G, L, C> {
                 id.slot = slot;
                 let taken_at = self.admitted.admitted_at();
                 self.throttle
-                    .take_back(&id, self.cost, taken_at, self.at_once);
+                    .take_back(&id, self.cost, Some(taken_at), self.at_once);
             }
         }
     }

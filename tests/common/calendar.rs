@@ -8,7 +8,7 @@ use hierarchical_throttle::clock::ManualClock;
 use hierarchical_throttle::global::GlobalStore;
 use hierarchical_throttle::quota::BucketKey;
 
-use super::{Outcome, backend, host_builder, send};
+use super::{Outcome, backend, host_layers, send};
 
 /// Four hosts on `global`, 2,000 a calendar day, from 10 s before 2024-11-26 00:00 UTC to 10 s
 /// after: before midnight each sends a request every 25 ms (1,596 in all, so the hosts hold
@@ -23,14 +23,7 @@ where
     let start = midnight - Duration::from_secs(10);
     clock.set(start);
     let limit: Limit = "2000 per day at 00:00 UTC".parse().unwrap();
-    let layers: Vec<_> = (0..4)
-        .map(|_| {
-            host_builder(clock, limit)
-                .global_store(global.clone())
-                .build()
-                .unwrap()
-        })
-        .collect();
+    let layers = host_layers(4, clock, &global, limit);
     let mut hosts: Vec<_> = layers
         .iter()
         .map(|l| tower::Layer::layer(l, backend()))

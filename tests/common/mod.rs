@@ -143,6 +143,26 @@ where
     .await
 }
 
+/// `hosts` layers of [`host_builder`] with `limit`, on `global`.
+pub fn host_layers<G>(
+    hosts: usize,
+    clock: &ManualClock,
+    global: &G,
+    limit: Limit,
+) -> Vec<HostLayer<G>>
+where
+    G: GlobalStore<BucketKey<String>> + Clone,
+{
+    (0..hosts)
+        .map(|_| {
+            host_builder(clock, limit)
+                .global_store(global.clone())
+                .build()
+                .unwrap()
+        })
+        .collect()
+}
+
 /// Like [`run_fleet`], with `hosts` hosts, host `i` sending `sends(i, ms)` requests at each
 /// millisecond.
 pub async fn run_hosts<G>(
@@ -156,14 +176,7 @@ pub async fn run_hosts<G>(
 where
     G: GlobalStore<BucketKey<String>> + Clone,
 {
-    let layers: Vec<_> = (0..hosts)
-        .map(|_| {
-            host_builder(clock, limit)
-                .global_store(global.clone())
-                .build()
-                .unwrap()
-        })
-        .collect();
+    let layers = host_layers(hosts, clock, &global, limit);
     let mut hosts: Vec<_> = layers
         .iter()
         .map(|l| tower::Layer::layer(l, backend()))
