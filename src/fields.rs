@@ -69,6 +69,9 @@ impl From<bool> for RateLimitFields {
 
 /// The unit of a layer whose requests each cost one token.
 pub const REQUESTS: &str = "requests";
+/// The unit of a concurrency limit: requests in flight
+/// ([`HierarchicalConcurrencyLayer`](crate::HierarchicalConcurrencyLayer)).
+pub const CONCURRENT_REQUESTS: &str = "concurrent-requests";
 /// The unit of a layer with other costs ([`Builder::cost`](crate::Builder::cost), settled
 /// costs), unless one is named.
 pub const TOKENS: &str = "tokens";

@@ -115,12 +115,14 @@ pub mod bucket;
 mod builder;
 pub mod calendar;
 pub mod clock;
+pub mod concurrency;
 mod credit;
 mod error;
 mod failure;
 mod fields;
 mod future;
 pub mod global;
+mod in_flight;
 pub mod key;
 mod layer;
 mod lease;
@@ -136,11 +138,16 @@ mod rejection;
 mod remaining;
 mod response;
 mod service;
+mod slots;
 mod stats;
 mod sync;
 mod throttle;
 
 pub use builder::{Builder, MAX_LEVELS, Unset};
+pub use concurrency::{
+    ConcurrencyBuilder, ConcurrencyStats, HierarchicalConcurrency, HierarchicalConcurrencyLayer,
+    SlotBody, SlotPermit,
+};
 pub use credit::ColdStart;
 pub use error::ConfigError;
 pub use failure::FailurePolicy;

@@ -27,6 +27,12 @@ pub enum RejectionReason {
     MissingKey,
     /// The global store failed and the [`FailurePolicy`](crate::FailurePolicy) rejects.
     StoreUnavailable,
+    /// The key has as many requests in flight as its concurrency limit allows, fleet-wide
+    /// ([`HierarchicalConcurrencyLayer`](crate::HierarchicalConcurrencyLayer)).
+    TooManyInFlight {
+        /// The most requests the key may have in flight.
+        max: u64,
+    },
 }
 
 impl fmt::Display for RejectionReason {
@@ -39,6 +45,9 @@ impl fmt::Display for RejectionReason {
             ),
             Self::MissingKey => f.write_str("request has no throttle key"),
             Self::StoreUnavailable => f.write_str("rate limit store unavailable"),
+            Self::TooManyInFlight { max } => {
+                write!(f, "too many requests in flight (at most {max})")
+            }
         }
     }
 }

@@ -27,13 +27,21 @@ const FLOORS: &[(&str, &[&str])] = &[
             "metrics",
         ],
     ),
-    ("pure state machines", &["bucket", "lease"]),
+    ("pure state machines", &["bucket", "lease", "slots"]),
     ("stores", &["local", "global"]),
-    ("engine", &["throttle"]),
+    ("engine", &["throttle", "in_flight"]),
     ("answers", &["response"]),
     (
         "tower surface",
-        &["policy", "future", "service", "layer", "builder", "metered"],
+        &[
+            "policy",
+            "future",
+            "service",
+            "layer",
+            "builder",
+            "metered",
+            "concurrency",
+        ],
     ),
 ];
 

@@ -144,8 +144,11 @@ const WATCHDOG: std::time::Duration = std::time::Duration::from_secs(120);
 fn run_watched(seed: u64) -> Result<String, String> {
     let (answer, result) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let run = std::panic::catch_unwind(|| sim::run(seed))
-            .unwrap_or_else(|_| Err("the run panicked".to_owned()));
+        let run = std::panic::catch_unwind(|| {
+            sim::run(seed)?;
+            sim::concurrency::run(seed).map_err(|e| format!("concurrency limits: {e}"))
+        })
+        .unwrap_or_else(|_| Err("the run panicked".to_owned()));
         let _ = answer.send(run);
     });
     result
@@ -158,6 +161,10 @@ fn run_one(seed: u64) -> Result<(), String> {
     let replay = std::env::var("SIM_SEED").is_ok();
     if replay {
         println!("seed {seed}: {:?}", sim::Scenario::draw(seed));
+        println!(
+            "concurrency limits: {:?}",
+            sim::concurrency::Scenario::draw(seed)
+        );
     }
     let result = run_watched(seed);
     if replay {

@@ -10,6 +10,7 @@ use hashbrown::hash_table::Entry;
 use crate::bucket::{FullAt, TokenBucket};
 use crate::clock::{Clock, MonotonicClock, micros, unix_micros};
 use crate::error::ConfigError;
+use crate::global::slots::{Holding, SlotHold, SlotStore, SlotTable};
 use crate::global::{Adjustment, BucketLevel, GlobalStore, Grant, LayerRegistry, TokenRequest};
 use crate::limit::Limit;
 use crate::quota::{BucketKey, BucketNames};
@@ -68,6 +69,7 @@ struct Inner<K, C> {
     hasher: foldhash::fast::RandomState,
     clock: C,
     layers: LayerRegistry,
+    slots: SlotTable<BucketKey<K>>,
 }
 
 /// The most buckets a [`MemoryGlobalStore`] holds unless told otherwise: twice the keys of the
@@ -287,6 +289,7 @@ impl<K, C> MemoryGlobalStore<K, C> {
                 hasher: foldhash::fast::RandomState::default(),
                 clock,
                 layers: LayerRegistry::new(),
+                slots: SlotTable::default(),
             }),
         }
     }
@@ -344,6 +347,32 @@ where
             || TokenBucket::full(limit, now),
             |table| table.get(hash, key.key(), limit, now),
         )
+    }
+}
+
+/// Concurrency slots, by the store's clock; see [`SlotStore`].
+impl<K, C> SlotStore<BucketKey<K>> for MemoryGlobalStore<K, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock,
+{
+    type Error = Infallible;
+
+    async fn hold(
+        &self,
+        key: &BucketKey<K>,
+        max: u64,
+        hold: SlotHold,
+    ) -> Result<Holding, Infallible> {
+        let now = micros(self.inner.clock.now());
+        Ok(self.inner.slots.hold(key, max, hold, now))
+    }
+}
+
+impl<K: Hash + Eq + Clone, C: Clock> MemoryGlobalStore<K, C> {
+    /// Keys of which some host holds concurrency slots now.
+    pub fn keys_with_slots_held(&self) -> usize {
+        self.inner.slots.keys_held(micros(self.inner.clock.now()))
     }
 }
 

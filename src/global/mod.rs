@@ -20,6 +20,7 @@ pub mod memory;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+pub mod slots;
 
 pub use crate::bucket::{Adjustment, BucketLevel, Grant, TokenRequest};
 

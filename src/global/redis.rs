@@ -20,6 +20,7 @@ use crate::limit::Limit;
 use crate::quota::BucketKey;
 
 mod batch;
+mod slots;
 
 /// A global store on Redis: one hash per key holding the bucket, updated atomically by a Lua
 /// script that reads **Redis's clock** (`TIME`), so hosts' clocks never matter.
@@ -164,6 +165,7 @@ struct Scripts {
     release: LuaScript,
     level: LuaScript,
     adjust: LuaScript,
+    slots: LuaScript,
 }
 
 /// A script's source and SHA-1: called by its hash, and sent whole only to a node that does
@@ -366,6 +368,7 @@ impl<K> RedisGlobalStore<K> {
                 release: LuaScript::new(RELEASE),
                 level: LuaScript::new(LEVEL),
                 adjust: LuaScript::new(ADJUST),
+                slots: LuaScript::new(include_str!("redis/slots.lua")),
             }),
             prefix: Arc::from(&b"throttle:"[..]),
             now_override: None,

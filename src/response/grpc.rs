@@ -26,12 +26,12 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"))
 }
 
-/// The gRPC status code for `reason`: `RESOURCE_EXHAUSTED` when throttled, `UNAVAILABLE` when
+/// The gRPC status code for `reason`: `RESOURCE_EXHAUSTED` when throttled (or too many in flight), `UNAVAILABLE` when
 /// the store failed and the policy rejects, `INVALID_ARGUMENT` for a missing key or a cost the
 /// limit can never serve (retrying the same call cannot help).
 pub fn status_code(reason: &RejectionReason) -> u32 {
     match reason {
-        RejectionReason::Throttled => RESOURCE_EXHAUSTED,
+        RejectionReason::Throttled | RejectionReason::TooManyInFlight { .. } => RESOURCE_EXHAUSTED,
         RejectionReason::StoreUnavailable => UNAVAILABLE,
         RejectionReason::CostExceedsCapacity { .. } | RejectionReason::MissingKey => {
             INVALID_ARGUMENT

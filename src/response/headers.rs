@@ -200,6 +200,9 @@ fn push_integer(out: &mut Vec<u8>, n: u64) {
 /// `RateLimit-Policy` for the refusing limit, and for a throttled request `RateLimit` with no
 /// tokens left within the wait: `r=0;t=<Retry-After>`.
 pub(crate) fn insert_ratelimit_fields<K>(headers: &mut http::HeaderMap, rejection: &Rejection<K>) {
+    if let RejectionReason::TooManyInFlight { max } = rejection.reason {
+        return insert_concurrency_fields(headers, rejection, max);
+    }
     let (Some(limit), Some(limit_name)) = (rejection.limit, rejection.limit_name) else {
         return;
     };
@@ -221,6 +224,32 @@ pub(crate) fn insert_ratelimit_fields<K>(headers: &mut http::HeaderMap, rejectio
         let state = field_value(|out| push_state_item(out, 0, &refusing, 0, secs));
         headers.insert(RATELIMIT, state);
     }
+}
+
+/// A concurrency limit's refusal: `"<name>";q=<max>;qu="concurrent-requests"` and
+/// `"<name>";r=0;t=<Retry-After>`. The draft has no window for it, so the policy has no `w`.
+fn insert_concurrency_fields<K>(headers: &mut http::HeaderMap, rejection: &Rejection<K>, max: u64) {
+    let Some(name) = rejection.policy_name() else {
+        return;
+    };
+    let policy = field_value(|out| {
+        push_name(out, 0, &name);
+        out.extend_from_slice(b";q=");
+        push_integer(out, max);
+        out.extend_from_slice(b";qu=\"");
+        out.extend_from_slice(rejection.unit.as_bytes());
+        out.push(b'"');
+    });
+    headers.insert(RATELIMIT_POLICY, policy);
+    let state = field_value(|out| {
+        push_name(out, 0, &name);
+        out.extend_from_slice(b";r=0");
+        if let Some(secs) = rejection.retry_after_secs() {
+            out.extend_from_slice(b";t=");
+            push_integer(out, secs);
+        }
+    });
+    headers.insert(RATELIMIT, state);
 }
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

@@ -23,7 +23,9 @@ pub fn http_problem_response<K, B: Default + 'static>(rejection: &Rejection<K>) 
 
 fn respond<K, B: Default + 'static>(rejection: &Rejection<K>, problem: bool) -> Response<B> {
     let status = rejection.status.unwrap_or(match rejection.reason {
-        RejectionReason::Throttled => StatusCode::TOO_MANY_REQUESTS,
+        RejectionReason::Throttled | RejectionReason::TooManyInFlight { .. } => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
         RejectionReason::CostExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         RejectionReason::MissingKey => StatusCode::BAD_REQUEST,
         RejectionReason::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -100,7 +102,9 @@ pub(crate) fn accepts_problem(headers: &HeaderMap) -> bool {
 fn problem_details<K>(rejection: &Rejection<K>, status: StatusCode, detail: &str) -> String {
     let mut json = String::with_capacity(256);
     let violated = match (rejection.reason, rejection.policy_name()) {
-        (RejectionReason::Throttled, Some(name)) => Some(name),
+        (RejectionReason::Throttled | RejectionReason::TooManyInFlight { .. }, Some(name)) => {
+            Some(name)
+        }
         _ => None,
     };
     match violated {

@@ -159,6 +159,7 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
             RejectionReason::CostExceedsCapacity { .. } => "cost_above_capacity",
             RejectionReason::MissingKey => "missing_key",
             RejectionReason::StoreUnavailable => "store_unavailable",
+            RejectionReason::TooManyInFlight { .. } => "too_many_in_flight",
         };
         self.refusals
             .count((rejection.level, rejection.limit_name, reason));

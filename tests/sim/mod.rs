@@ -30,7 +30,8 @@
 //! tokens that reappeared for exactness).
 #![allow(dead_code)]
 
-pub mod faults;
+pub mod concurrency;
+mod faults;
 pub mod rng;
 
 use std::collections::HashMap;

@@ -1,0 +1,281 @@
+//! [`ConcurrencyBuilder`]: a concurrency layer's settings, checked when it is built.
+
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::builder::Unset;
+use crate::clock::{Clock, MonotonicClock};
+use crate::concurrency::{HierarchicalConcurrencyLayer, KeyFn, Shared};
+use crate::error::ConfigError;
+use crate::failure::FailurePolicy;
+use crate::global::slots::SlotStore;
+use crate::in_flight::{InFlight, Settings};
+use crate::key::MissingKey;
+use crate::quota::{BucketKey, DEFAULT_LAYER, Name};
+
+/// The name a concurrency limit goes by unless told (in the `RateLimit` fields and the
+/// store's keys).
+pub const DEFAULT_CONCURRENCY_NAME: &str = "concurrency";
+
+/// Builds a [`HierarchicalConcurrencyLayer`]; see its example. Setters consume and return
+/// the builder; [`build`](Self::build) checks every setting.
+pub struct ConcurrencyBuilder<Req, K, S, C = MonotonicClock> {
+    key: Option<KeyFn<Req, K>>,
+    missing_key: MissingKey<K>,
+    max: u64,
+    store: S,
+    clock: C,
+    name: String,
+    layer: String,
+    slot_ttl: Duration,
+    linger: Duration,
+    store_timeout: Duration,
+    back_off: Duration,
+    failure_policy: FailurePolicy,
+    retry_after: Duration,
+    host: Option<u64>,
+}
+
+impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
+    /// A builder with the defaults: slots held 10 s unless renewed, idle slots given back
+    /// after 50 ms, a store time-out of 50 ms, a `Retry-After` of 1 s, and while the store
+    /// fails each host admitting up to the whole limit on its own
+    /// ([`FailurePolicy::LocalFallback`] with one host).
+    pub fn builder() -> ConcurrencyBuilder<Unset, Unset, Unset> {
+        ConcurrencyBuilder {
+            key: None,
+            missing_key: MissingKey::Reject,
+            max: 0,
+            store: Unset,
+            clock: MonotonicClock::new(),
+            name: DEFAULT_CONCURRENCY_NAME.to_owned(),
+            layer: DEFAULT_LAYER.to_owned(),
+            slot_ttl: Duration::from_secs(10),
+            linger: Duration::from_millis(50),
+            store_timeout: Duration::from_millis(50),
+            back_off: Duration::from_secs(1),
+            failure_policy: FailurePolicy::default(),
+            retry_after: Duration::from_secs(1),
+            host: None,
+        }
+    }
+}
+
+impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
+    /// How a request's key is found: `None` when it has none (see
+    /// [`missing_key`](Self::missing_key)).
+    pub fn key<Req2, K2, F>(self, key: F) -> ConcurrencyBuilder<Req2, K2, S, C>
+    where
+        F: Fn(&Req2) -> Option<K2> + Send + Sync + 'static,
+    {
+        ConcurrencyBuilder {
+            key: Some(Box::new(key)),
+            missing_key: MissingKey::Reject,
+            max: self.max,
+            store: self.store,
+            clock: self.clock,
+            name: self.name,
+            layer: self.layer,
+            slot_ttl: self.slot_ttl,
+            linger: self.linger,
+            store_timeout: self.store_timeout,
+            back_off: self.back_off,
+            failure_policy: self.failure_policy,
+            retry_after: self.retry_after,
+            host: self.host,
+        }
+    }
+
+    /// The store the hosts share: a [`MemoryGlobalStore`](crate::MemoryGlobalStore) in one
+    /// process, a `RedisGlobalStore` for a fleet (the one a throttle layer uses will do).
+    pub fn store<S2>(self, store: S2) -> ConcurrencyBuilder<Req, K, S2, C> {
+        ConcurrencyBuilder {
+            key: self.key,
+            missing_key: self.missing_key,
+            max: self.max,
+            store,
+            clock: self.clock,
+            name: self.name,
+            layer: self.layer,
+            slot_ttl: self.slot_ttl,
+            linger: self.linger,
+            store_timeout: self.store_timeout,
+            back_off: self.back_off,
+            failure_policy: self.failure_policy,
+            retry_after: self.retry_after,
+            host: self.host,
+        }
+    }
+
+    /// The clock slot holdings are timed by on this host (a
+    /// [`ManualClock`](crate::clock::ManualClock) or [`TokioClock`](crate::clock::TokioClock)
+    /// in tests).
+    pub fn clock<C2: Clock>(self, clock: C2) -> ConcurrencyBuilder<Req, K, S, C2> {
+        ConcurrencyBuilder {
+            key: self.key,
+            missing_key: self.missing_key,
+            max: self.max,
+            store: self.store,
+            clock,
+            name: self.name,
+            layer: self.layer,
+            slot_ttl: self.slot_ttl,
+            linger: self.linger,
+            store_timeout: self.store_timeout,
+            back_off: self.back_off,
+            failure_policy: self.failure_policy,
+            retry_after: self.retry_after,
+            host: self.host,
+        }
+    }
+
+    /// The most requests a key may have in flight, over all hosts (required; at least 1).
+    pub fn max_in_flight(mut self, max: u64) -> Self {
+        self.max = max;
+        self
+    }
+
+    /// What to do with a request without a key (default: refuse it, HTTP 400).
+    pub fn missing_key(mut self, policy: MissingKey<K>) -> Self {
+        self.missing_key = policy;
+        self
+    }
+
+    /// The limit's name in the `RateLimit` fields and the store (default
+    /// [`DEFAULT_CONCURRENCY_NAME`]): ASCII letters, digits, `-`, `_` and `.`.
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_owned();
+        self
+    }
+
+    /// The layer's name: two concurrency layers on one store with different names keep
+    /// their slots apart (default: `default`).
+    pub fn layer_name(mut self, name: &str) -> Self {
+        self.layer = name.to_owned();
+        self
+    }
+
+    /// How long a host's holding lasts at the store unless renewed (default 10 s; at least
+    /// ten store time-outs). Hosts renew what they hold while it is half gone, so this is
+    /// how long a host that died keeps its slots from the others.
+    pub fn slot_ttl(mut self, ttl: Duration) -> Self {
+        self.slot_ttl = ttl;
+        self
+    }
+
+    /// How long a free slot stays on this host for the next request before it goes back to
+    /// the store (default 50 ms, between 1 ms and a quarter of the slot time-to-live). Longer
+    /// saves calls to the store; shorter leaves fewer slots idle on one host while another
+    /// host's request is refused.
+    pub fn linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
+    }
+
+    /// How long a call to the store may take before it counts as failed (default 50 ms).
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.store_timeout = timeout;
+        self
+    }
+
+    /// How long a key's requests are decided by the failure policy, without calls, after a
+    /// call for it failed (default 1 s).
+    pub fn back_off(mut self, back_off: Duration) -> Self {
+        self.back_off = back_off;
+        self
+    }
+
+    /// What a host does while the store fails: [`FailurePolicy::Admit`] admits every
+    /// request, [`FailurePolicy::Reject`] refuses those that need the store (HTTP 503),
+    /// [`FailurePolicy::LocalFallback`] admits up to `max / expected_hosts` (rounded up) in
+    /// flight per key on this host (the default, with one host: the whole limit).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.failure_policy = policy;
+        self
+    }
+
+    /// The `Retry-After` a refused client is told (default 1 s; at least 1 s, since the
+    /// header counts whole seconds). Slots have no refill time: this is a hint.
+    pub fn retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = wait;
+        self
+    }
+
+    /// This host's identity at the store (default: drawn at random when built). Two hosts
+    /// must never share one.
+    pub fn host_id(mut self, host: u64) -> Self {
+        self.host = Some(host);
+        self
+    }
+}
+
+impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: SlotStore<BucketKey<K>>,
+    C: Clock,
+{
+    /// The layer, or the first setting that is invalid.
+    pub fn build(self) -> Result<HierarchicalConcurrencyLayer<Req, K, S, C>, ConfigError> {
+        let invalid = |setting, expected| ConfigError::InvalidSetting { setting, expected };
+        let key = self.key.ok_or(invalid("key", "a key closure"))?;
+        if self.max == 0 {
+            return Err(invalid("max_in_flight", "at least one request"));
+        }
+        if self.slot_ttl < self.store_timeout * 10 || self.slot_ttl < Duration::from_millis(10) {
+            return Err(invalid(
+                "slot_ttl",
+                "at least ten store time-outs and 10 ms",
+            ));
+        }
+        if self.linger < Duration::from_millis(1) || self.linger > self.slot_ttl / 4 {
+            return Err(invalid(
+                "linger",
+                "between 1 ms and a quarter of the slot time-to-live",
+            ));
+        }
+        if self.store_timeout.is_zero() {
+            return Err(invalid("store_timeout", "a time-out above zero"));
+        }
+        if self.retry_after < Duration::from_secs(1) {
+            return Err(invalid("retry_after", "at least one second"));
+        }
+        let fallback_cap = match self.failure_policy {
+            FailurePolicy::Admit => u64::MAX,
+            FailurePolicy::Reject => 0,
+            FailurePolicy::LocalFallback { expected_hosts } => {
+                self.max.div_ceil(expected_hosts.get())
+            }
+        };
+        let settings = Settings {
+            max: self.max,
+            layer: Name::new(&self.layer)?,
+            name: Name::new(&self.name)?,
+            fallback_cap,
+            slot_ttl: self.slot_ttl,
+            linger: self.linger,
+            store_timeout: self.store_timeout,
+            back_off: self.back_off,
+            host: self.host.unwrap_or_else(random_host),
+        };
+        Ok(HierarchicalConcurrencyLayer {
+            shared: Arc::new(Shared {
+                key,
+                missing_key: self.missing_key,
+                engine: InFlight::new(self.store, self.clock, settings),
+                retry_after: self.retry_after,
+            }),
+        })
+    }
+}
+
+/// A host identity unlikely to be drawn twice in a fleet: the process's random hasher keys,
+/// the time and the process id, mixed.
+fn random_host() -> u64 {
+    use std::hash::BuildHasher;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    std::collections::hash_map::RandomState::new().hash_one((nanos, std::process::id()))
+}

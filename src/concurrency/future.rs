@@ -1,0 +1,137 @@
+//! The response future of [`HierarchicalConcurrency`](crate::HierarchicalConcurrency).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use http::Response;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::concurrency::SlotBody;
+use crate::in_flight::{NoSlot, SlotPermit, WaitForSlot};
+
+/// Answers a request refused after its wait (it reads the request's headers).
+pub(crate) type Refuse<Req, B> = Box<dyn FnOnce(NoSlot, &Req) -> Response<B> + Send>;
+
+pin_project! {
+    /// The response future of [`HierarchicalConcurrency`](crate::HierarchicalConcurrency):
+    /// the wait for a slot when this host had none free, then the inner service's future.
+    /// Its response's body holds the slot ([`SlotBody`]).
+    pub struct ResponseFuture<S, Req, B>
+    where
+        S: Service<Req, Response = Response<B>>,
+    {
+        #[pin]
+        state: State<S, Req, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, Req, B>
+    where
+        S: Service<Req, Response = Response<B>>,
+    {
+        Waiting {
+            #[pin]
+            wait: WaitForSlot,
+            service: Option<S>,
+            request: Option<Req>,
+            refuse: Option<Refuse<Req, B>>,
+        },
+        Calling {
+            #[pin]
+            future: S::Future,
+            permit: Option<SlotPermit>,
+        },
+        Answered {
+            response: Option<Response<B>>,
+        },
+    }
+}
+
+impl<S, Req, B> ResponseFuture<S, Req, B>
+where
+    S: Service<Req, Response = Response<B>>,
+{
+    pub(crate) fn calling(future: S::Future, permit: Option<SlotPermit>) -> Self {
+        Self {
+            state: State::Calling { future, permit },
+        }
+    }
+
+    pub(crate) fn answered(response: Response<B>) -> Self {
+        Self {
+            state: State::Answered {
+                response: Some(response),
+            },
+        }
+    }
+
+    pub(crate) fn waiting(
+        wait: WaitForSlot,
+        service: S,
+        request: Req,
+        refuse: Refuse<Req, B>,
+    ) -> Self {
+        Self {
+            state: State::Waiting {
+                wait,
+                service: Some(service),
+                request: Some(request),
+                refuse: Some(refuse),
+            },
+        }
+    }
+}
+
+impl<S, Req, B> Future for ResponseFuture<S, Req, B>
+where
+    S: Service<Req, Response = Response<B>>,
+{
+    type Output = Result<Response<SlotBody<B>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Waiting {
+                    wait,
+                    service,
+                    request,
+                    refuse,
+                } => {
+                    let verdict = ready!(wait.poll(cx));
+                    let (Some(mut service), Some(request), Some(refuse)) =
+                        (service.take(), request.take(), refuse.take())
+                    else {
+                        // Polled again after it ended: nothing left to answer with.
+                        return Poll::Pending;
+                    };
+                    let next = match verdict {
+                        Ok(permit) => State::Calling {
+                            future: service.call(request),
+                            permit: Some(permit),
+                        },
+                        Err(no_slot) => State::Answered {
+                            response: Some(refuse(no_slot, &request)),
+                        },
+                    };
+                    state.set(next);
+                }
+                StateProj::Calling { future, permit } => {
+                    let response = ready!(future.poll(cx))?;
+                    let permit = permit.take();
+                    return Poll::Ready(Ok(response.map(|body| SlotBody::new(body, permit))));
+                }
+                StateProj::Answered { response } => {
+                    let Some(response) = response.take() else {
+                        return Poll::Pending;
+                    };
+                    return Poll::Ready(Ok(response.map(|body| SlotBody::new(body, None))));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Fleet-wide concurrency limits: at most N requests in flight per key across all hosts.
+//!
+//! A [`HierarchicalConcurrencyLayer`] takes a slot when it admits a request and gives it back
+//! when the response's body ends (or the request is cancelled, or its handler panics). Slots
+//! are leased to hosts like tokens: each host asks the [`SlotStore`] for what it needs, uses
+//! what it holds without a call, and gives back what stays idle; each holding expires unless
+//! renewed, so the slots of a host that dies come back.
+
+mod body;
+mod builder;
+mod future;
+mod service;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use std::hash::Hash;
+use std::sync::atomic::Ordering;
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::global::slots::SlotStore;
+use crate::in_flight::{Acquired, InFlight, NoSlot};
+use crate::key::MissingKey;
+use crate::quota::BucketKey;
+use crate::rejection::{Rejection, RejectionReason};
+
+pub use crate::in_flight::SlotPermit;
+pub use body::SlotBody;
+pub use builder::ConcurrencyBuilder;
+pub use builder::DEFAULT_CONCURRENCY_NAME;
+pub use future::ResponseFuture;
+pub use service::HierarchicalConcurrency;
+
+type KeyFn<Req, K> = Box<dyn Fn(&Req) -> Option<K> + Send + Sync>;
+
+/// A [`tower_layer::Layer`] that limits each key to `max` requests in flight, fleet-wide.
+///
+/// ```
+/// use axum::{Router, body::Body, routing::get};
+/// use http::{Request, StatusCode};
+/// use hierarchical_throttle::{HierarchicalConcurrencyLayer, MemoryGlobalStore, key};
+/// use tower::ServiceExt;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let in_flight = HierarchicalConcurrencyLayer::builder()
+///     .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+///     .max_in_flight(2)
+///     .store(MemoryGlobalStore::new()) // RedisGlobalStore for a fleet
+///     .build()?;
+/// let app = Router::new().route("/", get(|| async { "hello" })).layer(in_flight.clone());
+///
+/// // Two slots for k1: both taken by requests still running (held here by hand).
+/// let (a, b) = (in_flight.acquire("k1".to_owned()).await?, in_flight.acquire("k1".to_owned()).await?);
+/// let call = || Request::get("/").header("x-api-key", "k1").body(Body::empty());
+/// let refused = app.clone().oneshot(call()?).await?;
+/// assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+/// assert_eq!(refused.headers()["ratelimit-policy"], r#""concurrency";q=2;qu="concurrent-requests""#);
+/// drop((a, b));
+/// assert_eq!(app.oneshot(call()?).await?.status(), StatusCode::OK);
+/// # Ok(()) }
+/// ```
+///
+/// Cloning the layer (or a service it made) shares its slots, its store and its counters: it
+/// is one host's view of the key's slots, not a new limit.
+pub struct HierarchicalConcurrencyLayer<Req, K, S, C = MonotonicClock> {
+    shared: Arc<Shared<Req, K, S, C>>,
+}
+
+pub(crate) struct Shared<Req, K, S, C> {
+    key: KeyFn<Req, K>,
+    missing_key: MissingKey<K>,
+    engine: InFlight<K, S, C>,
+    retry_after: Duration,
+}
+
+impl<Req, K, S, C> Clone for HierarchicalConcurrencyLayer<Req, K, S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<Req, K, S, C> std::fmt::Debug for HierarchicalConcurrencyLayer<Req, K, S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HierarchicalConcurrencyLayer")
+            .finish_non_exhaustive()
+    }
+}
+
+/// A concurrency layer's counters on this host, since it was built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConcurrencyStats {
+    /// Requests given a slot (or admitted by the failure policy).
+    pub admitted: u64,
+    /// Requests refused because their key's slots were all in use, fleet-wide.
+    pub refused_full: u64,
+    /// Requests refused because the store failed and the failure policy refused them.
+    pub refused_unavailable: u64,
+    /// Calls made to the slot store.
+    pub store_calls: u64,
+    /// Calls to the slot store that failed or timed out.
+    pub store_failures: u64,
+}
+
+impl<Req, K, S, C> HierarchicalConcurrencyLayer<Req, K, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: SlotStore<BucketKey<K>>,
+    C: Clock,
+{
+    /// A slot for `key`, outside a tower service (a WebSocket session, a job): held until the
+    /// permit is dropped. Refused with [`RejectionReason::TooManyInFlight`] when the key's
+    /// slots are all in use fleet-wide. Runs on a Tokio runtime.
+    pub async fn acquire(&self, key: K) -> Result<SlotPermit, Rejection<K>> {
+        match self.shared.engine.try_acquire(&key) {
+            Acquired::Now(permit) => Ok(permit),
+            Acquired::Refused(no_slot) => Err(self.shared.rejection(Some(key), no_slot)),
+            Acquired::Wait(wait) => wait
+                .await
+                .map_err(|no_slot| self.shared.rejection(Some(key), no_slot)),
+        }
+    }
+
+    /// The most requests a key may have in flight, fleet-wide.
+    pub fn max_in_flight(&self) -> u64 {
+        self.shared.engine.settings().max
+    }
+
+    /// Requests in flight on this host now, over all keys (an O(keys) walk: for tests and
+    /// diagnostics).
+    pub fn in_flight(&self) -> u64 {
+        self.shared.engine.in_flight()
+    }
+
+    /// Keys this host keeps slot state for now.
+    pub fn keys(&self) -> usize {
+        self.shared.engine.keys()
+    }
+
+    /// This host's counters.
+    pub fn stats(&self) -> ConcurrencyStats {
+        let c = self.shared.engine.counters();
+        ConcurrencyStats {
+            admitted: c.admitted.load(Ordering::Relaxed),
+            refused_full: c.refused_full.load(Ordering::Relaxed),
+            refused_unavailable: c.refused_unavailable.load(Ordering::Relaxed),
+            store_calls: c.store_calls.load(Ordering::Relaxed),
+            store_failures: c.store_failures.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl<Req, K, S, C> Shared<Req, K, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: SlotStore<BucketKey<K>>,
+    C: Clock,
+{
+    /// The refusal of a request for `key` that got no slot.
+    fn rejection(&self, key: Option<K>, no_slot: NoSlot) -> Rejection<K> {
+        let settings = self.engine.settings();
+        let reason = match no_slot {
+            NoSlot::Full => RejectionReason::TooManyInFlight { max: settings.max },
+            NoSlot::Unavailable => RejectionReason::StoreUnavailable,
+        };
+        let mut rejection = Rejection::new(key, reason).with_retry_after(self.retry_after);
+        rejection.limit_name = Some(settings.name.as_str());
+        rejection.unit = crate::fields::CONCURRENT_REQUESTS;
+        if settings.layer != crate::quota::Name::intern(crate::quota::DEFAULT_LAYER) {
+            rejection.layer = Some(settings.layer.as_str());
+        }
+        rejection
+    }
+}
+
+impl<Inner, Req, K, S, C> tower_layer::Layer<Inner> for HierarchicalConcurrencyLayer<Req, K, S, C> {
+    type Service = HierarchicalConcurrency<Inner, Req, K, S, C>;
+
+    fn layer(&self, inner: Inner) -> Self::Service {
+        HierarchicalConcurrency::new(inner, self.clone())
+    }
+}

@@ -1,0 +1,145 @@
+//! The service of [`HierarchicalConcurrencyLayer`].
+
+use std::hash::Hash;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use crate::clock::Clock;
+use crate::concurrency::future::ResponseFuture;
+use crate::concurrency::{HierarchicalConcurrencyLayer, SlotBody};
+use crate::global::slots::SlotStore;
+use crate::in_flight::Acquired;
+use crate::key::MissingKey;
+use crate::quota::BucketKey;
+use crate::rejection::{Rejection, RejectionReason};
+use crate::response::{DefaultRejection, OnRejection};
+
+/// A service that limits each key to a number of requests in flight, fleet-wide; made by
+/// [`HierarchicalConcurrencyLayer`]. Clones share the layer's slots.
+pub struct HierarchicalConcurrency<Inner, Req, K, S, C> {
+    inner: Inner,
+    layer: HierarchicalConcurrencyLayer<Req, K, S, C>,
+}
+
+impl<Inner, Req, K, S, C> HierarchicalConcurrency<Inner, Req, K, S, C> {
+    /// Wraps `inner` with the limits of `layer` (sharing its slots).
+    pub fn new(inner: Inner, layer: HierarchicalConcurrencyLayer<Req, K, S, C>) -> Self {
+        Self { inner, layer }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &Inner {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut Inner {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> Inner {
+        self.inner
+    }
+
+    /// The layer whose slots this service shares.
+    pub fn layer(&self) -> &HierarchicalConcurrencyLayer<Req, K, S, C> {
+        &self.layer
+    }
+}
+
+impl<Inner: Clone, Req, K, S, C> Clone for HierarchicalConcurrency<Inner, Req, K, S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<Inner, Req, K, S, C> std::fmt::Debug for HierarchicalConcurrency<Inner, Req, K, S, C>
+where
+    Inner: std::fmt::Debug,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HierarchicalConcurrency")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Inner, ReqB, ResB, K, S, C> Service<Request<ReqB>>
+    for HierarchicalConcurrency<Inner, Request<ReqB>, K, S, C>
+where
+    Inner: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    ReqB: Send + 'static,
+    ResB: Default + 'static,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: SlotStore<BucketKey<K>>,
+    C: Clock,
+{
+    type Response = Response<SlotBody<ResB>>;
+    type Error = Inner::Error;
+    type Future = ResponseFuture<Inner, Request<ReqB>, ResB>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqB>) -> Self::Future {
+        let shared = &self.layer.shared;
+        let key = match (shared.key)(&request) {
+            Some(key) => key,
+            None => match &shared.missing_key {
+                MissingKey::Admit => {
+                    return ResponseFuture::calling(self.inner.call(request), None);
+                }
+                MissingKey::UseKey(key) => key.clone(),
+                MissingKey::Reject => {
+                    let rejection = Rejection::<K>::new(None, RejectionReason::MissingKey);
+                    return ResponseFuture::answered(answer(&request, rejection));
+                }
+                MissingKey::RejectWith { status, message } => {
+                    let rejection = Rejection::<K>::new(None, RejectionReason::MissingKey)
+                        .answered(*status, message);
+                    return ResponseFuture::answered(answer(&request, rejection));
+                }
+            },
+        };
+        match shared.engine.try_acquire(&key) {
+            Acquired::Now(permit) => {
+                ResponseFuture::calling(self.inner.call(request), Some(permit))
+            }
+            Acquired::Refused(no_slot) => {
+                let rejection = shared.rejection(Some(key), no_slot);
+                ResponseFuture::answered(answer(&request, rejection))
+            }
+            Acquired::Wait(wait) => {
+                // The ready service goes with the request; a clone may not be ready.
+                let clone = self.inner.clone();
+                let service = std::mem::replace(&mut self.inner, clone);
+                let layer = self.layer.clone();
+                let refuse = Box::new(move |no_slot, request: &Request<ReqB>| {
+                    answer(request, layer.shared.rejection(Some(key), no_slot))
+                });
+                ResponseFuture::waiting(wait, service, request, refuse)
+            }
+        }
+    }
+}
+
+/// The default answer to `rejection`: HTTP 429 with `Retry-After` and the `RateLimit`
+/// fields, or gRPC `RESOURCE_EXHAUSTED`, by the request's content type.
+fn answer<ReqB, ResB: Default + 'static, K: 'static>(
+    request: &Request<ReqB>,
+    rejection: Rejection<K>,
+) -> Response<ResB> {
+    let answered: Result<Response<ResB>, std::convert::Infallible> =
+        DefaultRejection::by_content_type().on_rejection(request, rejection);
+    match answered {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}

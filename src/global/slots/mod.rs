@@ -1,0 +1,69 @@
+//! Slot stores: how many requests each host may have in flight for a key, fleet-wide.
+//!
+//! A [`SlotStore`] keeps, per key, what each host holds of the key's concurrency limit, each
+//! holding with an expiry, so that the slots of a host that dies come back when its holding
+//! expires. Hosts set their holding to an absolute number ([`SlotHold::want`]) with a
+//! sequence number, never add to it, so a call that is lost, late or repeated can only leave
+//! the store holding more for a host than it uses, never less.
+//!
+//! [`MemoryGlobalStore`](crate::MemoryGlobalStore) is one (in one process), and with the
+//! `redis` feature `RedisGlobalStore` (a fleet): the same store a layer's token buckets use.
+
+use std::future::Future;
+use std::time::Duration;
+
+mod memory;
+
+pub(crate) use memory::SlotTable;
+
+/// A host's call to set its holding of a key's slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotHold {
+    /// The host, unique in the fleet (each layer draws one at random when it is built).
+    pub host: u64,
+    /// Orders the host's calls: a call whose `seq` is not above the last one applied for this
+    /// host and key is not applied.
+    pub seq: u64,
+    /// The holding asked for: the host's whole holding, not an addition to it.
+    pub want: u64,
+    /// How long the holding lasts unless set again, by the store's clock.
+    pub ttl: Duration,
+}
+
+/// What a [`SlotStore`] holds for the calling host after a [`SlotHold`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holding {
+    /// The host's holding now: `want`, or fewer when the other hosts hold the rest.
+    pub held: u64,
+    /// What the other hosts hold (their unexpired holdings).
+    pub others: u64,
+}
+
+impl Holding {
+    /// The holding that `hold` gets when the other hosts hold `others` of `max` slots.
+    pub fn granted(max: u64, others: u64, want: u64) -> Self {
+        Self {
+            held: want.min(max.saturating_sub(others)),
+            others,
+        }
+    }
+}
+
+/// Where each host's share of a key's concurrency slots is kept, fleet-wide.
+///
+/// Every store must follow [`Holding::granted`]: the host gets what it asks for as far as the
+/// other hosts' unexpired holdings leave room under `max`; a call whose `seq` is not above the
+/// host's last applied one (while that holding lasts) changes nothing and answers the holding
+/// as it is. A holding expires `ttl` after the call that set it, by the store's clock.
+pub trait SlotStore<K>: Send + Sync + 'static {
+    /// Why a call failed.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Sets what `hold.host` holds of `key`'s `max` slots.
+    fn hold(
+        &self,
+        key: &K,
+        max: u64,
+        hold: SlotHold,
+    ) -> impl Future<Output = Result<Holding, Self::Error>> + Send;
+}

@@ -1,0 +1,129 @@
+//! The slot store's calls: one task per key with a call out, which delivers each answer to
+//! the requests waiting for it and makes the next call the answer calls for.
+
+use std::hash::Hash;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crate::clock::{Clock, micros};
+use crate::global::slots::{SlotHold, SlotStore};
+use crate::in_flight::{Entry, Shared, Verdict};
+use crate::quota::BucketKey;
+use crate::slots::{Decided, SlotCall};
+
+/// Makes `call` for `key` on a task of its own.
+pub(super) fn spawn<K, S, C>(
+    shared: Arc<Shared<K, S, C>>,
+    key: K,
+    entry: Arc<Entry>,
+    call: SlotCall,
+) where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: SlotStore<BucketKey<K>>,
+    C: Clock,
+{
+    let guard = CallGuard {
+        shared,
+        entry,
+        seq: Some(call.seq),
+    };
+    tokio::spawn(run(guard, key, call));
+}
+
+/// Settles the call out as failed if its task ends before its answer (cancelled, panicking,
+/// its runtime shut down), so no request waits for an answer that never comes.
+struct CallGuard<K, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: SlotStore<BucketKey<K>>,
+    C: Clock,
+{
+    shared: Arc<Shared<K, S, C>>,
+    entry: Arc<Entry>,
+    seq: Option<u64>,
+}
+
+impl<K, S, C> Drop for CallGuard<K, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: SlotStore<BucketKey<K>>,
+    C: Clock,
+{
+    fn drop(&mut self) {
+        if let Some(seq) = self.seq.take() {
+            let retry_at = self.shared.now() + micros(self.shared.settings.back_off);
+            let decided = self.entry.lock().failed(seq, retry_at);
+            deliver(&self.shared, &self.entry, decided);
+        }
+    }
+}
+
+async fn run<K, S, C>(mut guard: CallGuard<K, S, C>, key: K, mut call: SlotCall)
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: SlotStore<BucketKey<K>>,
+    C: Clock,
+{
+    let shared = guard.shared.clone();
+    let bucket = shared.bucket_key(key);
+    loop {
+        let hold = SlotHold {
+            host: shared.settings.host,
+            seq: call.seq,
+            want: call.want,
+            ttl: shared.settings.slot_ttl,
+        };
+        shared.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+        let max = shared.settings.max;
+        let timeout = shared.settings.store_timeout;
+        let answer = tokio::time::timeout(timeout, shared.store.hold(&bucket, max, hold)).await;
+        let now = shared.now();
+        let decided = match answer {
+            Ok(Ok(holding)) => {
+                let until = shared.usable_until(call.sent_at);
+                let next_seq = || shared.next_seq();
+                guard
+                    .entry
+                    .lock()
+                    .answered(call.seq, holding.held, until, now, next_seq)
+            }
+            Ok(Err(_)) | Err(_) => {
+                shared
+                    .counters
+                    .store_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                let retry_at = now + micros(shared.settings.back_off);
+                guard.entry.lock().failed(call.seq, retry_at)
+            }
+        };
+        let next = decided.next;
+        guard.seq = next.map(|next| next.seq);
+        deliver(&shared, &guard.entry, decided);
+        match next {
+            Some(next) => call = next,
+            None => return,
+        }
+    }
+}
+
+/// Tells each request its verdict; a slot whose request has gone goes to the next waiting or
+/// back to the lease.
+fn deliver<K, S, C>(shared: &Shared<K, S, C>, entry: &Entry, decided: Decided<super::Waiter>)
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: SlotStore<BucketKey<K>>,
+    C: Clock,
+{
+    for waiter in decided.admitted {
+        shared.hand_over(entry, waiter);
+    }
+    let counters = &shared.counters;
+    for waiter in decided.full {
+        counters.refused_full.fetch_add(1, Ordering::Relaxed);
+        let _gone = waiter.send(Verdict::Full);
+    }
+    for waiter in decided.unavailable {
+        counters.refused_unavailable.fetch_add(1, Ordering::Relaxed);
+        let _gone = waiter.send(Verdict::Unavailable);
+    }
+}

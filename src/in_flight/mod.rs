@@ -1,0 +1,254 @@
+//! The concurrency engine: each key's slots on this host ([`SlotLease`]), the slot store's
+//! calls around them, and the sweeper that renews holdings and gives idle slots back. Plain
+//! decisions, no HTTP: [`HierarchicalConcurrency`](crate::HierarchicalConcurrency) sits on it.
+
+mod calls;
+mod permit;
+mod sweeper;
+
+use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use hashbrown::HashTable;
+
+use crate::clock::{Clock, micros};
+use crate::global::slots::SlotStore;
+use crate::quota::{BucketKey, Name};
+use crate::slots::{SlotLease, TryTake};
+use crate::sync::{ShardLock, shard_index};
+
+use permit::GiveBack;
+pub use permit::SlotPermit;
+pub(crate) use permit::WaitForSlot;
+
+const SHARD_BITS: u32 = 6;
+
+/// What a request waiting for the store is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Admitted,
+    Full,
+    Unavailable,
+}
+
+type Waiter = tokio::sync::oneshot::Sender<Verdict>;
+type Entry = ShardLock<SlotLease<Waiter>>;
+/// Keys and their slot leases, one of the engine's shards.
+type Shard<K> = ShardLock<HashTable<(K, Arc<Entry>)>>;
+
+/// Why a request got no slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoSlot {
+    /// The key's slots are all in use, fleet-wide.
+    Full,
+    /// The slot store failed and the failure policy refuses.
+    Unavailable,
+}
+
+/// The engine's settings, checked by the builder.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) max: u64,
+    pub(crate) layer: Name,
+    pub(crate) name: Name,
+    /// Requests this host admits on its own while the store fails.
+    pub(crate) fallback_cap: u64,
+    pub(crate) slot_ttl: Duration,
+    pub(crate) linger: Duration,
+    pub(crate) store_timeout: Duration,
+    pub(crate) back_off: Duration,
+    pub(crate) host: u64,
+}
+
+/// Counters of a concurrency layer, shared by its clones.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) admitted: AtomicU64,
+    pub(crate) refused_full: AtomicU64,
+    pub(crate) refused_unavailable: AtomicU64,
+    pub(crate) store_calls: AtomicU64,
+    pub(crate) store_failures: AtomicU64,
+}
+
+/// The engine. Cloning shares it.
+pub(crate) struct InFlight<K, S, C> {
+    shared: Arc<Shared<K, S, C>>,
+}
+
+impl<K, S, C> Clone for InFlight<K, S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+pub(crate) struct Shared<K, S, C> {
+    shards: Box<[Shard<K>]>,
+    hasher: foldhash::fast::RandomState,
+    store: S,
+    clock: C,
+    settings: Settings,
+    seq: AtomicU64,
+    sweeper_running: AtomicBool,
+    pub(crate) counters: Counters,
+}
+
+/// What [`InFlight::try_acquire`] found.
+pub(crate) enum Acquired {
+    Now(SlotPermit),
+    Wait(WaitForSlot),
+    Refused(NoSlot),
+}
+
+impl<K, S, C> InFlight<K, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: SlotStore<BucketKey<K>>,
+    C: Clock,
+{
+    pub(crate) fn new(store: S, clock: C, settings: Settings) -> Self {
+        let shards = (0..1 << SHARD_BITS)
+            .map(|_| ShardLock::new(HashTable::new()))
+            .collect();
+        Self {
+            shared: Arc::new(Shared {
+                shards,
+                hasher: foldhash::fast::RandomState::default(),
+                store,
+                clock,
+                settings,
+                seq: AtomicU64::new(0),
+                sweeper_running: AtomicBool::new(false),
+                counters: Counters::default(),
+            }),
+        }
+    }
+
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.shared.settings
+    }
+
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+
+    /// A slot for `key` now if this host has a free one, else the wait for the store's
+    /// answer. Must run on a Tokio runtime: the store's calls are spawned, so a request that
+    /// goes away never strands the others waiting on its call.
+    pub(crate) fn try_acquire(&self, key: &K) -> Acquired {
+        self.shared.ensure_sweeper();
+        let shared = &self.shared;
+        let now = shared.now();
+        let hash = shared.hasher.hash_one(key);
+        let mut shard = shared.shards[shard_index(hash, SHARD_BITS)].lock();
+        let entry = match shard.find(hash, |(k, _)| k == key) {
+            Some((_, entry)) => entry.clone(),
+            None => {
+                let entry = Arc::new(ShardLock::new(SlotLease::new(shared.settings.fallback_cap)));
+                let rehash = |(k, _): &(K, Arc<Entry>)| shared.hasher.hash_one(k);
+                shard.insert_unique(hash, (key.clone(), entry.clone()), rehash);
+                entry
+            }
+        };
+        // The shard stays locked while the key's lease is, so the sweeper never forgets a
+        // lease a request is about to use.
+        let mut lease = entry.lock();
+        let taken = lease.try_take(now);
+        let (sender, receiver) = match taken {
+            TryTake::Taken | TryTake::Fallback { admitted: true } => {
+                drop(lease);
+                drop(shard);
+                shared.counters.admitted.fetch_add(1, Ordering::Relaxed);
+                return Acquired::Now(SlotPermit::new(shared.clone(), entry));
+            }
+            TryTake::Fallback { admitted: false } => {
+                shared
+                    .counters
+                    .refused_unavailable
+                    .fetch_add(1, Ordering::Relaxed);
+                return Acquired::Refused(NoSlot::Unavailable);
+            }
+            TryTake::MustWait => tokio::sync::oneshot::channel(),
+        };
+        let call = lease.wait(sender, now, || shared.next_seq());
+        drop(lease);
+        drop(shard);
+        if let Some(call) = call {
+            calls::spawn(shared.clone(), key.clone(), entry.clone(), call);
+        }
+        Acquired::Wait(WaitForSlot::new(shared.clone(), entry, receiver))
+    }
+
+    /// Keys this host keeps slot state for.
+    pub(crate) fn keys(&self) -> usize {
+        self.shared.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// Requests in flight on this host, over all keys.
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.shared
+            .shards
+            .iter()
+            .map(|s| s.lock().iter().map(|(_, e)| e.lock().in_use()).sum::<u64>())
+            .sum()
+    }
+}
+
+impl<K, S, C> Shared<K, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: SlotStore<BucketKey<K>>,
+    C: Clock,
+{
+    fn now(&self) -> u64 {
+        micros(self.clock.now())
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn bucket_key(&self, key: K) -> BucketKey<K> {
+        BucketKey::from_parts(key, self.settings.layer, None, self.settings.name)
+    }
+
+    /// Until when a holding set by a call sent at `sent_at` may admit: its time to live less
+    /// a tenth for clocks that run at different rates.
+    fn usable_until(&self, sent_at: u64) -> u64 {
+        let ttl = micros(self.settings.slot_ttl);
+        sent_at.saturating_add(ttl - ttl / 10)
+    }
+
+    /// Gives `entry`'s slot, which `waiter` now holds, to it; when it is gone, to the next
+    /// one waiting, or back to the lease.
+    fn hand_over(&self, entry: &Entry, mut waiter: Waiter) {
+        loop {
+            if waiter.send(Verdict::Admitted).is_ok() {
+                self.counters.admitted.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            match entry.lock().release(self.now()) {
+                Some(next) => waiter = next,
+                None => return,
+            }
+        }
+    }
+}
+
+impl<K, S, C> GiveBack for Shared<K, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: SlotStore<BucketKey<K>>,
+    C: Clock,
+{
+    /// A request holding a slot of `entry` ended.
+    fn release(&self, entry: &Entry) {
+        let next = entry.lock().release(self.now());
+        if let Some(waiter) = next {
+            self.hand_over(entry, waiter);
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! One key's concurrency slots on one host, as a pure state machine: no I/O, no clock, no
+//! locks, no spawns. The engine ([`in_flight`](crate::in_flight)) reads the clock, calls the
+//! slot store and delivers what this machine decides.
+//!
+//! # Ground rules
+//!
+//! - A host may have in flight at most the slots the store holds for it, and only until its
+//!   holding expires (`usable_until`, counted from when the call that set it was sent, so it
+//!   ends before the store's own expiry). Requests already running when a holding expires run
+//!   on; new ones wait for a call.
+//! - A call sets the host's holding to an absolute number (`want`), never adds to it: a lost,
+//!   late or repeated call can only leave the store holding more for the host than it uses.
+//!   While a call is out, the host uses no more than the smaller of what the store confirmed
+//!   and what the call asks for, so the store may apply it at any moment.
+//! - One call per key is out at a time. A request that finds no free slot waits for the next
+//!   answer; it is refused only when an answer sent after it arrived says the fleet is full.
+//!
+//! It holds a oneshot sender per waiting request (`W`) and nothing else asynchronous.
+
+use std::collections::VecDeque;
+
+#[cfg(test)]
+mod tests;
+
+/// A call to the slot store that the engine is to make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlotCall {
+    /// Orders the host's calls at the store: a call older than one already applied is ignored.
+    pub(crate) seq: u64,
+    /// The holding asked for, absolute.
+    pub(crate) want: u64,
+    /// When it was sent (host microseconds).
+    pub(crate) sent_at: u64,
+}
+
+/// What a request finds when it looks for a slot.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum TryTake {
+    /// A free slot is its own.
+    Taken,
+    /// The store failed a moment ago: the failure policy's cap on this host decided.
+    Fallback {
+        /// Whether it is admitted (it then holds a slot of `in_use`).
+        admitted: bool,
+    },
+    /// It must wait for the store: [`SlotLease::wait`].
+    MustWait,
+}
+
+/// The requests an answer (or a failure) decides, and the next call to make.
+#[derive(Debug)]
+pub(crate) struct Decided<W> {
+    /// Admitted: each now holds a slot.
+    pub(crate) admitted: Vec<W>,
+    /// Refused: the fleet was full after they arrived.
+    pub(crate) full: Vec<W>,
+    /// Refused: the store failed and the failure policy's cap is reached.
+    pub(crate) unavailable: Vec<W>,
+    /// The call to make next, if any.
+    pub(crate) next: Option<SlotCall>,
+}
+
+impl<W> Default for Decided<W> {
+    fn default() -> Self {
+        Self {
+            admitted: Vec::new(),
+            full: Vec::new(),
+            unavailable: Vec::new(),
+            next: None,
+        }
+    }
+}
+
+/// One key's slots on one host.
+#[derive(Debug)]
+pub(crate) struct SlotLease<W> {
+    /// Requests admitted and not yet ended.
+    in_use: u64,
+    /// What the store last confirmed holding for this host.
+    held: u64,
+    /// Until when `held` may admit new requests (host microseconds).
+    usable_until: u64,
+    /// The call out, if any.
+    call: Option<SlotCall>,
+    /// Requests waiting for the call's answer, first come first, with when they came.
+    waiters: VecDeque<(W, u64)>,
+    /// The store failed: until then requests are decided by `fallback_cap` without a call.
+    down_until: u64,
+    /// How many requests this host admits on its own while the store fails.
+    fallback_cap: u64,
+    /// The most requests in flight since the last sweep, and in the pass before it: what a
+    /// sweep keeps of the holding (so a free slot lingers one or two passes).
+    peak: u64,
+    last_peak: u64,
+}
+
+impl<W> SlotLease<W> {
+    /// No slots held, none in use; `fallback_cap` is the failure policy's share for one host.
+    pub(crate) fn new(fallback_cap: u64) -> Self {
+        Self {
+            in_use: 0,
+            held: 0,
+            usable_until: 0,
+            call: None,
+            waiters: VecDeque::new(),
+            down_until: 0,
+            fallback_cap,
+            peak: 0,
+            last_peak: 0,
+        }
+    }
+
+    /// Requests in flight on this host.
+    pub(crate) fn in_use(&self) -> u64 {
+        self.in_use
+    }
+
+    /// Slots the store last confirmed for this host.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// Requests waiting for the store.
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// How many requests may be in flight now on what the store holds.
+    fn usable(&self, now: u64) -> u64 {
+        if now >= self.usable_until {
+            return 0;
+        }
+        match self.call {
+            Some(call) => self.held.min(call.want),
+            None => self.held,
+        }
+    }
+
+    /// Takes a free slot if there is one and no earlier request waits for one.
+    pub(crate) fn try_take(&mut self, now: u64) -> TryTake {
+        if self.waiters.is_empty() && self.in_use < self.usable(now) {
+            self.take_one();
+            return TryTake::Taken;
+        }
+        if now < self.down_until {
+            let admitted = self.in_use < self.fallback_cap;
+            if admitted {
+                self.take_one();
+            }
+            return TryTake::Fallback { admitted };
+        }
+        TryTake::MustWait
+    }
+
+    fn take_one(&mut self) {
+        self.in_use += 1;
+        self.peak = self.peak.max(self.in_use);
+    }
+
+    /// Queues `waiter`, come at `now`, for the store's answer; returns the call to make when
+    /// none is out.
+    pub(crate) fn wait(
+        &mut self,
+        waiter: W,
+        now: u64,
+        seq: impl FnOnce() -> u64,
+    ) -> Option<SlotCall> {
+        self.waiters.push_back((waiter, now));
+        self.start_call(self.in_use + self.waiters.len() as u64, now, seq)
+    }
+
+    fn start_call(&mut self, want: u64, now: u64, seq: impl FnOnce() -> u64) -> Option<SlotCall> {
+        if self.call.is_some() {
+            return None;
+        }
+        let call = SlotCall {
+            seq: seq(),
+            want,
+            sent_at: now,
+        };
+        self.call = Some(call);
+        Some(call)
+    }
+
+    /// A request ended: its slot goes to the first waiter, if one can use it, which is then
+    /// returned (it holds the slot).
+    pub(crate) fn release(&mut self, now: u64) -> Option<W> {
+        self.in_use = self.in_use.saturating_sub(1);
+        if self.in_use < self.usable(now)
+            && let Some((waiter, _)) = self.waiters.pop_front()
+        {
+            self.take_one();
+            return Some(waiter);
+        }
+        None
+    }
+
+    /// The store answered call `seq`: it holds `granted` slots for this host, usable until
+    /// `usable_until`.
+    pub(crate) fn answered(
+        &mut self,
+        seq: u64,
+        granted: u64,
+        usable_until: u64,
+        now: u64,
+        next_seq: impl FnOnce() -> u64,
+    ) -> Decided<W> {
+        let Some(call) = self.call.take_if(|call| call.seq == seq) else {
+            return Decided::default();
+        };
+        self.held = granted;
+        self.usable_until = usable_until;
+        self.down_until = 0;
+        let mut decided = Decided::default();
+        while self.in_use < self.usable(now) {
+            let Some((waiter, _)) = self.waiters.pop_front() else {
+                break;
+            };
+            self.take_one();
+            decided.admitted.push(waiter);
+        }
+        if granted < call.want {
+            // The fleet was full when the call was served: those who came before it was sent
+            // saw it full while they waited.
+            while let Some((_, came)) = self.waiters.front() {
+                if *came > call.sent_at {
+                    break;
+                }
+                if let Some((waiter, _)) = self.waiters.pop_front() {
+                    decided.full.push(waiter);
+                }
+            }
+        }
+        if !self.waiters.is_empty() {
+            let want = self.in_use + self.waiters.len() as u64;
+            decided.next = self.start_call(want, now, next_seq);
+        }
+        decided
+    }
+
+    /// Call `seq` failed or timed out; the store is left alone until `retry_at`. Whether it
+    /// was applied is unknown, so the host counts on the smaller of the two holdings. The
+    /// waiters are decided by the failure policy's cap.
+    pub(crate) fn failed(&mut self, seq: u64, retry_at: u64) -> Decided<W> {
+        let Some(call) = self.call.take_if(|call| call.seq == seq) else {
+            return Decided::default();
+        };
+        self.held = self.held.min(call.want);
+        self.down_until = retry_at;
+        let mut decided = Decided::default();
+        for (waiter, _) in std::mem::take(&mut self.waiters) {
+            if self.in_use < self.fallback_cap {
+                self.take_one();
+                decided.admitted.push(waiter);
+            } else {
+                decided.unavailable.push(waiter);
+            }
+        }
+        decided
+    }
+
+    /// The sweep's call for this key, if it needs one: slots beyond the most in flight over
+    /// this pass and the one before are given back; a holding (or requests in flight) whose
+    /// time ends before `renew_by` is renewed.
+    pub(crate) fn sweep(
+        &mut self,
+        now: u64,
+        renew_by: u64,
+        seq: impl FnOnce() -> u64,
+    ) -> Option<SlotCall> {
+        let keep = self.peak.max(self.last_peak).max(self.in_use);
+        self.last_peak = self.peak;
+        self.peak = self.in_use;
+        // Not held back by a failure's back-off: a holding left unrenewed would expire under
+        // the requests running on it.
+        if self.call.is_some() {
+            return None;
+        }
+        if self.held > keep {
+            return self.start_call(keep, now, seq);
+        }
+        let holds = self.held > 0 || self.in_use > 0;
+        if holds && self.usable_until < renew_by {
+            return self.start_call(self.held.max(self.in_use), now, seq);
+        }
+        None
+    }
+
+    /// Nothing in use, held, asked for or awaited: the key can be forgotten.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.in_use == 0 && self.held == 0 && self.call.is_none() && self.waiters.is_empty()
+    }
+}

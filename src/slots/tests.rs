@@ -1,0 +1,304 @@
+use super::*;
+
+type Lease = SlotLease<&'static str>;
+
+fn seq(n: u64) -> impl FnOnce() -> u64 {
+    move || n
+}
+
+/// A lease holding `granted` slots until 1,000 (asked for at time 0 by as many requests, all
+/// but the first of which have ended), so one request is in flight.
+fn holding(granted: u64) -> Lease {
+    const NAMES: [&str; 4] = ["w0", "w1", "w2", "w3"];
+    let mut lease = Lease::new(0);
+    for name in &NAMES[..granted as usize] {
+        lease.wait(name, 0, seq(1));
+    }
+    let decided = lease.answered(1, granted, 1_000, 0, seq(2));
+    assert_eq!(decided.admitted, NAMES[..granted as usize]);
+    for _ in 1..granted {
+        lease.release(0);
+    }
+    lease
+}
+
+#[test]
+fn a_cold_key_waits_for_the_store_and_asks_for_what_waits() {
+    let mut lease = Lease::new(0);
+    assert_eq!(lease.try_take(0), TryTake::MustWait);
+    let call = lease.wait("a", 0, seq(7));
+    assert_eq!(
+        call,
+        Some(SlotCall {
+            seq: 7,
+            want: 1,
+            sent_at: 0
+        })
+    );
+    // A second request while the call is out waits for it without a call of its own.
+    assert_eq!(lease.try_take(1), TryTake::MustWait);
+    assert_eq!(lease.wait("b", 1, seq(8)), None);
+    let decided = lease.answered(7, 1, 1_000, 2, seq(9));
+    assert_eq!(decided.admitted, ["a"]);
+    assert!(decided.full.is_empty());
+    // "b" came after the call was sent: the answer says nothing about it, so it is asked for.
+    assert_eq!(
+        decided.next,
+        Some(SlotCall {
+            seq: 9,
+            want: 2,
+            sent_at: 2
+        })
+    );
+    let decided = lease.answered(9, 1, 1_000, 3, seq(10));
+    assert_eq!(
+        decided.full,
+        ["b"],
+        "asked after it came, the fleet was full"
+    );
+    assert_eq!((lease.in_use(), lease.held()), (1, 1));
+}
+
+#[test]
+fn free_slots_are_taken_without_a_call_until_the_holding_ends() {
+    let mut lease = holding(3);
+    assert_eq!(lease.try_take(10), TryTake::Taken);
+    assert_eq!(lease.try_take(10), TryTake::Taken);
+    assert_eq!(
+        lease.try_take(10),
+        TryTake::MustWait,
+        "three of three in use"
+    );
+    assert_eq!(lease.release(11), None);
+    assert_eq!(lease.try_take(999), TryTake::Taken);
+    lease.release(999);
+    assert_eq!(
+        lease.try_take(1_000),
+        TryTake::MustWait,
+        "the holding has ended"
+    );
+}
+
+#[test]
+fn a_released_slot_goes_to_the_first_waiter() {
+    let mut lease = holding(1);
+    assert_eq!(lease.try_take(5), TryTake::MustWait);
+    assert!(lease.wait("x", 5, seq(2)).is_some());
+    assert_eq!(lease.wait("y", 6, seq(3)), None);
+    assert_eq!(lease.release(7), Some("x"));
+    assert_eq!(lease.in_use(), 1);
+    // Nobody may jump the queue while "y" waits, even on a slot freed for it.
+    assert_eq!(lease.release(8), Some("y"));
+    assert_eq!(lease.try_take(8), TryTake::MustWait);
+}
+
+#[test]
+fn a_request_that_came_after_a_full_answer_was_asked_is_not_refused_by_it() {
+    let mut lease = holding(1);
+    assert!(lease.wait("early", 5, seq(2)).is_some());
+    assert_eq!(lease.wait("late", 9, seq(3)), None);
+    let decided = lease.answered(2, 1, 2_000, 10, seq(4));
+    assert_eq!(decided.full, ["early"]);
+    assert!(decided.admitted.is_empty());
+    assert_eq!(decided.next.map(|c| (c.seq, c.want)), Some((4, 2)));
+}
+
+#[test]
+fn while_a_give_back_is_out_the_host_uses_the_smaller_holding() {
+    let mut lease = holding(3);
+    assert_eq!(lease.try_take(1), TryTake::Taken);
+    assert_eq!(lease.try_take(1), TryTake::Taken);
+    for _ in 0..3 {
+        lease.release(2);
+    }
+    // Three were in flight in this pass and the one before: the slots linger two passes.
+    assert_eq!(lease.sweep(3, 0, seq(2)), None);
+    assert_eq!(lease.sweep(4, 0, seq(2)), None);
+    let give_back = lease.sweep(5, 0, seq(2));
+    assert_eq!(give_back.map(|c| c.want), Some(0));
+    assert_eq!(
+        lease.try_take(6),
+        TryTake::MustWait,
+        "the store may have applied it"
+    );
+    // The give-back failed: the host keeps counting on the smaller holding.
+    let decided = lease.failed(2, 100);
+    assert!(decided.unavailable.is_empty() && decided.admitted.is_empty());
+    assert_eq!(lease.held(), 0);
+}
+
+#[test]
+fn an_answer_to_an_older_call_changes_nothing() {
+    let mut lease = holding(2);
+    let decided = lease.answered(1, 50, 9_000, 5, seq(3));
+    assert!(decided.admitted.is_empty() && decided.next.is_none());
+    assert_eq!(lease.held(), 2);
+    assert!(lease.failed(1, 100).unavailable.is_empty());
+    assert_eq!(lease.held(), 2);
+}
+
+#[test]
+fn a_failed_call_decides_its_waiters_by_the_fallback_cap_and_so_do_later_requests() {
+    let mut lease = Lease::new(2);
+    assert!(lease.wait("a", 0, seq(1)).is_some());
+    lease.wait("b", 0, seq(2));
+    lease.wait("c", 0, seq(3));
+    let decided = lease.failed(1, 500);
+    assert_eq!(decided.admitted, ["a", "b"]);
+    assert_eq!(decided.unavailable, ["c"]);
+    assert_eq!(lease.try_take(10), TryTake::Fallback { admitted: false });
+    lease.release(11);
+    assert_eq!(lease.try_take(12), TryTake::Fallback { admitted: true });
+    // After the back-off, a request asks the store again.
+    lease.release(13);
+    assert_eq!(lease.try_take(500), TryTake::MustWait);
+}
+
+#[test]
+fn the_sweep_renews_what_is_held_or_in_use_and_gives_back_what_stays_unused() {
+    let mut lease = holding(2);
+    assert_eq!(
+        lease.sweep(100, 500, seq(2)),
+        None,
+        "one in flight of 2 held, ends after 500"
+    );
+    let renewal = lease.sweep(600, 1_100, seq(2));
+    assert_eq!(
+        renewal.map(|c| c.want),
+        Some(2),
+        "one unused pass is not enough to give back"
+    );
+    assert_eq!(
+        lease.sweep(600, 1_100, seq(3)),
+        None,
+        "one call out at a time"
+    );
+    lease.answered(2, 2, 1_600, 610, seq(3));
+    // Two passes with at most one in flight: the unused slot goes back, the one in use stays.
+    let give_back = lease.sweep(700, 0, seq(3));
+    assert_eq!(give_back.map(|c| c.want), Some(1));
+    lease.answered(3, 1, 1_700, 710, seq(4));
+    lease.release(720);
+    assert_eq!(lease.sweep(800, 0, seq(4)), None, "in flight in this pass");
+    assert_eq!(
+        lease.sweep(900, 0, seq(4)),
+        None,
+        "in flight in the pass before"
+    );
+    let give_back = lease.sweep(1_000, 0, seq(4));
+    assert_eq!(give_back.map(|c| c.want), Some(0));
+    lease.answered(4, 0, 1_900, 910, seq(5));
+    assert!(lease.is_idle());
+}
+
+#[test]
+fn a_key_in_steady_use_gives_back_what_it_no_longer_needs() {
+    // Four held; requests come and go all the time, never more than one at once.
+    let mut lease = holding(4);
+    lease.release(1);
+    for pass in 0..3u64 {
+        assert_eq!(lease.try_take(10 + pass), TryTake::Taken);
+        lease.release(11 + pass);
+        if let Some(call) = lease.sweep(12 + pass, 0, seq(2 + pass)) {
+            assert_eq!(call.want, 1, "pass {pass}");
+            return;
+        }
+    }
+    panic!("the unused slots were never given back");
+}
+
+#[test]
+fn requests_running_past_their_holding_are_renewed_and_block_new_ones_until_confirmed() {
+    let mut lease = holding(1);
+    // The holding ran out (the store was unreachable) with one request still running.
+    assert_eq!(lease.try_take(1_500), TryTake::MustWait);
+    let renewal = lease.sweep(1_500, 2_000, seq(2));
+    assert_eq!(renewal.map(|c| c.want), Some(1));
+    // Meanwhile another host took the slot: the store confirms none.
+    lease.answered(2, 0, 2_500, 1_510, seq(3));
+    lease.release(1_600);
+    assert_eq!(lease.in_use(), 0);
+    assert_eq!(lease.try_take(1_700), TryTake::MustWait);
+}
+
+#[test]
+fn no_admission_on_the_store_goes_past_the_usable_holding_over_random_steps() {
+    // A seeded walk over every operation: a request admitted on the store's holding (not by
+    // the failure policy) leaves at most the smaller of what the store confirmed and what a
+    // call out asks in use, and only while the holding is current.
+    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+    let mut next = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    let mut admissions = 0;
+    for _ in 0..300 {
+        let mut lease = SlotLease::<u64>::new(next(3));
+        let mut now = 0;
+        let mut seq_no = 0;
+        let mut running = 0u64;
+        let mut waiting = Vec::new();
+        for step in 0..200u64 {
+            now += next(50);
+            match next(6) {
+                0 => match lease.try_take(now) {
+                    TryTake::Taken => {
+                        running += 1;
+                        admissions += 1;
+                        assert!(lease.in_use() <= lease.usable(now), "step {step}");
+                    }
+                    TryTake::Fallback { admitted } => running += u64::from(admitted),
+                    TryTake::MustWait => {
+                        seq_no += 1;
+                        lease.wait(step, now, || seq_no);
+                        waiting.push(step);
+                    }
+                },
+                1 if running > 0 => match lease.release(now) {
+                    Some(w) => {
+                        waiting.retain(|x| *x != w);
+                        assert!(lease.in_use() <= lease.usable(now), "step {step}");
+                    }
+                    None => running -= 1,
+                },
+                2 | 3 => {
+                    if let Some(call) = lease.call {
+                        let (decided, on_store) = if next(4) == 0 {
+                            (lease.failed(call.seq, now + next(200)), false)
+                        } else {
+                            let granted = call.want.min(next(6));
+                            seq_no += 1;
+                            let until = now + next(400);
+                            (
+                                lease.answered(call.seq, granted, until, now, || seq_no),
+                                true,
+                            )
+                        };
+                        running += decided.admitted.len() as u64;
+                        if on_store && !decided.admitted.is_empty() {
+                            admissions += decided.admitted.len();
+                            assert!(lease.in_use() <= lease.usable(now), "step {step}");
+                        }
+                        let ended = decided.admitted.iter().chain(&decided.full);
+                        for w in ended.chain(&decided.unavailable) {
+                            waiting.retain(|x| x != w);
+                        }
+                    }
+                }
+                4 => {
+                    seq_no += 1;
+                    lease.sweep(now, now + 100, || seq_no);
+                }
+                _ => {}
+            }
+            assert_eq!(lease.in_use(), running, "step {step}");
+            assert_eq!(lease.waiting(), waiting.len(), "step {step}");
+        }
+    }
+    assert!(
+        admissions > 1_000,
+        "the walk admits on the store: {admissions}"
+    );
+}

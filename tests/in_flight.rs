@@ -1,0 +1,730 @@
+//! Fleet-wide concurrency limits (`HierarchicalConcurrencyLayer`): slots taken when a request
+//! is admitted and given back when its response's body ends, when it is cancelled or when its
+//! handler panics; hosts sharing one store never have more than the limit in flight; a host
+//! that dies holding slots gives them back when its holding expires; a failing or slow store
+//! follows the failure policy. On paused time, on memory and on real Redis servers.
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use common::redis_server::{RedisCluster, RedisServer};
+use hierarchical_throttle::clock::{Clock, ManualClock, TokioClock};
+use hierarchical_throttle::global::redis::RedisGlobalStore;
+use hierarchical_throttle::global::slots::{Holding, SlotHold, SlotStore};
+use hierarchical_throttle::quota::BucketKey;
+use hierarchical_throttle::{
+    ConfigError, FailurePolicy, HierarchicalConcurrencyLayer, MemoryGlobalStore, MissingKey,
+    RejectionReason, key,
+};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::{Semaphore, mpsc};
+use tower::ServiceExt;
+
+type Layer<S, C = TokioClock> = HierarchicalConcurrencyLayer<Request<Body>, String, S, C>;
+
+fn api_key(req: &Request<Body>) -> Option<String> {
+    key::header_value(req, "x-api-key")
+}
+
+fn request(key: &str) -> Request<Body> {
+    Request::get("/")
+        .header("x-api-key", key)
+        .body(Body::empty())
+        .unwrap()
+}
+
+fn layer<S: SlotStore<BucketKey<String>>>(store: S, max: u64) -> Layer<S> {
+    HierarchicalConcurrencyLayer::builder()
+        .key(api_key)
+        .max_in_flight(max)
+        .store(store)
+        .clock(TokioClock::new())
+        .build()
+        .unwrap()
+}
+
+/// A host: a Router whose handler reports when it runs and then waits for the host's gate.
+struct Host {
+    app: Router,
+    gate: Arc<Semaphore>,
+    entered: mpsc::UnboundedReceiver<()>,
+}
+
+impl Host {
+    fn new<S>(layer: Layer<S>) -> Self
+    where
+        S: SlotStore<BucketKey<String>> + Clone,
+    {
+        let gate = Arc::new(Semaphore::new(0));
+        let (tx, entered) = mpsc::unbounded_channel();
+        let handler_gate = gate.clone();
+        let app = Router::new()
+            .route(
+                "/",
+                get(move || {
+                    let (gate, tx) = (handler_gate.clone(), tx.clone());
+                    async move {
+                        let _ = tx.send(());
+                        gate.acquire().await.map(|p| p.forget()).ok();
+                        "done"
+                    }
+                }),
+            )
+            .layer(layer);
+        Self { app, gate, entered }
+    }
+
+    /// Sends a request for `key` on a task of its own.
+    fn send(&self, key: &str) -> tokio::task::JoinHandle<StatusCode> {
+        let app = self.app.clone();
+        let req = request(key);
+        tokio::spawn(async move {
+            app.oneshot(req)
+                .await
+                .map(|r| r.status())
+                .unwrap_or(StatusCode::IM_A_TEAPOT)
+        })
+    }
+
+    /// Waits until `n` more requests run in the handler.
+    async fn running(&mut self, n: usize) {
+        for _ in 0..n {
+            self.entered.recv().await.expect("the router lives");
+        }
+    }
+}
+
+mod one_host {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_runs_at_most_its_limit_and_a_refusal_says_so() {
+        let layer = layer(MemoryGlobalStore::with_clock(TokioClock::new()), 2);
+        let mut host = Host::new(layer.clone());
+        let (a, b) = (host.send("k1"), host.send("k1"));
+        host.running(2).await;
+        let refused = host.app.clone().oneshot(request("k1")).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        let headers = refused.headers();
+        assert_eq!(headers["retry-after"], "1");
+        assert_eq!(
+            headers["ratelimit-policy"],
+            r#""concurrency";q=2;qu="concurrent-requests""#
+        );
+        assert_eq!(headers["ratelimit"], r#""concurrency";r=0;t=1"#);
+        let body = refused.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            body,
+            "too many requests in flight (at most 2) (limit concurrency, retry in 1 s)"
+        );
+        // Another key has slots of its own.
+        let other = host.send("k2");
+        host.running(1).await;
+        host.gate.add_permits(3);
+        for done in [a, b, other] {
+            assert_eq!(done.await.unwrap(), StatusCode::OK);
+        }
+        assert_eq!(layer.in_flight(), 0);
+        let again = host.send("k1");
+        host.running(1).await;
+        host.gate.add_permits(1);
+        assert_eq!(again.await.unwrap(), StatusCode::OK);
+        let stats = layer.stats();
+        assert_eq!((stats.admitted, stats.refused_full), (4, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_streamed_body_holds_its_slot_until_it_ends() {
+        let (chunks, rx) = mpsc::unbounded_channel::<&'static str>();
+        let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
+        let stream_layer = layer(MemoryGlobalStore::with_clock(TokioClock::new()), 1);
+        let app = Router::new()
+            .route(
+                "/",
+                get(move || {
+                    let rx = rx.lock().unwrap().take();
+                    async move {
+                        let stream = futures_util::stream::unfold(rx, |rx| async move {
+                            let mut rx = rx?;
+                            let chunk = rx.recv().await?;
+                            Some((Ok::<_, Infallible>(chunk), Some(rx)))
+                        });
+                        Body::from_stream(stream)
+                    }
+                }),
+            )
+            .layer(stream_layer.clone());
+        let streaming = app.clone().oneshot(request("k")).await.unwrap();
+        assert_eq!(streaming.status(), StatusCode::OK);
+        // The handler has answered, but the body still streams: the slot is taken.
+        assert_eq!(stream_layer.in_flight(), 1);
+        let refused = app.clone().oneshot(request("k")).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        chunks.send("first").unwrap();
+        drop(chunks);
+        let body = streaming.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "first");
+        assert_eq!(stream_layer.in_flight(), 0);
+        // The next request runs (its handler finds the stream taken and streams nothing).
+        let next = app.oneshot(request("k")).await.unwrap();
+        assert_eq!(next.status(), StatusCode::OK);
+        drop(next);
+        assert_eq!(
+            stream_layer.in_flight(),
+            0,
+            "a body dropped unread gives its slot back"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cancelled_and_panicking_requests_give_their_slots_back() {
+        let layer = layer(MemoryGlobalStore::with_clock(TokioClock::new()), 1);
+        let mut host = Host::new(layer.clone());
+        let cancelled = host.send("k");
+        host.running(1).await;
+        assert_eq!(layer.in_flight(), 1);
+        cancelled.abort();
+        assert!(cancelled.await.unwrap_err().is_cancelled());
+        assert_eq!(layer.in_flight(), 0);
+
+        let panicking = Router::new()
+            .route(
+                "/",
+                get(|| async {
+                    if true {
+                        panic!("the handler fails");
+                    }
+                    "unreachable"
+                }),
+            )
+            .layer(layer.clone());
+        let panicked = tokio::spawn(panicking.oneshot(request("k")));
+        assert!(panicked.await.unwrap_err().is_panic());
+        assert_eq!(layer.in_flight(), 0);
+        let after = host.send("k");
+        host.running(1).await;
+        host.gate.add_permits(1);
+        assert_eq!(after.await.unwrap(), StatusCode::OK);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_without_a_key_follows_the_missing_key_policy() {
+        let store = MemoryGlobalStore::with_clock(TokioClock::new());
+        let reject = layer(store.clone(), 1);
+        let app = Router::new().route("/", get(|| async { "ok" }));
+        let no_key = || Request::get("/").body(Body::empty()).unwrap();
+        let refused = app.clone().layer(reject).oneshot(no_key()).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+        let shared: Layer<_> = HierarchicalConcurrencyLayer::builder()
+            .key(api_key)
+            .max_in_flight(1)
+            .missing_key(MissingKey::UseKey("anonymous".to_owned()))
+            .store(store)
+            .clock(TokioClock::new())
+            .build()
+            .unwrap();
+        let held = shared.acquire("anonymous".to_owned()).await.unwrap();
+        let answered = app.layer(shared).oneshot(no_key()).await.unwrap();
+        assert_eq!(
+            answered.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "the shared key is full"
+        );
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_grpc_call_is_refused_with_resource_exhausted() {
+        let layer = layer(MemoryGlobalStore::with_clock(TokioClock::new()), 1);
+        let _held = layer.acquire("k".to_owned()).await.unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        let call = Request::get("/")
+            .header("x-api-key", "k")
+            .header("content-type", "application/grpc")
+            .body(Body::empty())
+            .unwrap();
+        let answer = app.oneshot(call).await.unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+        assert_eq!(answer.headers()["grpc-status"], "8");
+    }
+
+    #[test]
+    fn invalid_settings_are_errors_when_built() {
+        let store = MemoryGlobalStore::<String>::new();
+        let base = || {
+            HierarchicalConcurrencyLayer::builder()
+                .key(api_key)
+                .store(store.clone())
+        };
+        let setting = |e: Result<Layer<_, _>, ConfigError>| match e {
+            Err(ConfigError::InvalidSetting { setting, .. }) => setting,
+            other => panic!("expected an invalid setting, got {other:?}"),
+        };
+        assert_eq!(setting(base().build()), "max_in_flight");
+        assert_eq!(
+            setting(
+                base()
+                    .max_in_flight(1)
+                    .slot_ttl(Duration::from_millis(100))
+                    .build()
+            ),
+            "slot_ttl"
+        );
+        assert_eq!(
+            setting(base().max_in_flight(1).linger(Duration::ZERO).build()),
+            "linger"
+        );
+        assert_eq!(
+            setting(
+                base()
+                    .max_in_flight(1)
+                    .linger(Duration::from_secs(3))
+                    .build()
+            ),
+            "linger"
+        );
+        assert_eq!(
+            setting(
+                base()
+                    .max_in_flight(1)
+                    .retry_after(Duration::from_millis(10))
+                    .build()
+            ),
+            "retry_after"
+        );
+        assert!(matches!(
+            base().max_in_flight(1).name("no spaces").build(),
+            Err(ConfigError::Unreadable { .. } | ConfigError::InvalidSetting { .. })
+        ));
+        assert!(base().max_in_flight(1).build().is_ok());
+    }
+}
+
+/// A slot store whose answers take `delay` (applied by the inner store when sent, answered
+/// after the delay), or that fails every call while `down`.
+#[derive(Clone)]
+struct SlowStore<S> {
+    inner: S,
+    delay: Arc<AtomicU64>,
+    down: Arc<std::sync::atomic::AtomicBool>,
+    calls: Arc<AtomicU64>,
+}
+
+#[derive(Debug)]
+struct Down;
+
+impl std::fmt::Display for Down {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the test's store is down")
+    }
+}
+
+impl std::error::Error for Down {}
+
+impl<S> SlowStore<S> {
+    fn new(inner: S, delay: Duration) -> Self {
+        Self {
+            inner,
+            delay: Arc::new(AtomicU64::new(delay.as_micros() as u64)),
+            down: Default::default(),
+            calls: Default::default(),
+        }
+    }
+}
+
+impl<S: SlotStore<BucketKey<String>>> SlotStore<BucketKey<String>> for SlowStore<S> {
+    type Error = Down;
+
+    async fn hold(
+        &self,
+        key: &BucketKey<String>,
+        max: u64,
+        hold: SlotHold,
+    ) -> Result<Holding, Down> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(Down);
+        }
+        let answer = self.inner.hold(key, max, hold).await.map_err(|_| Down);
+        tokio::time::sleep(Duration::from_micros(self.delay.load(Ordering::SeqCst))).await;
+        answer
+    }
+}
+
+mod waiting_and_failing {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn thousands_waiting_on_one_key_get_exactly_the_limit_from_a_few_calls() {
+        let store = SlowStore::new(
+            MemoryGlobalStore::with_clock(TokioClock::new()),
+            Duration::from_millis(20),
+        );
+        let layer = layer(store.clone(), 10);
+        let tries: Vec<_> = (0..2_000)
+            .map(|_| {
+                let layer = layer.clone();
+                tokio::spawn(async move { layer.acquire("hot".to_owned()).await })
+            })
+            .collect();
+        let mut held = Vec::new();
+        let mut refused = 0;
+        for attempt in tries {
+            match attempt.await.unwrap() {
+                Ok(permit) => held.push(permit),
+                Err(rejection) => {
+                    assert_eq!(
+                        rejection.reason,
+                        RejectionReason::TooManyInFlight { max: 10 }
+                    );
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!((held.len(), refused), (10, 1_990));
+        assert!(
+            store.calls.load(Ordering::SeqCst) <= 3,
+            "{} calls",
+            store.calls.load(Ordering::SeqCst)
+        );
+        assert_eq!(layer.in_flight(), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_cancelled_while_it_waits_leaves_no_slot_behind() {
+        let memory = MemoryGlobalStore::with_clock(TokioClock::new());
+        let store = SlowStore::new(memory.clone(), Duration::from_millis(20));
+        let layer = layer(store, 1);
+        let waiting = {
+            let layer = layer.clone();
+            tokio::spawn(async move { layer.acquire("k".to_owned()).await.map(|_| ()) })
+        };
+        tokio::task::yield_now().await;
+        waiting.abort();
+        // The call's answer gives the slot to nobody: it goes back to the lease, then to the
+        // store once it has lingered.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(layer.in_flight(), 0);
+        assert_eq!(memory.keys_with_slots_held(), 0);
+        let permit = layer.acquire("k".to_owned()).await;
+        assert!(permit.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_past_its_time_out_is_a_failure_decided_by_the_policy() {
+        let store = SlowStore::new(
+            MemoryGlobalStore::with_clock(TokioClock::new()),
+            Duration::from_millis(200),
+        );
+        let reject: Layer<_> = HierarchicalConcurrencyLayer::builder()
+            .key(api_key)
+            .max_in_flight(4)
+            .store(store.clone())
+            .clock(TokioClock::new())
+            .failure_policy(FailurePolicy::Reject)
+            .build()
+            .unwrap();
+        let refused = reject.acquire("k".to_owned()).await.unwrap_err();
+        assert_eq!(refused.reason, RejectionReason::StoreUnavailable);
+        assert_eq!(reject.stats().store_failures, 1);
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(reject);
+        let answer = app.oneshot(request("k")).await.unwrap();
+        assert_eq!(
+            answer.status(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "refused in the back-off, no call"
+        );
+        assert_eq!(store.calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_host_decides_alone_on_its_share_while_the_store_is_down() {
+        let store = SlowStore::new(
+            MemoryGlobalStore::with_clock(TokioClock::new()),
+            Duration::ZERO,
+        );
+        store.down.store(true, Ordering::SeqCst);
+        let shared: Layer<_> = HierarchicalConcurrencyLayer::builder()
+            .key(api_key)
+            .max_in_flight(4)
+            .store(store.clone())
+            .clock(TokioClock::new())
+            .failure_policy(FailurePolicy::local_fallback(2).unwrap())
+            .build()
+            .unwrap();
+        let a = shared.acquire("k".to_owned()).await.unwrap();
+        let b = shared.acquire("k".to_owned()).await.unwrap();
+        let third = shared.acquire("k".to_owned()).await.unwrap_err();
+        assert_eq!(third.reason, RejectionReason::StoreUnavailable);
+        // The store is back: the requests running on the fallback are claimed at the store by
+        // the next renewal, and new ones ask it again after the back-off.
+        store.down.store(false, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let c = shared.acquire("k".to_owned()).await.unwrap();
+        let d = shared.acquire("k".to_owned()).await.unwrap();
+        let full = shared.acquire("k".to_owned()).await.unwrap_err();
+        assert_eq!(full.reason, RejectionReason::TooManyInFlight { max: 4 });
+        drop((a, b, c, d));
+    }
+}
+
+/// Hosts on one store: never more than the limit in flight, refusals only when the fleet is
+/// full (once idle slots have lingered back), and a dead host's slots back after their TTL.
+async fn fleet_holds_the_limit<S>(store: S)
+where
+    S: SlotStore<BucketKey<String>> + Clone,
+{
+    let mut hosts: Vec<Host> = (0..3).map(|_| Host::new(layer(store.clone(), 5))).collect();
+    let on_first: Vec<_> = (0..4).map(|_| hosts[0].send("tenant")).collect();
+    hosts[0].running(4).await;
+    let on_second = [hosts[1].send("tenant"), hosts[1].send("tenant")];
+    hosts[1].running(1).await;
+    let [admitted, refused] = on_second;
+    assert_eq!(
+        refused.await.unwrap(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "4 + 1 of 5 run"
+    );
+    assert_eq!(
+        hosts[2].send("tenant").await.unwrap(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Two of the first host's requests end; their slots linger there, then go back.
+    hosts[0].gate.add_permits(2);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let on_third = [
+        hosts[2].send("tenant"),
+        hosts[2].send("tenant"),
+        hosts[2].send("tenant"),
+    ];
+    hosts[2].running(2).await;
+    let [x, y, z] = on_third;
+    let mut statuses = Vec::new();
+    hosts[0].gate.add_permits(2);
+    hosts[1].gate.add_permits(1);
+    hosts[2].gate.add_permits(3);
+    for done in on_first.into_iter().chain([admitted, x, y, z]) {
+        statuses.push(done.await.unwrap());
+    }
+    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    assert_eq!(ok, 7, "{statuses:?}: 4 + 1 + 2 of the third host's 3");
+}
+
+mod fleet {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn on_memory() {
+        fleet_holds_the_limit(MemoryGlobalStore::with_clock(TokioClock::new())).await;
+    }
+
+    #[tokio::test]
+    async fn on_redis() {
+        let server = RedisServer::start();
+        let store: RedisGlobalStore<String> =
+            RedisGlobalStore::connect(&server.url()).await.unwrap();
+        fleet_on_real_time(store).await;
+    }
+
+    #[tokio::test]
+    async fn on_a_redis_cluster() {
+        let cluster = RedisCluster::start();
+        let store: RedisGlobalStore<String> = RedisGlobalStore::connect_cluster(cluster.urls())
+            .await
+            .unwrap();
+        fleet_on_real_time(store).await;
+    }
+
+    /// Three hosts, three keys, six requests each at once per key: exactly the limit of each
+    /// key admitted, over all hosts.
+    async fn fleet_on_real_time(store: RedisGlobalStore<String>) {
+        let hosts: Vec<Layer<_>> = (0..3).map(|_| layer(store.clone(), 4)).collect();
+        for key in ["alpha", "beta", "gamma"] {
+            let tries: Vec<_> = (0..18)
+                .map(|i| {
+                    let host = hosts[i % 3].clone();
+                    tokio::spawn(async move { host.acquire(key.to_owned()).await })
+                })
+                .collect();
+            let mut held = Vec::new();
+            for attempt in tries {
+                if let Ok(permit) = attempt.await.unwrap() {
+                    held.push(permit);
+                }
+            }
+            assert_eq!(held.len(), 4, "key {key}");
+        }
+    }
+
+    /// A host dies (its runtime shut down) holding two of three slots: the others get them
+    /// when its holding expires at the store, not before.
+    fn a_dead_hosts_slots_come_back_after_their_time_to_live<S>(
+        store: impl Fn() -> S,
+        clock: ManualClock,
+    ) where
+        S: SlotStore<BucketKey<String>> + Clone,
+    {
+        let host = |store: S| -> Layer<S, ManualClock> {
+            HierarchicalConcurrencyLayer::builder()
+                .key(api_key)
+                .max_in_flight(3)
+                .store(store)
+                .clock(clock.clone())
+                .slot_ttl(Duration::from_secs(10))
+                .build()
+                .unwrap()
+        };
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let doomed = runtime();
+        let dying = doomed.block_on(async {
+            let dying = host(store());
+            let held = [
+                dying.acquire("k".to_owned()).await.unwrap(),
+                dying.acquire("k".to_owned()).await.unwrap(),
+            ];
+            std::mem::forget(held);
+            dying
+        });
+        doomed.shutdown_background();
+        std::mem::forget(dying);
+        let survivor_runtime = runtime();
+        survivor_runtime.block_on(async {
+            let survivor = host(store());
+            let one = survivor.acquire("k".to_owned()).await.unwrap();
+            let refused = survivor.acquire("k".to_owned()).await.unwrap_err();
+            assert_eq!(refused.reason, RejectionReason::TooManyInFlight { max: 3 });
+            clock.advance(Duration::from_secs(9));
+            assert!(
+                survivor.acquire("k".to_owned()).await.is_err(),
+                "not yet expired"
+            );
+            clock.advance(Duration::from_secs(2));
+            let two = survivor.acquire("k".to_owned()).await.unwrap();
+            let three = survivor.acquire("k".to_owned()).await.unwrap();
+            drop((one, two, three));
+        });
+    }
+
+    #[test]
+    fn a_dead_host_on_memory() {
+        let clock = ManualClock::new();
+        let store = MemoryGlobalStore::with_clock(clock.clone());
+        a_dead_hosts_slots_come_back_after_their_time_to_live(|| store.clone(), clock);
+    }
+
+    #[test]
+    fn a_dead_host_on_redis() {
+        let server = RedisServer::start();
+        let clock = ManualClock::new();
+        clock.set(Duration::from_secs(1_000_000));
+        let url = server.url();
+        let connect = {
+            let clock = clock.clone();
+            move || {
+                let store = RedisGlobalStore::<String>::open(&url).unwrap();
+                store.with_clock_override(clock.clone())
+            }
+        };
+        a_dead_hosts_slots_come_back_after_their_time_to_live(connect, clock);
+    }
+}
+
+/// The store's arithmetic, the same on memory and Redis: absolute holdings, expiry, and calls
+/// older than the last applied ignored.
+async fn store_follows_the_slot_rules<S: SlotStore<BucketKey<String>>>(
+    store: &S,
+    clock: &ManualClock,
+) {
+    let key = BucketKey::new("k".to_owned(), "concurrency").unwrap();
+    let ttl = Duration::from_secs(5);
+    let hold = |host, seq, want| SlotHold {
+        host,
+        seq,
+        want,
+        ttl,
+    };
+    let key = &key;
+    let ask = move |h| async move {
+        store
+            .hold(key, 5, h)
+            .await
+            .map_err(|e| e.to_string())
+            .unwrap()
+    };
+    assert_eq!(ask(hold(1, 1, 3)).await, Holding { held: 3, others: 0 });
+    assert_eq!(ask(hold(2, 1, 4)).await, Holding { held: 2, others: 3 });
+    assert_eq!(
+        ask(hold(1, 2, 1)).await,
+        Holding { held: 1, others: 2 },
+        "absolute, not added"
+    );
+    assert_eq!(
+        ask(hold(1, 2, 5)).await,
+        Holding { held: 1, others: 2 },
+        "a repeated call"
+    );
+    assert_eq!(
+        ask(hold(1, 1, 5)).await,
+        Holding { held: 1, others: 2 },
+        "an older call"
+    );
+    assert_eq!(ask(hold(2, 3, 4)).await, Holding { held: 4, others: 1 });
+    clock.advance(Duration::from_secs(4));
+    assert_eq!(ask(hold(3, 1, 5)).await, Holding { held: 0, others: 5 });
+    clock.advance(Duration::from_secs(1));
+    // Host 1's holding (set at 0) has expired; host 2's was set at 0 too.
+    assert_eq!(ask(hold(3, 2, 5)).await, Holding { held: 5, others: 0 });
+    assert_eq!(ask(hold(3, 3, 0)).await, Holding { held: 0, others: 0 });
+    assert_eq!(
+        ask(hold(1, 1, 2)).await,
+        Holding { held: 2, others: 0 },
+        "a new holding starts over"
+    );
+}
+
+mod stores {
+    use super::*;
+
+    #[tokio::test]
+    async fn memory() {
+        let clock = ManualClock::new();
+        store_follows_the_slot_rules(&MemoryGlobalStore::with_clock(clock.clone()), &clock).await;
+    }
+
+    #[tokio::test]
+    async fn redis() {
+        let server = RedisServer::start();
+        let clock = ManualClock::new();
+        let store = server.store_on(&clock).await;
+        store_follows_the_slot_rules(&store, &clock).await;
+        let mut raw = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(keys, ["throttle:{k}:concurrency:slots"]);
+        let _ = clock.now();
+    }
+}

@@ -1,0 +1,504 @@
+//! The fleet's concurrency limits under latency, storms of failures and time-outs (calls
+//! applied by the store whose answer comes too late), cancellations, herds and dead hosts:
+//! one seeded run per seed, on paused time, checked by an oracle:
+//!
+//! - **the limit**: no admission leaves more than `max` requests of a key in flight over the
+//!   live hosts, until the first failed call; after it, `max` plus each host's fallback share
+//!   under `LocalFallback`, `max` still under `Reject` (storms are shorter than a holding's
+//!   renewal margin, so no holding expires under running requests);
+//! - **exact refusals** (runs without faults): a request refused as full arrived at a moment
+//!   from which, before its refusal, the key's slots were all in use or freed within the
+//!   linger and a round trip (still held by their host); refusals while a dead host's holding
+//!   may last are not checked;
+//! - **bounded waits**: every decision within two store time-outs and a little more;
+//! - **nothing lost**: once every request has ended and the holdings have expired, no host
+//!   holds a slot or keeps a key, and the store holds nothing.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hierarchical_throttle::clock::TokioClock;
+use hierarchical_throttle::global::slots::{Holding, SlotHold, SlotStore};
+use hierarchical_throttle::quota::BucketKey;
+use hierarchical_throttle::{
+    FailurePolicy, HierarchicalConcurrencyLayer, MemoryGlobalStore, RejectionReason,
+};
+
+use super::rng::Rng;
+
+/// One run's draw.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub seed: u64,
+    pub hosts: usize,
+    pub max: u64,
+    pub keys: usize,
+    pub requests: usize,
+    /// Mean time between arrivals.
+    pub gap: Duration,
+    /// Longest a request runs.
+    pub longest: Duration,
+    pub slot_ttl: Duration,
+    pub linger: Duration,
+    pub store_timeout: Duration,
+    /// Longest a call takes when it does not fail (below the time-out).
+    pub latency: Duration,
+    pub policy: FailurePolicy,
+    /// Windows (start, length) in which calls fail or time out with `storm_failure`.
+    pub storms: Vec<(Duration, Duration)>,
+    pub storm_failure: f64,
+    /// Share of requests cancelled (while waiting or running).
+    pub cancel: f64,
+    /// A host that dies (stops reaching the store, its requests vanish) at a time.
+    pub death: Option<(usize, Duration)>,
+    /// Requests that come at once for one key at a time.
+    pub herd: Option<(Duration, usize)>,
+}
+
+impl Scenario {
+    pub fn draw(seed: u64) -> Self {
+        let mut rng = Rng::new(seed ^ 0xC0C0_C0C0);
+        let hosts = rng.range(1, 4) as usize;
+        let slot_ttl = Duration::from_millis([1_000, 2_000, 5_000][rng.below(3) as usize]);
+        let store_timeout = Duration::from_millis(50);
+        let faulty = rng.chance(0.4);
+        let storms = if faulty {
+            (0..rng.range(1, 3))
+                .map(|i| {
+                    let start = Duration::from_millis(300 + i * 1_500 + rng.below(500));
+                    // Shorter than the margin a holding has left when it is renewed.
+                    (start, Duration::from_millis(rng.range(20, 200)))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let policy = match rng.below(3) {
+            0 => FailurePolicy::Reject,
+            1 => FailurePolicy::local_fallback(hosts as u64).expect("hosts"),
+            _ => FailurePolicy::local_fallback(1).expect("one"),
+        };
+        Self {
+            seed,
+            hosts,
+            max: rng.range(1, 8),
+            keys: rng.range(1, 3) as usize,
+            requests: rng.range(100, 400) as usize,
+            gap: Duration::from_micros(rng.range(500, 10_000)),
+            longest: Duration::from_millis(rng.range(1, 400)),
+            slot_ttl,
+            linger: Duration::from_millis([1, 10, 50][rng.below(3) as usize]),
+            store_timeout,
+            latency: Duration::from_millis(rng.below(45)),
+            policy,
+            storms,
+            storm_failure: [0.3, 0.7, 1.0][rng.below(3) as usize],
+            cancel: [0.0, 0.1, 0.3][rng.below(3) as usize],
+            death: rng.chance(0.25).then(|| {
+                (
+                    rng.below(hosts as u64) as usize,
+                    Duration::from_millis(rng.range(100, 2_000)),
+                )
+            }),
+            herd: rng.chance(0.3).then(|| {
+                (
+                    Duration::from_millis(rng.range(0, 2_000)),
+                    rng.range(50, 1_000) as usize,
+                )
+            }),
+        }
+    }
+
+    fn faulty(&self) -> bool {
+        !self.storms.is_empty()
+    }
+}
+
+/// What one host's calls meet: the shared store, the run's storms, and the host's death.
+#[derive(Clone)]
+struct SimStore {
+    inner: MemoryGlobalStore<String, TokioClock>,
+    rng: Arc<Mutex<Rng>>,
+    storms: Arc<Vec<(Duration, Duration)>>,
+    storm_failure: f64,
+    latency: Duration,
+    timeout: Duration,
+    dead: Arc<AtomicBool>,
+    start: tokio::time::Instant,
+}
+
+#[derive(Debug)]
+struct Unreachable;
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the store is unreachable")
+    }
+}
+
+impl std::error::Error for Unreachable {}
+
+impl SlotStore<BucketKey<String>> for SimStore {
+    type Error = Unreachable;
+
+    async fn hold(
+        &self,
+        key: &BucketKey<String>,
+        max: u64,
+        hold: SlotHold,
+    ) -> Result<Holding, Unreachable> {
+        if self.dead.load(Ordering::SeqCst) {
+            return Err(Unreachable);
+        }
+        let now = self.start.elapsed();
+        let in_storm = self
+            .storms
+            .iter()
+            .any(|(s, len)| now >= *s && now < *s + *len);
+        let (fails, applies_then_late, latency) = {
+            let mut rng = self.rng.lock().expect("rng");
+            let fails = in_storm && rng.chance(self.storm_failure);
+            let late = fails && rng.chance(0.5);
+            let latency = Duration::from_micros(rng.below(self.latency.as_micros() as u64 + 1));
+            (fails, late, latency)
+        };
+        if fails && !applies_then_late {
+            return Err(Unreachable);
+        }
+        let answer = self
+            .inner
+            .hold(key, max, hold)
+            .await
+            .map_err(|_| Unreachable);
+        if applies_then_late {
+            // Applied, but the answer comes after the host has given up.
+            tokio::time::sleep(self.timeout * 2).await;
+        } else {
+            tokio::time::sleep(latency).await;
+        }
+        answer
+    }
+}
+
+#[derive(Default)]
+struct Oracle {
+    /// Per key: requests in flight on live hosts.
+    in_flight: HashMap<usize, u64>,
+    /// Per key: (start, end) of every admitted request; end `None` while it runs, or the
+    /// time its host died plus the holding's life for a dead host's.
+    spans: HashMap<usize, Vec<(Duration, Option<Duration>)>>,
+    failures: Vec<String>,
+    /// Refusals as full to check for exactness once every admission is known: (key, came,
+    /// decided).
+    refusals: Vec<(usize, Duration, Duration)>,
+    decisions: u64,
+    refused_full: u64,
+}
+
+type Layer = HierarchicalConcurrencyLayer<(), String, SimStore, TokioClock>;
+
+pub fn run(seed: u64) -> Result<String, String> {
+    let scenario = Scenario::draw(seed);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    runtime.block_on(simulate(scenario))
+}
+
+async fn simulate(s: Scenario) -> Result<String, String> {
+    let clock = TokioClock::new();
+    let start = tokio::time::Instant::now();
+    let memory = MemoryGlobalStore::with_clock(clock);
+    let rng = Arc::new(Mutex::new(Rng::new(s.seed ^ 0x5107)));
+    let dead: Vec<Arc<AtomicBool>> = (0..s.hosts)
+        .map(|_| Arc::new(AtomicBool::new(false)))
+        .collect();
+    let hosts: Vec<Layer> = (0..s.hosts)
+        .map(|h| {
+            let store = SimStore {
+                inner: memory.clone(),
+                rng: rng.clone(),
+                storms: Arc::new(s.storms.clone()),
+                storm_failure: s.storm_failure,
+                latency: s.latency,
+                timeout: s.store_timeout,
+                dead: dead[h].clone(),
+                start,
+            };
+            HierarchicalConcurrencyLayer::builder()
+                .key(|_: &()| None::<String>)
+                .max_in_flight(s.max)
+                .store(store)
+                .clock(clock)
+                .slot_ttl(s.slot_ttl)
+                .linger(s.linger)
+                .store_timeout(s.store_timeout)
+                .back_off(Duration::from_millis(100))
+                .failure_policy(s.policy)
+                .host_id(h as u64 + 1)
+                .build()
+                .expect("valid settings")
+        })
+        .collect();
+    let oracle = Arc::new(Mutex::new(Oracle::default()));
+    let failed_before = Arc::new(AtomicBool::new(false));
+    let mut traffic = Rng::new(s.seed ^ 0x7AFF);
+    let mut tasks = Vec::new();
+    let mut at = Duration::ZERO;
+    let mut arrivals: Vec<(Duration, usize, usize)> = (0..s.requests)
+        .map(|_| {
+            at += Duration::from_secs_f64(traffic.exponential(s.gap.as_secs_f64()));
+            let key = zipf(&mut traffic, s.keys);
+            (at, traffic.below(s.hosts as u64) as usize, key)
+        })
+        .collect();
+    if let Some((when, size)) = s.herd {
+        arrivals.extend((0..size).map(|i| (when, i % s.hosts, 0)));
+        arrivals.sort_by_key(|a| a.0);
+    }
+    let deaths_at = s.death;
+    for (arrival, host, key) in arrivals {
+        let cancel_after = traffic
+            .chance(s.cancel)
+            .then(|| Duration::from_micros(traffic.below(s.longest.as_micros() as u64 + 80_000)));
+        let runs_for = Duration::from_micros(traffic.below(s.longest.as_micros() as u64 + 1));
+        let layer = hosts[host].clone();
+        let oracle = oracle.clone();
+        let dead = dead[host].clone();
+        let failed_before = failed_before.clone();
+        let hosts_failed: Vec<Layer> = hosts.clone();
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(start + arrival).await;
+            if dead.load(Ordering::SeqCst) {
+                return;
+            }
+            let came = start.elapsed();
+            let acquire = layer.acquire(format!("k{key}"));
+            let deadline = cancel_after.unwrap_or(Duration::from_secs(86_400));
+            let outcome = tokio::time::timeout(deadline, acquire).await;
+            let decided = start.elapsed();
+            let Some((permit, span)) = decide(
+                &oracle,
+                &s,
+                &hosts_failed,
+                &failed_before,
+                Decision {
+                    key,
+                    came,
+                    decided,
+                    outcome,
+                },
+            ) else {
+                return;
+            };
+            let waited = decided - came;
+            let run = cancel_after.map_or(runs_for, |c| runs_for.min(c.saturating_sub(waited)));
+            tokio::time::sleep(run).await;
+            let ended = {
+                let mut o = oracle.lock().expect("oracle");
+                *o.in_flight.entry(key).or_default() -= 1;
+                if dead.load(Ordering::SeqCst) {
+                    false
+                } else {
+                    if let Some(span) = o.spans.get_mut(&key).and_then(|s| s.get_mut(span)) {
+                        span.1 = Some(start.elapsed());
+                    }
+                    true
+                }
+            };
+            if ended {
+                drop(permit);
+            } else {
+                // Its host died under it: the request vanished with its slot.
+                std::mem::forget(permit);
+            }
+        }));
+    }
+    if let Some((host, when)) = deaths_at {
+        // Its running requests vanish (their spans stay open: the exactness check counts a
+        // dead host's slots as taken) and its calls fail from then on.
+        let dead = dead[host].clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(start + when).await;
+            dead.store(true, Ordering::SeqCst);
+        }));
+    }
+    for task in tasks {
+        task.await
+            .map_err(|e| format!("a request task failed: {e}"))?;
+    }
+    // Everything ends; holdings expire; sweeps forget.
+    tokio::time::sleep(s.slot_ttl * 2 + Duration::from_secs(1)).await;
+    let mut o = oracle.lock().expect("oracle");
+    for (key, came, decided) in std::mem::take(&mut o.refusals) {
+        check_exact(&mut o, &s, key, came, decided);
+    }
+    let mut failures = o.failures.clone();
+    for (h, layer) in hosts.iter().enumerate() {
+        if dead[h].load(Ordering::SeqCst) {
+            continue;
+        }
+        if layer.in_flight() != 0 || layer.keys() != 0 {
+            failures.push(format!(
+                "host {h} keeps {} in flight over {} keys",
+                layer.in_flight(),
+                layer.keys()
+            ));
+        }
+    }
+    if memory.keys_with_slots_held() != 0 {
+        failures.push(format!(
+            "the store holds slots of {} keys at the end",
+            memory.keys_with_slots_held()
+        ));
+    }
+    match failures.first() {
+        Some(first) => Err(format!("{first} (and {} more)", failures.len() - 1)),
+        None => Ok(format!(
+            "{} decisions, {} refused as full",
+            o.decisions, o.refused_full
+        )),
+    }
+}
+
+struct Decision {
+    key: usize,
+    came: Duration,
+    decided: Duration,
+    outcome: Result<
+        Result<hierarchical_throttle::SlotPermit, hierarchical_throttle::Rejection<String>>,
+        tokio::time::error::Elapsed,
+    >,
+}
+
+/// Records a decision and checks it; an admission's permit and span come back.
+fn decide(
+    oracle: &Mutex<Oracle>,
+    s: &Scenario,
+    hosts: &[Layer],
+    failed_before: &AtomicBool,
+    d: Decision,
+) -> Option<(hierarchical_throttle::SlotPermit, usize)> {
+    let Decision {
+        key,
+        came,
+        decided,
+        outcome,
+    } = d;
+    let mut o = oracle.lock().expect("oracle");
+    let Ok(outcome) = outcome else {
+        // Cancelled while waiting: a slot its call brings stays on its host for the linger,
+        // which the exactness check counts as it does a request's end.
+        o.spans.entry(key).or_default().push((came, Some(decided)));
+        return None;
+    };
+    o.decisions += 1;
+    let waited = decided - came;
+    if waited > s.store_timeout * 2 + Duration::from_millis(60) {
+        o.failures
+            .push(format!("a decision for k{key} took {waited:?}"));
+    }
+    if hosts.iter().any(|h| h.stats().store_failures > 0) {
+        failed_before.store(true, Ordering::SeqCst);
+    }
+    match outcome {
+        Ok(permit) => {
+            let n = o.in_flight.entry(key).or_default();
+            *n += 1;
+            let n = *n;
+            if n > bound(s, failed_before.load(Ordering::SeqCst)) {
+                o.failures
+                    .push(format!("k{key}: {n} in flight of {} at {decided:?}", s.max));
+            }
+            // Its slot may have been taken at the store any time after it came (the answer
+            // that brings it takes a round trip).
+            let spans = o.spans.entry(key).or_default();
+            spans.push((came, None));
+            Some((permit, spans.len() - 1))
+        }
+        Err(rejection) => {
+            if let RejectionReason::TooManyInFlight { .. } = rejection.reason {
+                o.refused_full += 1;
+                if !s.faulty() {
+                    o.refusals.push((key, came, decided));
+                }
+            }
+            None
+        }
+    }
+}
+
+/// The most requests of a key in flight the oracle accepts.
+fn bound(s: &Scenario, failed: bool) -> u64 {
+    if !failed {
+        return s.max;
+    }
+    match s.policy {
+        FailurePolicy::Reject => s.max,
+        FailurePolicy::LocalFallback { expected_hosts } => {
+            s.max + s.hosts as u64 * s.max.div_ceil(expected_hosts.get())
+        }
+        _ => u64::MAX,
+    }
+}
+
+/// A refusal as full is exact: from some moment between the request's arrival and its
+/// refusal, the key's slots were in use, or freed so recently that their host may still have
+/// held them (the linger, a sweep's lateness and a round trip), or held by a dead host.
+fn check_exact(o: &mut Oracle, s: &Scenario, key: usize, came: Duration, decided: Duration) {
+    let grace = s.linger * 3 + s.store_timeout * 2 + Duration::from_millis(2);
+    if let Some((_, death)) = s.death
+        && decided + grace >= death
+        && came <= death + s.slot_ttl + grace
+    {
+        // What the dead host held (idle slots too) stays taken until its holding expires.
+        return;
+    }
+    let spans = o.spans.get(&key).cloned().unwrap_or_default();
+    let occupied = |t: Duration| {
+        spans
+            .iter()
+            .filter(|(start, end)| *start <= t && end.is_none_or(|end| t < end + grace))
+            .count() as u64
+    };
+    let mut moments: Vec<Duration> = vec![came, decided];
+    moments.extend(
+        spans
+            .iter()
+            .filter_map(|(start, _)| Some(*start).filter(|t| *t >= came && *t <= decided)),
+    );
+    if std::env::var("SIM_TRACE").is_ok() && !moments.iter().any(|t| occupied(*t) >= s.max) {
+        for sp in spans
+            .iter()
+            .filter(|(a, b)| *a <= decided && b.is_none_or(|b| b + grace * 3 >= came))
+        {
+            eprintln!("span {sp:?}");
+        }
+    }
+    if !moments.iter().any(|t| occupied(*t) >= s.max) {
+        o.failures.push(format!(
+            "k{key} refused as full at {decided:?} (came {came:?}) with at most {} of {} occupied",
+            moments.iter().map(|t| occupied(*t)).max().unwrap_or(0),
+            s.max
+        ));
+    }
+}
+
+/// A key drawn from a Zipf(1) law over `n` keys.
+fn zipf(rng: &mut Rng, n: usize) -> usize {
+    let weights: Vec<f64> = (1..=n).map(|i| 1.0 / i as f64).collect();
+    let total: f64 = weights.iter().sum();
+    let mut pick = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * total;
+    for (i, w) in weights.iter().enumerate() {
+        if pick < *w {
+            return i;
+        }
+        pick -= w;
+    }
+    n - 1
+}
