@@ -60,18 +60,19 @@
 //! and `RateLimit` fields on every response ([`RateLimitFields`], draft revision 11); limits
 //! and levels in shadow ([`Builder::shadow_limit`]); uses outside a service on every level
 //! ([`HierarchicalThrottleLayer::acquire_keys`]); bodies charged by the byte ([`MeteredBody`]);
-//! a type-erased [`ThrottleHandle`] for application state; and read-only views
-//! ([`HierarchicalThrottleLayer::remaining`]).
+//! a type-erased [`ThrottleHandle`] for application state; read-only views
+//! ([`HierarchicalThrottleLayer::remaining`]); and fleet-wide limits on requests in flight
+//! ([`HierarchicalConcurrencyLayer`], slots leased to hosts like tokens).
 //!
 //! # Modules
 //!
 //! The crate is built in floors, each using only those below it (a test keeps it so):
 //! foundations (errors, clocks, locks, arithmetic); the model ([`Limit`], [`Quota`], keys,
 //! rejections, [`Remaining`], policies, counters); pure state machines (the token bucket, each
-//! key's lease); the stores ([`local`], [`global`]); the engine (fetching, back-off, the
-//! sweeper, settling, shaping: plain decisions, no HTTP); the answers (HTTP and gRPC
-//! rejections, the `RateLimit` fields); and the tower surface (builder, layer, service,
-//! response future).
+//! key's lease, each key's concurrency slots); the stores ([`local`], [`global`]); the engines
+//! (fetching, back-off, the sweeper, settling, shaping; concurrency slots: plain decisions, no
+//! HTTP); the answers (HTTP and gRPC rejections, the `RateLimit` fields); and the tower
+//! surface (builder, layer, service, response future).
 //!
 //! - [`bucket`]: the lazy token bucket's exact arithmetic, shared by every store;
 //! - [`global`]: the [`GlobalStore`](global::GlobalStore) trait, [`MemoryGlobalStore`] and, with
@@ -82,6 +83,8 @@
 //! - [`clock`]: [`clock::MonotonicClock`], and [`clock::ManualClock`] for exact tests;
 //! - [`key`]: key helpers, the [`MissingKey`] policy, and [`Keys`] for uses on every level;
 //! - [`metered`]: bodies charged by the byte as they stream ([`MeteredBody`]);
+//! - [`concurrency`]: at most N requests in flight per key over the fleet
+//!   ([`HierarchicalConcurrencyLayer`]), on the stores' [`SlotStore`](global::slots::SlotStore);
 //! - [`quota`]: [`Quota`], and the identities of global and local buckets;
 //! - [`grpc`]: gRPC rejections (`RESOURCE_EXHAUSTED` with retry information), chosen by
 //!   [`DefaultRejection`] from the request's content type.

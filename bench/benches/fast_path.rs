@@ -1,11 +1,14 @@
 //! The local fast path against governor's keyed `check_key`, in the same run, on one and two
 //! threads; and the slow path that fetches a batch from the global store.
 //!
-//! Four ways to decide, each taking a `u64` key and calling the same trivial inner service when
+//! Five ways to decide, each taking a `u64` key and calling the same trivial inner service when
 //! admitted: this crate's decision alone (`acquire`, on the layer and through the type-erased
-//! `ThrottleHandle`), this crate's whole service (key closure, decision, response future), and
-//! governor's keyed `check_key`. Every key holds tokens before
-//! measuring, so each iteration is a hit on a known key.
+//! `ThrottleHandle`), that decision plus a fleet-wide concurrency slot taken and given back
+//! (`HierarchicalConcurrencyLayer::acquire`, the permit dropped after the call), this crate's
+//! whole service (key closure, decision, response future), and governor's keyed `check_key`.
+//! Every key holds tokens (and a slot) before measuring, so each iteration is a hit on a known
+//! key. Tuned beside the defaults, so that warming a million keys holds through the run: a
+//! whole capacity per batch, a lease time-to-live of an hour, and slots held an hour.
 //!
 //! Run with: cargo bench -p hierarchical-throttle-bench --bench fast_path
 
@@ -23,8 +26,8 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use hierarchical_throttle::batch::{BatchContext, FractionOfCapacity};
 use hierarchical_throttle::clock::MonotonicClock;
 use hierarchical_throttle::{
-    Builder, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore, Rejection,
-    ThrottleHandle, Unset,
+    Builder, HierarchicalConcurrencyLayer, HierarchicalThrottleLayer, Limit, MemoryGlobalStore,
+    MemoryLocalStore, Rejection, ThrottleHandle, Unset,
 };
 use support::{keys, poll_once};
 use tower::{Layer, Service, ServiceExt};
@@ -94,6 +97,24 @@ fn ours(runtime: &tokio::runtime::Runtime, keys: &[u64]) -> (OursLayer, Ours) {
     (layer, service)
 }
 
+type Slots = HierarchicalConcurrencyLayer<u64, u64, MemoryGlobalStore<u64>>;
+
+/// A concurrency layer no key reaches, a slot leased for every key.
+fn slots(runtime: &tokio::runtime::Runtime, keys: &[u64]) -> Slots {
+    let layer = HierarchicalConcurrencyLayer::builder()
+        .key(|k: &u64| Some(*k))
+        .max_in_flight(1 << 40)
+        .slot_ttl(Duration::from_secs(3600))
+        .store(MemoryGlobalStore::new())
+        .build()
+        .unwrap();
+    for &k in keys {
+        let permit = runtime.block_on(layer.acquire(k));
+        assert!(permit.is_ok(), "every key gets a slot");
+    }
+    layer
+}
+
 fn governor(keys: &[u64]) -> DefaultKeyedRateLimiter<u64> {
     let limiter = RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX));
     for &k in keys {
@@ -115,6 +136,8 @@ enum Way {
     Acquire,
     /// `ThrottleHandle::acquire`: the decision through the type-erased handle.
     Handle,
+    /// `acquire`, then a concurrency slot taken, held over the call, and given back.
+    AcquireWithSlot,
     /// The throttling service: key closure, decision and response future.
     Service,
     /// governor's keyed `check_key`.
@@ -122,12 +145,19 @@ enum Way {
 }
 
 impl Way {
-    const ALL: [Way; 4] = [Way::Acquire, Way::Handle, Way::Service, Way::Governor];
+    const ALL: [Way; 5] = [
+        Way::Acquire,
+        Way::Handle,
+        Way::AcquireWithSlot,
+        Way::Service,
+        Way::Governor,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Way::Acquire => "hierarchical_throttle_acquire",
             Way::Handle => "hierarchical_throttle_handle_acquire",
+            Way::AcquireWithSlot => "hierarchical_throttle_acquire_and_concurrency_slot",
             Way::Service => "hierarchical_throttle_service",
             Way::Governor => "governor_check_key",
         }
@@ -137,7 +167,7 @@ impl Way {
 /// What one thread decides with: its own clone of our service (clones share the buckets), or
 /// the shared governor limiter.
 enum Decider<'a> {
-    Ours(&'a OursLayer, Ours, ThrottleHandle<u64>),
+    Ours(&'a OursLayer, Ours, ThrottleHandle<u64>, &'a Slots),
     Governor(&'a DefaultKeyedRateLimiter<u64>),
 }
 
@@ -146,14 +176,21 @@ impl Decider<'_> {
     fn decide(&mut self, way: Way, key: u64) -> Option<Result<u64, Infallible>> {
         let mut echo = Echo;
         match (way, self) {
-            (Way::Service, Decider::Ours(_, service, _)) => poll_once(service.call(key)),
-            (Way::Acquire, Decider::Ours(layer, _, _)) => {
+            (Way::Service, Decider::Ours(_, service, ..)) => poll_once(service.call(key)),
+            (Way::Acquire, Decider::Ours(layer, ..)) => {
                 let admitted = poll_once(layer.acquire(key, 1)).is_some_and(|d| d.is_ok());
                 admitted.then(|| poll_once(echo.call(key)))?
             }
-            (Way::Handle, Decider::Ours(_, _, handle)) => {
+            (Way::Handle, Decider::Ours(_, _, handle, _)) => {
                 let admitted = poll_once(handle.acquire(key, 1)).is_some_and(|d| d.is_ok());
                 admitted.then(|| poll_once(echo.call(key)))?
+            }
+            (Way::AcquireWithSlot, Decider::Ours(layer, _, _, slots)) => {
+                let admitted = poll_once(layer.acquire(key, 1)).is_some_and(|d| d.is_ok());
+                let slot = admitted.then(|| poll_once(slots.acquire(key)))??.ok()?;
+                let answer = poll_once(echo.call(key));
+                drop(slot);
+                answer
             }
             (_, Decider::Governor(limiter)) => {
                 let admitted = limiter.check_key(&key).is_ok();
@@ -171,6 +208,7 @@ fn one_thread(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
         let keys = keys(n);
         // Built on first use, so a filtered run sets up only what it measures.
         let mut ours_state = None;
+        let mut slots_state = None;
         let mut limiter = None;
         for way in Way::ALL {
             let mut i = 0;
@@ -182,7 +220,8 @@ fn one_thread(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
                     _ => {
                         let (layer, service) =
                             ours_state.get_or_insert_with(|| ours(runtime, &keys));
-                        Decider::Ours(layer, service.clone(), layer.handle())
+                        let slots = slots_state.get_or_insert_with(|| slots(runtime, &keys));
+                        Decider::Ours(layer, service.clone(), layer.handle(), slots)
                     }
                 };
                 b.iter(|| {
@@ -207,6 +246,7 @@ fn two_threads(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
             keys.chunks(keys.len() / 2).collect()
         };
         let (layer, service) = ours(runtime, &keys);
+        let slots = slots(runtime, &keys);
         let limiter = governor(&keys);
         for way in Way::ALL {
             group.bench_function(format!("{}/{name}", way.name()), |b| {
@@ -214,7 +254,7 @@ fn two_threads(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
                     in_parallel(&halves, |keys| {
                         let mut decider = match way {
                             Way::Governor => Decider::Governor(&limiter),
-                            _ => Decider::Ours(&layer, service.clone(), layer.handle()),
+                            _ => Decider::Ours(&layer, service.clone(), layer.handle(), &slots),
                         };
                         let mut i = 0;
                         for _ in 0..iters {

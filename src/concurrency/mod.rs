@@ -144,7 +144,7 @@ where
     pub fn stats(&self) -> ConcurrencyStats {
         let c = self.shared.engine.counters();
         ConcurrencyStats {
-            admitted: c.admitted.load(Ordering::Relaxed),
+            admitted: self.shared.engine.admitted(),
             refused_full: c.refused_full.load(Ordering::Relaxed),
             refused_unavailable: c.refused_unavailable.load(Ordering::Relaxed),
             store_calls: c.store_calls.load(Ordering::Relaxed),

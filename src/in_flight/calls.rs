@@ -52,7 +52,7 @@ where
     fn drop(&mut self) {
         if let Some(seq) = self.seq.take() {
             let retry_at = self.shared.now() + micros(self.shared.settings.back_off);
-            let decided = self.entry.lock().failed(seq, retry_at);
+            let decided = self.entry.lease.lock().failed(seq, retry_at);
             deliver(&self.shared, &self.entry, decided);
         }
     }
@@ -84,6 +84,7 @@ where
                 let next_seq = || shared.next_seq();
                 guard
                     .entry
+                    .lease
                     .lock()
                     .answered(call.seq, holding.held, until, now, next_seq)
             }
@@ -93,7 +94,7 @@ where
                     .store_failures
                     .fetch_add(1, Ordering::Relaxed);
                 let retry_at = now + micros(shared.settings.back_off);
-                guard.entry.lock().failed(call.seq, retry_at)
+                guard.entry.lease.lock().failed(call.seq, retry_at)
             }
         };
         let next = decided.next;
@@ -115,7 +116,7 @@ where
     C: Clock,
 {
     for waiter in decided.admitted {
-        shared.hand_over(entry, waiter);
+        entry.hand_over(waiter);
     }
     let counters = &shared.counters;
     for waiter in decided.full {

@@ -19,7 +19,8 @@ use crate::quota::{BucketKey, Name};
 use crate::slots::{SlotLease, TryTake};
 use crate::sync::{ShardLock, shard_index};
 
-use permit::GiveBack;
+use permit::Engine;
+pub(crate) use permit::Entry;
 pub use permit::SlotPermit;
 pub(crate) use permit::WaitForSlot;
 
@@ -34,9 +35,12 @@ pub(crate) enum Verdict {
 }
 
 type Waiter = tokio::sync::oneshot::Sender<Verdict>;
-type Entry = ShardLock<SlotLease<Waiter>>;
-/// Keys and their slot leases, one of the engine's shards.
-type Shard<K> = ShardLock<HashTable<(K, Arc<Entry>)>>;
+/// One of the engine's shards: keys and their slot leases, and the requests admitted at once
+/// (counted under the lock the admission takes anyway, not with an atomic of its own).
+struct Shard<K> {
+    keys: HashTable<(K, Arc<Entry>)>,
+    admitted: u64,
+}
 
 /// Why a request got no slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +90,7 @@ impl<K, S, C> Clone for InFlight<K, S, C> {
 }
 
 pub(crate) struct Shared<K, S, C> {
-    shards: Box<[Shard<K>]>,
+    shards: Box<[ShardLock<Shard<K>>]>,
     hasher: foldhash::fast::RandomState,
     store: S,
     clock: C,
@@ -111,7 +115,12 @@ where
 {
     pub(crate) fn new(store: S, clock: C, settings: Settings) -> Self {
         let shards = (0..1 << SHARD_BITS)
-            .map(|_| ShardLock::new(HashTable::new()))
+            .map(|_| {
+                ShardLock::new(Shard {
+                    keys: HashTable::new(),
+                    admitted: 0,
+                })
+            })
             .collect();
         Self {
             shared: Arc::new(Shared {
@@ -144,25 +153,29 @@ where
         let now = shared.now();
         let hash = shared.hasher.hash_one(key);
         let mut shard = shared.shards[shard_index(hash, SHARD_BITS)].lock();
-        let entry = match shard.find(hash, |(k, _)| k == key) {
+        let entry = match shard.keys.find(hash, |(k, _)| k == key) {
             Some((_, entry)) => entry.clone(),
             None => {
-                let entry = Arc::new(ShardLock::new(SlotLease::new(shared.settings.fallback_cap)));
+                let lease = SlotLease::new(shared.settings.fallback_cap);
+                let engine: std::sync::Weak<dyn Engine> = Arc::downgrade(shared) as _;
+                let entry = Arc::new(Entry::new(lease, engine));
                 let rehash = |(k, _): &(K, Arc<Entry>)| shared.hasher.hash_one(k);
-                shard.insert_unique(hash, (key.clone(), entry.clone()), rehash);
+                shard
+                    .keys
+                    .insert_unique(hash, (key.clone(), entry.clone()), rehash);
                 entry
             }
         };
         // The shard stays locked while the key's lease is, so the sweeper never forgets a
         // lease a request is about to use.
-        let mut lease = entry.lock();
+        let mut lease = entry.lease.lock();
         let taken = lease.try_take(now);
         let (sender, receiver) = match taken {
             TryTake::Taken | TryTake::Fallback { admitted: true } => {
                 drop(lease);
+                shard.admitted += 1;
                 drop(shard);
-                shared.counters.admitted.fetch_add(1, Ordering::Relaxed);
-                return Acquired::Now(SlotPermit::new(shared.clone(), entry));
+                return Acquired::Now(SlotPermit::new(entry));
             }
             TryTake::Fallback { admitted: false } => {
                 shared
@@ -182,9 +195,15 @@ where
         Acquired::Wait(WaitForSlot::new(shared.clone(), entry, receiver))
     }
 
+    /// Requests admitted so far: at once (counted by shard) and after a wait.
+    pub(crate) fn admitted(&self) -> u64 {
+        let at_once: u64 = self.shared.shards.iter().map(|s| s.lock().admitted).sum();
+        at_once + self.shared.counters.admitted.load(Ordering::Relaxed)
+    }
+
     /// Keys this host keeps slot state for.
     pub(crate) fn keys(&self) -> usize {
-        self.shared.shards.iter().map(|s| s.lock().len()).sum()
+        self.shared.shards.iter().map(|s| s.lock().keys.len()).sum()
     }
 
     /// Requests in flight on this host, over all keys.
@@ -192,7 +211,13 @@ where
         self.shared
             .shards
             .iter()
-            .map(|s| s.lock().iter().map(|(_, e)| e.lock().in_use()).sum::<u64>())
+            .map(|s| {
+                s.lock()
+                    .keys
+                    .iter()
+                    .map(|(_, e)| e.lease.lock().in_use())
+                    .sum::<u64>()
+            })
             .sum()
     }
 }
@@ -221,34 +246,19 @@ where
         let ttl = micros(self.settings.slot_ttl);
         sent_at.saturating_add(ttl - ttl / 10)
     }
-
-    /// Gives `entry`'s slot, which `waiter` now holds, to it; when it is gone, to the next
-    /// one waiting, or back to the lease.
-    fn hand_over(&self, entry: &Entry, mut waiter: Waiter) {
-        loop {
-            if waiter.send(Verdict::Admitted).is_ok() {
-                self.counters.admitted.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            match entry.lock().release(self.now()) {
-                Some(next) => waiter = next,
-                None => return,
-            }
-        }
-    }
 }
 
-impl<K, S, C> GiveBack for Shared<K, S, C>
+impl<K, S, C> Engine for Shared<K, S, C>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     S: SlotStore<BucketKey<K>>,
     C: Clock,
 {
-    /// A request holding a slot of `entry` ended.
-    fn release(&self, entry: &Entry) {
-        let next = entry.lock().release(self.now());
-        if let Some(waiter) = next {
-            self.hand_over(entry, waiter);
-        }
+    fn now(&self) -> u64 {
+        Shared::now(self)
+    }
+
+    fn count_admitted(&self) {
+        self.counters.admitted.fetch_add(1, Ordering::Relaxed);
     }
 }

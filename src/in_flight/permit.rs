@@ -1,37 +1,82 @@
-//! A slot held by a request, and a request's wait for one.
+//! A key's slot lease as the engine keeps it, a slot held by a request, and a request's wait
+//! for one.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, ready};
 
 use tokio::sync::oneshot;
 
-use crate::in_flight::{Entry, NoSlot, Verdict};
+use crate::in_flight::{NoSlot, Verdict, Waiter};
+use crate::slots::SlotLease;
+use crate::sync::ShardLock;
 
-/// The engine as a permit sees it: where a slot goes back. Type-erased, so that a permit (and
-/// the body that carries it) names no key, store or clock.
-pub(crate) trait GiveBack: Send + Sync + 'static {
-    fn release(&self, entry: &Entry);
+/// The engine as a key's entry sees it. Type-erased, so that a permit (and the body that
+/// carries it) names no key, store or clock.
+pub(crate) trait Engine: Send + Sync + 'static {
+    fn now(&self) -> u64;
+    fn count_admitted(&self);
+}
+
+/// One key's slot lease, and the engine it belongs to (reached only when a request waits).
+pub(crate) struct Entry {
+    pub(crate) lease: ShardLock<SlotLease<Waiter>>,
+    engine: Weak<dyn Engine>,
+}
+
+impl Entry {
+    pub(crate) fn new(lease: SlotLease<Waiter>, engine: Weak<dyn Engine>) -> Self {
+        Self {
+            lease: ShardLock::new(lease),
+            engine,
+        }
+    }
+
+    /// A request holding one of this key's slots ended: the slot goes to the first request
+    /// waiting, if any, else back to the lease.
+    pub(crate) fn release(&self) {
+        let next = self.lease.lock().release(|| self.now());
+        if let Some(waiter) = next {
+            self.hand_over(waiter);
+        }
+    }
+
+    /// The engine's time; a key whose engine is gone has no usable slots.
+    fn now(&self) -> u64 {
+        self.engine
+            .upgrade()
+            .map_or(u64::MAX, |engine| engine.now())
+    }
+
+    /// Gives the slot `waiter` now holds to it; when it has gone, to the next one waiting, or
+    /// back to the lease.
+    pub(crate) fn hand_over(&self, mut waiter: Waiter) {
+        while waiter.send(Verdict::Admitted).is_err() {
+            match self.lease.lock().release(|| self.now()) {
+                Some(next) => waiter = next,
+                None => return,
+            }
+        }
+    }
 }
 
 /// One request's concurrency slot, given back when dropped: when the response's body ends,
 /// when the request is cancelled, when its handler panics.
 pub struct SlotPermit {
-    engine: Arc<dyn GiveBack>,
     entry: Arc<Entry>,
 }
 
 impl SlotPermit {
-    pub(super) fn new(engine: Arc<dyn GiveBack>, entry: Arc<Entry>) -> Self {
-        Self { engine, entry }
+    pub(super) fn new(entry: Arc<Entry>) -> Self {
+        Self { entry }
     }
 }
 
 impl Drop for SlotPermit {
     fn drop(&mut self) {
-        self.engine.release(&self.entry);
+        self.entry.release();
     }
 }
 
@@ -44,14 +89,14 @@ impl fmt::Debug for SlotPermit {
 /// A request's wait for the slot store's answer. Dropped after its slot was given, it gives
 /// the slot back; dropped before, it leaves its place to the next request.
 pub(crate) struct WaitForSlot {
-    engine: Arc<dyn GiveBack>,
+    engine: Arc<dyn Engine>,
     entry: Arc<Entry>,
     verdict: Option<oneshot::Receiver<Verdict>>,
 }
 
 impl WaitForSlot {
     pub(super) fn new(
-        engine: Arc<dyn GiveBack>,
+        engine: Arc<dyn Engine>,
         entry: Arc<Entry>,
         verdict: oneshot::Receiver<Verdict>,
     ) -> Self {
@@ -81,7 +126,10 @@ impl Future for WaitForSlot {
         let verdict = ready!(Pin::new(receiver).poll(cx)).unwrap_or(Verdict::Unavailable);
         self.verdict = None;
         Poll::Ready(match verdict {
-            Verdict::Admitted => Ok(SlotPermit::new(self.engine.clone(), self.entry.clone())),
+            Verdict::Admitted => {
+                self.engine.count_admitted();
+                Ok(SlotPermit::new(self.entry.clone()))
+            }
             Verdict::Full => Err(NoSlot::Full),
             Verdict::Unavailable => Err(NoSlot::Unavailable),
         })
@@ -93,7 +141,7 @@ impl Drop for WaitForSlot {
         if let Some(mut receiver) = self.verdict.take() {
             receiver.close();
             if receiver.try_recv() == Ok(Verdict::Admitted) {
-                self.engine.release(&self.entry);
+                self.entry.release();
             }
         }
     }

@@ -46,8 +46,8 @@ where
         let mut calls = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
-            shard.retain(|(key, entry)| {
-                let mut lease = entry.lock();
+            shard.keys.retain(|(key, entry)| {
+                let mut lease = entry.lease.lock();
                 if lease.is_idle() {
                     return false;
                 }

@@ -186,9 +186,11 @@ impl<W> SlotLease<W> {
 
     /// A request ended: its slot goes to the first waiter, if one can use it, which is then
     /// returned (it holds the slot).
-    pub(crate) fn release(&mut self, now: u64) -> Option<W> {
+    /// The clock is read (`now`) only when a request waits.
+    pub(crate) fn release(&mut self, now: impl FnOnce() -> u64) -> Option<W> {
         self.in_use = self.in_use.saturating_sub(1);
-        if self.in_use < self.usable(now)
+        if !self.waiters.is_empty()
+            && self.in_use < self.usable(now())
             && let Some((waiter, _)) = self.waiters.pop_front()
         {
             self.take_one();

@@ -17,7 +17,7 @@ fn holding(granted: u64) -> Lease {
     let decided = lease.answered(1, granted, 1_000, 0, seq(2));
     assert_eq!(decided.admitted, NAMES[..granted as usize]);
     for _ in 1..granted {
-        lease.release(0);
+        lease.release(|| 0);
     }
     lease
 }
@@ -69,9 +69,9 @@ fn free_slots_are_taken_without_a_call_until_the_holding_ends() {
         TryTake::MustWait,
         "three of three in use"
     );
-    assert_eq!(lease.release(11), None);
+    assert_eq!(lease.release(|| 11), None);
     assert_eq!(lease.try_take(999), TryTake::Taken);
-    lease.release(999);
+    lease.release(|| 999);
     assert_eq!(
         lease.try_take(1_000),
         TryTake::MustWait,
@@ -85,10 +85,10 @@ fn a_released_slot_goes_to_the_first_waiter() {
     assert_eq!(lease.try_take(5), TryTake::MustWait);
     assert!(lease.wait("x", 5, seq(2)).is_some());
     assert_eq!(lease.wait("y", 6, seq(3)), None);
-    assert_eq!(lease.release(7), Some("x"));
+    assert_eq!(lease.release(|| 7), Some("x"));
     assert_eq!(lease.in_use(), 1);
     // Nobody may jump the queue while "y" waits, even on a slot freed for it.
-    assert_eq!(lease.release(8), Some("y"));
+    assert_eq!(lease.release(|| 8), Some("y"));
     assert_eq!(lease.try_take(8), TryTake::MustWait);
 }
 
@@ -109,7 +109,7 @@ fn while_a_give_back_is_out_the_host_uses_the_smaller_holding() {
     assert_eq!(lease.try_take(1), TryTake::Taken);
     assert_eq!(lease.try_take(1), TryTake::Taken);
     for _ in 0..3 {
-        lease.release(2);
+        lease.release(|| 2);
     }
     // Three were in flight in this pass and the one before: the slots linger two passes.
     assert_eq!(lease.sweep(3, 0, seq(2)), None);
@@ -147,10 +147,10 @@ fn a_failed_call_decides_its_waiters_by_the_fallback_cap_and_so_do_later_request
     assert_eq!(decided.admitted, ["a", "b"]);
     assert_eq!(decided.unavailable, ["c"]);
     assert_eq!(lease.try_take(10), TryTake::Fallback { admitted: false });
-    lease.release(11);
+    lease.release(|| 11);
     assert_eq!(lease.try_take(12), TryTake::Fallback { admitted: true });
     // After the back-off, a request asks the store again.
-    lease.release(13);
+    lease.release(|| 13);
     assert_eq!(lease.try_take(500), TryTake::MustWait);
 }
 
@@ -178,7 +178,7 @@ fn the_sweep_renews_what_is_held_or_in_use_and_gives_back_what_stays_unused() {
     let give_back = lease.sweep(700, 0, seq(3));
     assert_eq!(give_back.map(|c| c.want), Some(1));
     lease.answered(3, 1, 1_700, 710, seq(4));
-    lease.release(720);
+    lease.release(|| 720);
     assert_eq!(lease.sweep(800, 0, seq(4)), None, "in flight in this pass");
     assert_eq!(
         lease.sweep(900, 0, seq(4)),
@@ -195,10 +195,10 @@ fn the_sweep_renews_what_is_held_or_in_use_and_gives_back_what_stays_unused() {
 fn a_key_in_steady_use_gives_back_what_it_no_longer_needs() {
     // Four held; requests come and go all the time, never more than one at once.
     let mut lease = holding(4);
-    lease.release(1);
+    lease.release(|| 1);
     for pass in 0..3u64 {
         assert_eq!(lease.try_take(10 + pass), TryTake::Taken);
-        lease.release(11 + pass);
+        lease.release(|| 11 + pass);
         if let Some(call) = lease.sweep(12 + pass, 0, seq(2 + pass)) {
             assert_eq!(call.want, 1, "pass {pass}");
             return;
@@ -216,7 +216,7 @@ fn requests_running_past_their_holding_are_renewed_and_block_new_ones_until_conf
     assert_eq!(renewal.map(|c| c.want), Some(1));
     // Meanwhile another host took the slot: the store confirms none.
     lease.answered(2, 0, 2_500, 1_510, seq(3));
-    lease.release(1_600);
+    lease.release(|| 1_600);
     assert_eq!(lease.in_use(), 0);
     assert_eq!(lease.try_take(1_700), TryTake::MustWait);
 }
@@ -256,7 +256,7 @@ fn no_admission_on_the_store_goes_past_the_usable_holding_over_random_steps() {
                         waiting.push(step);
                     }
                 },
-                1 if running > 0 => match lease.release(now) {
+                1 if running > 0 => match lease.release(|| now) {
                     Some(w) => {
                         waiting.retain(|x| *x != w);
                         assert!(lease.in_use() <= lease.usable(now), "step {step}");
