@@ -7,6 +7,7 @@
 mod common;
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -363,6 +364,31 @@ impl<S: SlotStore<BucketKey<String>>> SlotStore<BucketKey<String>> for SlowStore
 
 mod waiting_and_failing {
     use super::*;
+
+    #[test]
+    fn outside_a_tokio_runtime_the_failure_policy_decides_without_a_panic() {
+        let on = |policy| {
+            let layer: Layer<_, ManualClock> = HierarchicalConcurrencyLayer::builder()
+                .key(api_key)
+                .max_in_flight(3)
+                .store(MemoryGlobalStore::<String>::new())
+                .clock(ManualClock::new())
+                .failure_policy(policy)
+                .build()
+                .unwrap();
+            let mut acquire = std::pin::pin!(layer.acquire("k".to_owned()));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            match acquire.as_mut().poll(&mut cx) {
+                std::task::Poll::Ready(answer) => answer.map(drop).map_err(|r| r.reason),
+                std::task::Poll::Pending => panic!("decided at once"),
+            }
+        };
+        assert_eq!(
+            on(FailurePolicy::Reject),
+            Err(RejectionReason::StoreUnavailable)
+        );
+        assert_eq!(on(FailurePolicy::local_fallback(3).unwrap()), Ok(()));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn thousands_waiting_on_one_key_get_exactly_the_limit_from_a_few_calls() {

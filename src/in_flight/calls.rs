@@ -27,7 +27,11 @@ pub(super) fn spawn<K, S, C>(
         entry,
         seq: Some(call.seq),
     };
-    tokio::spawn(run(guard, key, call));
+    // Outside a Tokio runtime there is nothing to make the call on: dropped unrun, the guard
+    // settles it as failed, and the failure policy decides.
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(run(guard, key, call));
+    }
 }
 
 /// Settles the call out as failed if its task ends before its answer (cancelled, panicking,

@@ -114,6 +114,9 @@ where
     C: Clock,
 {
     pub(crate) fn new(store: S, clock: C, settings: Settings) -> Self {
+        // Calls are numbered from the time on the calendar, so a host restarted with the same
+        // identity still numbers its calls above those of its previous life.
+        let first_seq = crate::clock::unix_micros(&clock);
         let shards = (0..1 << SHARD_BITS)
             .map(|_| {
                 ShardLock::new(Shard {
@@ -129,7 +132,7 @@ where
                 store,
                 clock,
                 settings,
-                seq: AtomicU64::new(0),
+                seq: AtomicU64::new(first_seq),
                 sweeper_running: AtomicBool::new(false),
                 counters: Counters::default(),
             }),

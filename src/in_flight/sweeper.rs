@@ -19,13 +19,17 @@ where
     /// Starts the sweeper unless it runs. It holds the engine weakly, so it ends with the
     /// last clone of the layer; if its runtime ends first, the next request starts another.
     pub(super) fn ensure_sweeper(self: &Arc<Self>) {
-        if self.sweeper_running.load(Ordering::Relaxed)
-            || self.sweeper_running.swap(true, Ordering::AcqRel)
-        {
+        if self.sweeper_running.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.sweeper_running.swap(true, Ordering::AcqRel) {
             return;
         }
         let running = Running(Arc::downgrade(self));
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let tick = self_tick(&running);
             let mut interval = tokio::time::interval(tick);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
