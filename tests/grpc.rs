@@ -251,3 +251,48 @@ async fn plain_http_to_the_same_layer_still_gets_429() {
     );
     assert!(response.headers().get("grpc-status").is_none());
 }
+
+/// A fleet-wide concurrency limit in front of the same server: a call over the key's limit is
+/// `RESOURCE_EXHAUSTED` at once, and served again once a slot is free.
+#[tokio::test]
+async fn a_call_over_its_concurrency_limit_gets_resource_exhausted() {
+    let in_flight: hierarchical_throttle::HierarchicalConcurrencyLayer<
+        http::Request<Body>,
+        String,
+        MemoryGlobalStore<String>,
+    > = hierarchical_throttle::HierarchicalConcurrencyLayer::builder()
+        .key(|req: &http::Request<Body>| key::header_value(req, "x-api-key"))
+        .max_in_flight(2)
+        .store(MemoryGlobalStore::new())
+        .build()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = TcpIncoming::from(listener);
+    let layer = in_flight.clone();
+    tokio::spawn(async move {
+        Server::builder()
+            .layer(layer)
+            .add_service(EchoServer)
+            .serve_with_incoming(incoming)
+            .await
+            .expect("serve gRPC");
+    });
+    let mut client = EchoClient::connect(format!("http://{addr}")).await.unwrap();
+    assert!(client.say(say("k1")).await.is_ok());
+    // Both of k1's slots taken by calls still running (held here by hand).
+    let running = [
+        in_flight.acquire("k1".to_owned()).await.unwrap(),
+        in_flight.acquire("k1".to_owned()).await.unwrap(),
+    ];
+    let refused = client.say(say("k1")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert_eq!(refused.message(), "too many requests in flight (at most 2)");
+    assert!(
+        client.say(say("k2")).await.is_ok(),
+        "another key has slots of its own"
+    );
+    drop(running);
+    assert!(client.say(say("k1")).await.is_ok());
+    assert_eq!(in_flight.stats().refused_full, 1);
+}

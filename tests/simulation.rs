@@ -1,6 +1,8 @@
 //! The fleet under latency, faults, cancellations, herds and key sprays: seeded, deterministic
 //! runs (300 in a debug build, 2,000 in release; see `tests/sim`), each checked by the oracle
-//! for over-admission, liveness, token conservation, exact refusals and bounded waits.
+//! for over-admission, liveness, token conservation, exact refusals and bounded waits. Each seed
+//! also draws a fleet under a concurrency limit (`tests/sim/concurrency.rs`), checked for the
+//! requests in flight, exact refusals, bounded waits and slots left held.
 //!
 //! A failing seed prints the command that replays it alone:
 //! `SIM_SEED=<seed> cargo test -p hierarchical-throttle-suite --test simulation -- --nocapture`. `SIM_SEEDS=<n>` runs more,
