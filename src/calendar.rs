@@ -89,6 +89,7 @@ impl Calendar {
     }
 
     /// The period as the stores' scripts number it (1 day, 2 week, 3 month).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn code(&self) -> u8 {
         match self.period {
             Period::Day => 1,

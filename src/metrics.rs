@@ -16,6 +16,12 @@
 //! | `throttle_store_up` | gauge (1: the store answered the last call any layer on it made; 0: it failed, or never answered yet) | `layer` |
 //! | `throttle_local_keys` | gauge | `layer` |
 //! | `throttle_waiting` | gauge | `layer`: requests waiting for a batch or (shaping) for their tokens |
+//! | `throttle_concurrency_requests_total` | counter | `layer`, `outcome` (`admitted`, `refused_full`, `refused_unavailable`) of a [concurrency layer](crate::HierarchicalConcurrencyLayer) |
+//! | `throttle_concurrency_store_calls_total` | counter | `layer`, `result` (`ok`, `failed`: errors and time-outs) |
+//! | `throttle_concurrency_in_flight` | gauge | `layer`: requests holding a slot on this host |
+//! | `throttle_concurrency_keys` | gauge | `layer`: keys this host keeps slots for |
+//!
+//! A concurrency layer's sweeper publishes its own every linger (50 ms by default).
 //!
 //! `throttle_requests_total` counts each request (and each
 //! [`acquire`](crate::HierarchicalThrottleLayer::acquire)d use) once, by its outcome;
@@ -187,6 +193,72 @@ pub(crate) fn publish(snapshot: &Snapshot<'_>) {
     ::metrics::gauge!("throttle_local_keys", "layer" => layer.clone())
         .set(snapshot.local_keys as f64);
     ::metrics::gauge!("throttle_waiting", "layer" => layer).set(snapshot.waiting as f64);
+}
+
+/// What a concurrency layer's sweep publishes.
+pub(crate) struct ConcurrencySnapshot<'a> {
+    pub(crate) layer: &'a str,
+    pub(crate) admitted: u64,
+    pub(crate) refused_full: u64,
+    pub(crate) refused_unavailable: u64,
+    pub(crate) store_calls: u64,
+    pub(crate) store_failures: u64,
+    pub(crate) in_flight: u64,
+    pub(crate) keys: usize,
+}
+
+/// Publishes a concurrency layer's counters (as absolute values) and gauges.
+pub(crate) fn publish_concurrency(s: &ConcurrencySnapshot<'_>) {
+    describe_concurrency();
+    let layer = s.layer.to_owned();
+    for (outcome, value) in [
+        ("admitted", s.admitted),
+        ("refused_full", s.refused_full),
+        ("refused_unavailable", s.refused_unavailable),
+    ] {
+        ::metrics::counter!(
+            "throttle_concurrency_requests_total",
+            "layer" => layer.clone(),
+            "outcome" => outcome
+        )
+        .absolute(value);
+    }
+    for (result, value) in [
+        ("ok", s.store_calls.saturating_sub(s.store_failures)),
+        ("failed", s.store_failures),
+    ] {
+        ::metrics::counter!(
+            "throttle_concurrency_store_calls_total",
+            "layer" => layer.clone(),
+            "result" => result
+        )
+        .absolute(value);
+    }
+    ::metrics::gauge!("throttle_concurrency_in_flight", "layer" => layer.clone())
+        .set(s.in_flight as f64);
+    ::metrics::gauge!("throttle_concurrency_keys", "layer" => layer).set(s.keys as f64);
+}
+
+fn describe_concurrency() {
+    static DESCRIBED: Once = Once::new();
+    DESCRIBED.call_once(|| {
+        ::metrics::describe_counter!(
+            "throttle_concurrency_requests_total",
+            "Requests decided by a concurrency limit, by outcome"
+        );
+        ::metrics::describe_counter!(
+            "throttle_concurrency_store_calls_total",
+            "Calls to the store for concurrency slots, by result (ok, failed)"
+        );
+        ::metrics::describe_gauge!(
+            "throttle_concurrency_in_flight",
+            "Requests holding a concurrency slot on this host"
+        );
+        ::metrics::describe_gauge!(
+            "throttle_concurrency_keys",
+            "Keys this host keeps concurrency slots for"
+        );
+    });
 }
 
 /// Records one global call's latency.

@@ -33,7 +33,7 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
         .install_recorder()
         .expect("the only recorder of this test binary");
     let limit = Limit::per_minute(2).burst(2).unwrap();
-    let app = prometheus_app::app(handle, limit, TokioClock::new()).unwrap();
+    let app = prometheus_app::app(handle.clone(), limit, TokioClock::new()).unwrap();
     let call = |key: &str| {
         let request = Request::get("/").header("x-api-key", key);
         app.clone().oneshot(request.body(Body::empty()).unwrap())
@@ -166,4 +166,52 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
         );
     }
     assert!(!scrape.contains("k1"), "keys never appear in metrics");
+
+    // A concurrency layer's sweeper publishes its own, under its layer's name.
+    let in_flight = hierarchical_throttle::HierarchicalConcurrencyLayer::builder()
+        .key(|req: &Request<Body>| hierarchical_throttle::key::header_value(req, "x-api-key"))
+        .max_in_flight(1)
+        .layer_name("reports")
+        .store(hierarchical_throttle::MemoryGlobalStore::with_clock(
+            TokioClock::new(),
+        ))
+        .clock(TokioClock::new())
+        .build()
+        .unwrap();
+    let running = in_flight.acquire("k1".to_owned()).await.unwrap();
+    assert!(in_flight.acquire("k1".to_owned()).await.is_err());
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let scrape = handle.render();
+    let concurrency =
+        |metric: &str, label: &str| sample(&scrape, metric, &["layer=\"reports\"", label]);
+    let requests = "throttle_concurrency_requests_total";
+    assert_eq!(
+        concurrency(requests, "outcome=\"admitted\""),
+        Some(1.0),
+        "{scrape}"
+    );
+    assert_eq!(
+        concurrency(requests, "outcome=\"refused_full\""),
+        Some(1.0),
+        "{scrape}"
+    );
+    assert_eq!(
+        concurrency(requests, "outcome=\"refused_unavailable\""),
+        Some(0.0)
+    );
+    let calls = "throttle_concurrency_store_calls_total";
+    assert_eq!(concurrency(calls, "result=\"ok\""), Some(2.0), "{scrape}");
+    assert_eq!(
+        sample(
+            &scrape,
+            "throttle_concurrency_in_flight",
+            &["layer=\"reports\""]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&scrape, "throttle_concurrency_keys", &["layer=\"reports\""]),
+        Some(1.0)
+    );
+    drop(running);
 }

@@ -11,11 +11,10 @@ mod builder;
 mod future;
 mod service;
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use std::hash::Hash;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::global::slots::SlotStore;
@@ -26,8 +25,7 @@ use crate::rejection::{Rejection, RejectionReason};
 
 pub use crate::in_flight::SlotPermit;
 pub use body::SlotBody;
-pub use builder::ConcurrencyBuilder;
-pub use builder::DEFAULT_CONCURRENCY_NAME;
+pub use builder::{ConcurrencyBuilder, DEFAULT_CONCURRENCY_NAME};
 pub use future::ResponseFuture;
 pub use service::HierarchicalConcurrency;
 

@@ -48,13 +48,17 @@ where
         let now = self.now();
         let renew_by = now.saturating_add(micros(self.settings.slot_ttl) / 2);
         let mut calls = Vec::new();
+        let (mut admitted, mut in_flight, mut keys) = (0, 0, 0);
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
+            admitted += shard.admitted;
             shard.keys.retain(|(key, entry)| {
                 let mut lease = entry.lease.lock();
                 if lease.is_idle() {
                     return false;
                 }
+                in_flight += lease.in_use();
+                keys += 1;
                 let seq = || self.next_seq();
                 if let Some(call) = lease.sweep(now, renew_by, seq) {
                     calls.push((key.clone(), entry.clone(), call));
@@ -65,7 +69,26 @@ where
         for (key, entry, call) in calls {
             calls::spawn(self.clone(), key, entry, call);
         }
+        self.publish(admitted, in_flight, keys);
     }
+
+    #[cfg(feature = "metrics")]
+    fn publish(&self, admitted_at_once: u64, in_flight: u64, keys: usize) {
+        let c = &self.counters;
+        crate::metrics::publish_concurrency(&crate::metrics::ConcurrencySnapshot {
+            layer: self.settings.layer.as_str(),
+            admitted: admitted_at_once + c.admitted.load(Ordering::Relaxed),
+            refused_full: c.refused_full.load(Ordering::Relaxed),
+            refused_unavailable: c.refused_unavailable.load(Ordering::Relaxed),
+            store_calls: c.store_calls.load(Ordering::Relaxed),
+            store_failures: c.store_failures.load(Ordering::Relaxed),
+            in_flight,
+            keys,
+        });
+    }
+
+    #[cfg(not(feature = "metrics"))]
+    fn publish(&self, _admitted_at_once: u64, _in_flight: u64, _keys: usize) {}
 }
 
 fn self_tick<K, S, C>(running: &Running<K, S, C>) -> std::time::Duration {
