@@ -259,6 +259,58 @@ mod one_host {
         assert_eq!(answer.headers()["grpc-status"], "8");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn each_key_has_its_tiers_limit_and_a_change_applies_at_run_time() {
+        let basic = Arc::new(AtomicU64::new(1));
+        let tier = basic.clone();
+        let layer: Layer<_> = HierarchicalConcurrencyLayer::builder()
+            .key(api_key)
+            .max_in_flight_per_key(move |key: &String| match key.as_str() {
+                "gold" => 3,
+                "banned" => 0,
+                _ => tier.load(Ordering::SeqCst),
+            })
+            .store(MemoryGlobalStore::with_clock(TokioClock::new()))
+            .clock(TokioClock::new())
+            .build()
+            .unwrap();
+        let take = |key: &str| layer.acquire(key.to_owned());
+        let gold = [
+            take("gold").await.unwrap(),
+            take("gold").await.unwrap(),
+            take("gold").await.unwrap(),
+        ];
+        let refused = take("gold").await.unwrap_err();
+        assert_eq!(refused.reason, RejectionReason::TooManyInFlight { max: 3 });
+        let one = take("basic").await.unwrap();
+        assert_eq!(
+            take("basic").await.unwrap_err().reason,
+            RejectionReason::TooManyInFlight { max: 1 }
+        );
+        assert_eq!(
+            take("banned").await.unwrap_err().reason,
+            RejectionReason::TooManyInFlight { max: 0 }
+        );
+        // Raised at run time: the next call for the key asks under the new limit.
+        basic.store(2, Ordering::SeqCst);
+        assert_eq!(layer.max_in_flight(&"basic".to_owned()), 2);
+        let two = take("basic").await.unwrap();
+        assert!(take("basic").await.is_err());
+        // Lowered below what runs: nothing more is admitted until fewer than the new limit run.
+        basic.store(1, Ordering::SeqCst);
+        drop(one);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            take("basic").await.unwrap_err().reason,
+            RejectionReason::TooManyInFlight { max: 1 }
+        );
+        drop(two);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let again = take("basic").await.unwrap();
+        assert!(take("basic").await.is_err());
+        drop((gold, again));
+    }
+
     #[test]
     fn invalid_settings_are_errors_when_built() {
         let store = MemoryGlobalStore::<String>::new();

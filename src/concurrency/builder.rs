@@ -10,7 +10,7 @@ use crate::concurrency::{HierarchicalConcurrencyLayer, KeyFn, Shared};
 use crate::error::ConfigError;
 use crate::failure::FailurePolicy;
 use crate::global::slots::SlotStore;
-use crate::in_flight::{InFlight, Settings};
+use crate::in_flight::{Fallback, InFlight, MaxFn, Settings};
 use crate::key::MissingKey;
 use crate::quota::{BucketKey, DEFAULT_LAYER, Name};
 
@@ -24,6 +24,7 @@ pub struct ConcurrencyBuilder<Req, K, S, C = MonotonicClock> {
     key: Option<KeyFn<Req, K>>,
     missing_key: MissingKey<K>,
     max: u64,
+    max_per_key: Option<MaxFn<K>>,
     store: S,
     clock: C,
     name: String,
@@ -47,6 +48,7 @@ impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
             key: None,
             missing_key: MissingKey::Reject,
             max: 0,
+            max_per_key: None,
             store: Unset,
             clock: MonotonicClock::new(),
             name: DEFAULT_CONCURRENCY_NAME.to_owned(),
@@ -73,6 +75,8 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
             key: Some(Box::new(key)),
             missing_key: MissingKey::Reject,
             max: self.max,
+            // A limit per key of the earlier key type means nothing for the new one.
+            max_per_key: None,
             store: self.store,
             clock: self.clock,
             name: self.name,
@@ -94,6 +98,7 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
             key: self.key,
             missing_key: self.missing_key,
             max: self.max,
+            max_per_key: self.max_per_key,
             store,
             clock: self.clock,
             name: self.name,
@@ -116,6 +121,7 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
             key: self.key,
             missing_key: self.missing_key,
             max: self.max,
+            max_per_key: self.max_per_key,
             store: self.store,
             clock,
             name: self.name,
@@ -130,9 +136,23 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
         }
     }
 
-    /// The most requests a key may have in flight, over all hosts (required; at least 1).
+    /// The most requests a key may have in flight, over all hosts, the same for every key
+    /// (required unless [`max_in_flight_per_key`](Self::max_in_flight_per_key); at least 1).
     pub fn max_in_flight(mut self, max: u64) -> Self {
         self.max = max;
+        self
+    }
+
+    /// Each key's own limit, read every time this host calls the store for the key (so it
+    /// may come from a tier and change at run time). A key whose limit is 0 is refused. A
+    /// change applies from each host's next call for the key: a raised limit at once for a
+    /// host that has none free; a lowered one for new admissions once every host has renewed
+    /// (within half the slot time-to-live) and the requests admitted before it have ended.
+    pub fn max_in_flight_per_key(
+        mut self,
+        max: impl Fn(&K) -> u64 + Send + Sync + 'static,
+    ) -> Self {
+        self.max_per_key = Some(Arc::new(max));
         self
     }
 
@@ -220,9 +240,11 @@ where
     pub fn build(self) -> Result<HierarchicalConcurrencyLayer<Req, K, S, C>, ConfigError> {
         let invalid = |setting, expected| ConfigError::InvalidSetting { setting, expected };
         let key = self.key.ok_or(invalid("key", "a key closure"))?;
-        if self.max == 0 {
-            return Err(invalid("max_in_flight", "at least one request"));
-        }
+        let max: MaxFn<K> = match (self.max_per_key, self.max) {
+            (Some(per_key), _) => per_key,
+            (None, 0) => return Err(invalid("max_in_flight", "at least one request")),
+            (None, max) => Arc::new(move |_: &K| max),
+        };
         if self.slot_ttl < self.store_timeout * 10 || self.slot_ttl < Duration::from_millis(10) {
             return Err(invalid(
                 "slot_ttl",
@@ -241,18 +263,15 @@ where
         if self.retry_after < Duration::from_secs(1) {
             return Err(invalid("retry_after", "at least one second"));
         }
-        let fallback_cap = match self.failure_policy {
-            FailurePolicy::Admit => u64::MAX,
-            FailurePolicy::Reject => 0,
-            FailurePolicy::LocalFallback { expected_hosts } => {
-                self.max.div_ceil(expected_hosts.get())
-            }
+        let fallback = match self.failure_policy {
+            FailurePolicy::Admit => Fallback::All,
+            FailurePolicy::Reject => Fallback::None,
+            FailurePolicy::LocalFallback { expected_hosts } => Fallback::ShareOf(expected_hosts),
         };
         let settings = Settings {
-            max: self.max,
             layer: Name::new(&self.layer)?,
             name: Name::new(&self.name)?,
-            fallback_cap,
+            fallback,
             slot_ttl: self.slot_ttl,
             linger: self.linger,
             store_timeout: self.store_timeout,
@@ -263,7 +282,7 @@ where
             shared: Arc::new(Shared {
                 key,
                 missing_key: self.missing_key,
-                engine: InFlight::new(self.store, self.clock, settings),
+                engine: InFlight::new(self.store, self.clock, settings, max),
                 retry_after: self.retry_after,
             }),
         })

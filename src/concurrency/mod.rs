@@ -122,9 +122,9 @@ where
         }
     }
 
-    /// The most requests a key may have in flight, fleet-wide.
-    pub fn max_in_flight(&self) -> u64 {
-        self.shared.engine.settings().max
+    /// The most requests `key` may have in flight, fleet-wide, now.
+    pub fn max_in_flight(&self, key: &K) -> u64 {
+        self.shared.engine.max_for(key)
     }
 
     /// Requests in flight on this host now, over all keys (an O(keys) walk: for tests and
@@ -161,7 +161,9 @@ where
     fn rejection(&self, key: Option<K>, no_slot: NoSlot) -> Rejection<K> {
         let settings = self.engine.settings();
         let reason = match no_slot {
-            NoSlot::Full => RejectionReason::TooManyInFlight { max: settings.max },
+            NoSlot::Full => RejectionReason::TooManyInFlight {
+                max: key.as_ref().map_or(0, |key| self.engine.max_for(key)),
+            },
             NoSlot::Unavailable => RejectionReason::StoreUnavailable,
         };
         let mut rejection = Rejection::new(key, reason).with_retry_after(self.retry_after);

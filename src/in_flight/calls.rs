@@ -78,19 +78,19 @@ where
             ttl: shared.settings.slot_ttl,
         };
         shared.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-        let max = shared.settings.max;
+        let max = (shared.max)(bucket.key());
+        // The failure policy's share follows the limit as it is now.
+        let cap = shared.settings.fallback.cap(max);
         let timeout = shared.settings.store_timeout;
         let answer = tokio::time::timeout(timeout, shared.store.hold(&bucket, max, hold)).await;
         let now = shared.now();
+        let mut lease = guard.entry.lease.lock();
+        lease.set_fallback_cap(cap);
         let decided = match answer {
             Ok(Ok(holding)) => {
                 let until = shared.usable_until(call.sent_at);
                 let next_seq = || shared.next_seq();
-                guard
-                    .entry
-                    .lease
-                    .lock()
-                    .answered(call.seq, holding.held, until, now, next_seq)
+                lease.answered(call.seq, holding.held, until, now, next_seq)
             }
             Ok(Err(_)) | Err(_) => {
                 shared
@@ -98,9 +98,10 @@ where
                     .store_failures
                     .fetch_add(1, Ordering::Relaxed);
                 let retry_at = now + micros(shared.settings.back_off);
-                guard.entry.lease.lock().failed(call.seq, retry_at)
+                lease.failed(call.seq, retry_at)
             }
         };
+        drop(lease);
         let next = decided.next;
         guard.seq = next.map(|next| next.seq);
         deliver(&shared, &guard.entry, decided);

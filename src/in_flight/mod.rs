@@ -51,14 +51,34 @@ pub enum NoSlot {
     Unavailable,
 }
 
+/// A key's concurrency limit, read on every call to the store for it (so it may differ per
+/// key and change at run time).
+pub(crate) type MaxFn<K> = Arc<dyn Fn(&K) -> u64 + Send + Sync>;
+
+/// What a host admits on its own while the store fails, out of a key's limit.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Fallback {
+    All,
+    None,
+    ShareOf(std::num::NonZeroU64),
+}
+
+impl Fallback {
+    pub(crate) fn cap(self, max: u64) -> u64 {
+        match self {
+            Self::All => u64::MAX,
+            Self::None => 0,
+            Self::ShareOf(hosts) => max.div_ceil(hosts.get()),
+        }
+    }
+}
+
 /// The engine's settings, checked by the builder.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
-    pub(crate) max: u64,
     pub(crate) layer: Name,
     pub(crate) name: Name,
-    /// Requests this host admits on its own while the store fails.
-    pub(crate) fallback_cap: u64,
+    pub(crate) fallback: Fallback,
     pub(crate) slot_ttl: Duration,
     pub(crate) linger: Duration,
     pub(crate) store_timeout: Duration,
@@ -95,6 +115,7 @@ pub(crate) struct Shared<K, S, C> {
     store: S,
     clock: C,
     settings: Settings,
+    max: MaxFn<K>,
     seq: AtomicU64,
     sweeper_running: AtomicBool,
     pub(crate) counters: Counters,
@@ -113,7 +134,7 @@ where
     S: SlotStore<BucketKey<K>>,
     C: Clock,
 {
-    pub(crate) fn new(store: S, clock: C, settings: Settings) -> Self {
+    pub(crate) fn new(store: S, clock: C, settings: Settings, max: MaxFn<K>) -> Self {
         // Calls are numbered from the time on the calendar, so a host restarted with the same
         // identity still numbers its calls above those of its previous life.
         let first_seq = crate::clock::unix_micros(&clock);
@@ -132,6 +153,7 @@ where
                 store,
                 clock,
                 settings,
+                max,
                 seq: AtomicU64::new(first_seq),
                 sweeper_running: AtomicBool::new(false),
                 counters: Counters::default(),
@@ -141,6 +163,11 @@ where
 
     pub(crate) fn settings(&self) -> &Settings {
         &self.shared.settings
+    }
+
+    /// `key`'s concurrency limit now.
+    pub(crate) fn max_for(&self, key: &K) -> u64 {
+        (self.shared.max)(key)
     }
 
     pub(crate) fn counters(&self) -> &Counters {
@@ -159,7 +186,8 @@ where
         let entry = match shard.keys.find(hash, |(k, _)| k == key) {
             Some((_, entry)) => entry.clone(),
             None => {
-                let lease = SlotLease::new(shared.settings.fallback_cap);
+                let cap = shared.settings.fallback.cap((shared.max)(key));
+                let lease = SlotLease::new(cap);
                 let engine: std::sync::Weak<dyn Engine> = Arc::downgrade(shared) as _;
                 let entry = Arc::new(Entry::new(lease, engine));
                 let rehash = |(k, _): &(K, Arc<Entry>)| shared.hasher.hash_one(k);

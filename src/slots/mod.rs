@@ -110,6 +110,11 @@ impl<W> SlotLease<W> {
         }
     }
 
+    /// The failure policy's share of the key's limit as it is now.
+    pub(crate) fn set_fallback_cap(&mut self, cap: u64) {
+        self.fallback_cap = cap;
+    }
+
     /// Requests in flight on this host.
     pub(crate) fn in_use(&self) -> u64 {
         self.in_use

@@ -2,8 +2,10 @@
 //! applied by the store whose answer comes too late), cancellations, herds and dead hosts:
 //! one seeded run per seed, on paused time, checked by an oracle:
 //!
-//! - **the limit**: no admission leaves more than `max` requests of a key in flight over the
-//!   live hosts, until the first failed call; after it, `max` plus each host's fallback share
+//! - **the limit**: no admission leaves more than the key's limit (its tier's; for a limit
+//!   changed at run time, the larger of the two until the change has settled: a slot
+//!   time-to-live and the longest request) in flight over the live hosts, until the first
+//!   failed call; after it, `max` plus each host's fallback share
 //!   under `LocalFallback`, `max` still under `Reject` (storms are shorter than a holding's
 //!   renewal margin, so no holding expires under running requests);
 //! - **exact refusals** (runs without faults): a request refused as full arrived at a moment
@@ -34,6 +36,10 @@ pub struct Scenario {
     pub seed: u64,
     pub hosts: usize,
     pub max: u64,
+    /// Each key's limit (a tier); key 0's is `max`.
+    pub key_max: Vec<u64>,
+    /// Key 0's limit changed at run time: when, and to what.
+    pub change: Option<(Duration, u64)>,
     pub keys: usize,
     pub requests: usize,
     /// Mean time between arrivals.
@@ -80,11 +86,25 @@ impl Scenario {
             1 => FailurePolicy::local_fallback(hosts as u64).expect("hosts"),
             _ => FailurePolicy::local_fallback(1).expect("one"),
         };
+        let max = rng.range(1, 8);
+        let keys = rng.range(1, 3) as usize;
+        let tiers = rng.chance(0.3);
+        let key_max = (0..keys)
+            .map(|k| if k > 0 && tiers { rng.range(1, 8) } else { max })
+            .collect();
+        let change = rng.chance(0.25).then(|| {
+            (
+                Duration::from_millis(rng.range(100, 2_000)),
+                rng.range(1, 8),
+            )
+        });
         Self {
             seed,
             hosts,
-            max: rng.range(1, 8),
-            keys: rng.range(1, 3) as usize,
+            max,
+            key_max,
+            change,
+            keys,
             requests: rng.range(100, 400) as usize,
             gap: Duration::from_micros(rng.range(500, 10_000)),
             longest: Duration::from_millis(rng.range(1, 400)),
@@ -113,6 +133,23 @@ impl Scenario {
 
     fn faulty(&self) -> bool {
         !self.storms.is_empty()
+    }
+
+    /// Key `key`'s limit at `t`, and whether a change may still be settling (holdings and
+    /// requests under the old limit): then the limit before and after.
+    fn limits_at(&self, key: usize, t: Duration) -> (u64, u64) {
+        let base = self.key_max[key];
+        match self.change {
+            Some((at, new)) if key == 0 && t >= at => {
+                let settling = t < at + self.slot_ttl + self.longest + Duration::from_millis(200);
+                if settling {
+                    (base.min(new), base.max(new))
+                } else {
+                    (new, new)
+                }
+            }
+            _ => (base, base),
+        }
     }
 }
 
@@ -214,6 +251,12 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     let start = tokio::time::Instant::now();
     let memory = MemoryGlobalStore::with_clock(clock);
     let rng = Arc::new(Mutex::new(Rng::new(s.seed ^ 0x5107)));
+    let limits: Arc<Vec<std::sync::atomic::AtomicU64>> = Arc::new(
+        s.key_max
+            .iter()
+            .map(|m| std::sync::atomic::AtomicU64::new(*m))
+            .collect(),
+    );
     let dead: Vec<Arc<AtomicBool>> = (0..s.hosts)
         .map(|_| Arc::new(AtomicBool::new(false)))
         .collect();
@@ -229,9 +272,13 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 dead: dead[h].clone(),
                 start,
             };
+            let limits = limits.clone();
             HierarchicalConcurrencyLayer::builder()
                 .key(|_: &()| None::<String>)
-                .max_in_flight(s.max)
+                .max_in_flight_per_key(move |key: &String| {
+                    let index: usize = key[1..].parse().unwrap_or(0);
+                    limits.get(index).map_or(0, |m| m.load(Ordering::SeqCst))
+                })
                 .store(store)
                 .clock(clock)
                 .slot_ttl(s.slot_ttl)
@@ -317,6 +364,13 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 // Its host died under it: the request vanished with its slot.
                 std::mem::forget(permit);
             }
+        }));
+    }
+    if let Some((at, new)) = s.change {
+        let limits = limits.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(start + at).await;
+            limits[0].store(new, Ordering::SeqCst);
         }));
     }
     if let Some((host, when)) = deaths_at {
@@ -411,9 +465,10 @@ fn decide(
             let n = o.in_flight.entry(key).or_default();
             *n += 1;
             let n = *n;
-            if n > bound(s, failed_before.load(Ordering::SeqCst)) {
+            let (_, max) = s.limits_at(key, decided);
+            if n > bound(s, max, failed_before.load(Ordering::SeqCst)) {
                 o.failures
-                    .push(format!("k{key}: {n} in flight of {} at {decided:?}", s.max));
+                    .push(format!("k{key}: {n} in flight of {max} at {decided:?}"));
             }
             // Its slot may have been taken at the store any time after it came (the answer
             // that brings it takes a round trip).
@@ -434,14 +489,14 @@ fn decide(
 }
 
 /// The most requests of a key in flight the oracle accepts.
-fn bound(s: &Scenario, failed: bool) -> u64 {
+fn bound(s: &Scenario, max: u64, failed: bool) -> u64 {
     if !failed {
-        return s.max;
+        return max;
     }
     match s.policy {
-        FailurePolicy::Reject => s.max,
+        FailurePolicy::Reject => max,
         FailurePolicy::LocalFallback { expected_hosts } => {
-            s.max + s.hosts as u64 * s.max.div_ceil(expected_hosts.get())
+            max + s.hosts as u64 * max.div_ceil(expected_hosts.get())
         }
         _ => u64::MAX,
     }
@@ -472,7 +527,11 @@ fn check_exact(o: &mut Oracle, s: &Scenario, key: usize, came: Duration, decided
             .iter()
             .filter_map(|(start, _)| Some(*start).filter(|t| *t >= came && *t <= decided)),
     );
-    if std::env::var("SIM_TRACE").is_ok() && !moments.iter().any(|t| occupied(*t) >= s.max) {
+    // Refused under the smaller of the limits a change may still be settling between.
+    let (max, _) = s.limits_at(key, came);
+    let (max_then, _) = s.limits_at(key, decided);
+    let max = max.min(max_then);
+    if std::env::var("SIM_TRACE").is_ok() && !moments.iter().any(|t| occupied(*t) >= max) {
         for sp in spans
             .iter()
             .filter(|(a, b)| *a <= decided && b.is_none_or(|b| b + grace * 3 >= came))
@@ -480,11 +539,11 @@ fn check_exact(o: &mut Oracle, s: &Scenario, key: usize, came: Duration, decided
             eprintln!("span {sp:?}");
         }
     }
-    if !moments.iter().any(|t| occupied(*t) >= s.max) {
+    if !moments.iter().any(|t| occupied(*t) >= max) {
         o.failures.push(format!(
             "k{key} refused as full at {decided:?} (came {came:?}) with at most {} of {} occupied",
             moments.iter().map(|t| occupied(*t)).max().unwrap_or(0),
-            s.max
+            max
         ));
     }
 }
