@@ -23,10 +23,15 @@ pub const DEFAULT_CONCURRENCY_NAME: &str = "concurrency";
 pub struct ConcurrencyBuilder<Req, K, S, C = MonotonicClock> {
     key: Option<KeyFn<Req, K>>,
     missing_key: MissingKey<K>,
-    max: u64,
     max_per_key: Option<MaxFn<K>>,
     store: S,
     clock: C,
+    tuning: Tuning,
+}
+
+/// The settings that do not change the builder's type.
+struct Tuning {
+    max: u64,
     name: String,
     layer: String,
     slot_ttl: Duration,
@@ -47,19 +52,21 @@ impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
         ConcurrencyBuilder {
             key: None,
             missing_key: MissingKey::Reject,
-            max: 0,
             max_per_key: None,
             store: Unset,
             clock: MonotonicClock::new(),
-            name: DEFAULT_CONCURRENCY_NAME.to_owned(),
-            layer: DEFAULT_LAYER.to_owned(),
-            slot_ttl: Duration::from_secs(10),
-            linger: Duration::from_millis(50),
-            store_timeout: Duration::from_millis(50),
-            back_off: Duration::from_secs(1),
-            failure_policy: FailurePolicy::default(),
-            retry_after: Duration::from_secs(1),
-            host: None,
+            tuning: Tuning {
+                max: 0,
+                name: DEFAULT_CONCURRENCY_NAME.to_owned(),
+                layer: DEFAULT_LAYER.to_owned(),
+                slot_ttl: Duration::from_secs(10),
+                linger: Duration::from_millis(50),
+                store_timeout: Duration::from_millis(50),
+                back_off: Duration::from_secs(1),
+                failure_policy: FailurePolicy::default(),
+                retry_after: Duration::from_secs(1),
+                host: None,
+            },
         }
     }
 }
@@ -74,20 +81,11 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
         ConcurrencyBuilder {
             key: Some(Box::new(key)),
             missing_key: MissingKey::Reject,
-            max: self.max,
             // A limit per key of the earlier key type means nothing for the new one.
             max_per_key: None,
             store: self.store,
             clock: self.clock,
-            name: self.name,
-            layer: self.layer,
-            slot_ttl: self.slot_ttl,
-            linger: self.linger,
-            store_timeout: self.store_timeout,
-            back_off: self.back_off,
-            failure_policy: self.failure_policy,
-            retry_after: self.retry_after,
-            host: self.host,
+            tuning: self.tuning,
         }
     }
 
@@ -97,19 +95,10 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
         ConcurrencyBuilder {
             key: self.key,
             missing_key: self.missing_key,
-            max: self.max,
             max_per_key: self.max_per_key,
             store,
             clock: self.clock,
-            name: self.name,
-            layer: self.layer,
-            slot_ttl: self.slot_ttl,
-            linger: self.linger,
-            store_timeout: self.store_timeout,
-            back_off: self.back_off,
-            failure_policy: self.failure_policy,
-            retry_after: self.retry_after,
-            host: self.host,
+            tuning: self.tuning,
         }
     }
 
@@ -120,26 +109,17 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
         ConcurrencyBuilder {
             key: self.key,
             missing_key: self.missing_key,
-            max: self.max,
             max_per_key: self.max_per_key,
             store: self.store,
             clock,
-            name: self.name,
-            layer: self.layer,
-            slot_ttl: self.slot_ttl,
-            linger: self.linger,
-            store_timeout: self.store_timeout,
-            back_off: self.back_off,
-            failure_policy: self.failure_policy,
-            retry_after: self.retry_after,
-            host: self.host,
+            tuning: self.tuning,
         }
     }
 
     /// The most requests a key may have in flight, over all hosts, the same for every key
     /// (required unless [`max_in_flight_per_key`](Self::max_in_flight_per_key); at least 1).
     pub fn max_in_flight(mut self, max: u64) -> Self {
-        self.max = max;
+        self.tuning.max = max;
         self
     }
 
@@ -165,14 +145,14 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
     /// The limit's name in the `RateLimit` fields and the store (default
     /// [`DEFAULT_CONCURRENCY_NAME`]): ASCII letters, digits, `-`, `_` and `.`.
     pub fn name(mut self, name: &str) -> Self {
-        self.name = name.to_owned();
+        self.tuning.name = name.to_owned();
         self
     }
 
     /// The layer's name: two concurrency layers on one store with different names keep
     /// their slots apart (default: `default`).
     pub fn layer_name(mut self, name: &str) -> Self {
-        self.layer = name.to_owned();
+        self.tuning.layer = name.to_owned();
         self
     }
 
@@ -180,7 +160,7 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
     /// ten store time-outs). Hosts renew what they hold while it is half gone, so this is
     /// how long a host that died keeps its slots from the others.
     pub fn slot_ttl(mut self, ttl: Duration) -> Self {
-        self.slot_ttl = ttl;
+        self.tuning.slot_ttl = ttl;
         self
     }
 
@@ -189,20 +169,20 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
     /// saves calls to the store; shorter leaves fewer slots idle on one host while another
     /// host's request is refused.
     pub fn linger(mut self, linger: Duration) -> Self {
-        self.linger = linger;
+        self.tuning.linger = linger;
         self
     }
 
     /// How long a call to the store may take before it counts as failed (default 50 ms).
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
-        self.store_timeout = timeout;
+        self.tuning.store_timeout = timeout;
         self
     }
 
     /// How long a key's requests are decided by the failure policy, without calls, after a
     /// call for it failed (default 1 s).
     pub fn back_off(mut self, back_off: Duration) -> Self {
-        self.back_off = back_off;
+        self.tuning.back_off = back_off;
         self
     }
 
@@ -211,21 +191,21 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
     /// [`FailurePolicy::LocalFallback`] admits up to `max / expected_hosts` (rounded up) in
     /// flight per key on this host (the default, with one host: the whole limit).
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.failure_policy = policy;
+        self.tuning.failure_policy = policy;
         self
     }
 
     /// The `Retry-After` a refused client is told (default 1 s; at least 1 s, since the
     /// header counts whole seconds). Slots have no refill time: this is a hint.
     pub fn retry_after(mut self, wait: Duration) -> Self {
-        self.retry_after = wait;
+        self.tuning.retry_after = wait;
         self
     }
 
     /// This host's identity at the store (default: drawn at random when built). Two hosts
     /// must never share one.
     pub fn host_id(mut self, host: u64) -> Self {
-        self.host = Some(host);
+        self.tuning.host = Some(host);
         self
     }
 }
@@ -239,51 +219,52 @@ where
     /// The layer, or the first setting that is invalid.
     pub fn build(self) -> Result<HierarchicalConcurrencyLayer<Req, K, S, C>, ConfigError> {
         let invalid = |setting, expected| ConfigError::InvalidSetting { setting, expected };
+        let t = self.tuning;
         let key = self.key.ok_or(invalid("key", "a key closure"))?;
-        let max: MaxFn<K> = match (self.max_per_key, self.max) {
+        let max: MaxFn<K> = match (self.max_per_key, t.max) {
             (Some(per_key), _) => per_key,
             (None, 0) => return Err(invalid("max_in_flight", "at least one request")),
             (None, max) => Arc::new(move |_: &K| max),
         };
-        if self.slot_ttl < self.store_timeout * 10 || self.slot_ttl < Duration::from_millis(10) {
+        if t.slot_ttl < t.store_timeout * 10 || t.slot_ttl < Duration::from_millis(10) {
             return Err(invalid(
                 "slot_ttl",
                 "at least ten store time-outs and 10 ms",
             ));
         }
-        if self.linger < Duration::from_millis(1) || self.linger > self.slot_ttl / 4 {
+        if t.linger < Duration::from_millis(1) || t.linger > t.slot_ttl / 4 {
             return Err(invalid(
                 "linger",
                 "between 1 ms and a quarter of the slot time-to-live",
             ));
         }
-        if self.store_timeout.is_zero() {
+        if t.store_timeout.is_zero() {
             return Err(invalid("store_timeout", "a time-out above zero"));
         }
-        if self.retry_after < Duration::from_secs(1) {
+        if t.retry_after < Duration::from_secs(1) {
             return Err(invalid("retry_after", "at least one second"));
         }
-        let fallback = match self.failure_policy {
+        let fallback = match t.failure_policy {
             FailurePolicy::Admit => Fallback::All,
             FailurePolicy::Reject => Fallback::None,
             FailurePolicy::LocalFallback { expected_hosts } => Fallback::ShareOf(expected_hosts),
         };
         let settings = Settings {
-            layer: Name::new(&self.layer)?,
-            name: Name::new(&self.name)?,
+            layer: Name::new(&t.layer)?,
+            name: Name::new(&t.name)?,
             fallback,
-            slot_ttl: self.slot_ttl,
-            linger: self.linger,
-            store_timeout: self.store_timeout,
-            back_off: self.back_off,
-            host: self.host.unwrap_or_else(random_host),
+            slot_ttl: t.slot_ttl,
+            linger: t.linger,
+            store_timeout: t.store_timeout,
+            back_off: t.back_off,
+            host: t.host.unwrap_or_else(random_host),
         };
         Ok(HierarchicalConcurrencyLayer {
             shared: Arc::new(Shared {
                 key,
                 missing_key: self.missing_key,
                 engine: InFlight::new(self.store, self.clock, settings, max),
-                retry_after: self.retry_after,
+                retry_after: t.retry_after,
             }),
         })
     }
