@@ -442,6 +442,50 @@ mod waiting_and_failing {
         assert_eq!(on(FailurePolicy::local_fallback(3).unwrap()), Ok(()));
     }
 
+    #[test]
+    fn a_layer_outliving_its_runtime_sweeps_again_on_the_next() {
+        let clock = ManualClock::new();
+        let memory = MemoryGlobalStore::with_clock(clock.clone());
+        let layer: Layer<_, ManualClock> = HierarchicalConcurrencyLayer::builder()
+            .key(api_key)
+            .max_in_flight(2)
+            .store(memory.clone())
+            .clock(clock)
+            .build()
+            .unwrap();
+        let paused = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap()
+        };
+        // The first runtime starts the sweeper, and ends with it.
+        paused().block_on(async {
+            drop(layer.acquire("k".to_owned()).await.unwrap());
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert_eq!(
+                memory.keys_with_slots_held(),
+                0,
+                "given back by the first sweeper"
+            );
+        });
+        paused().block_on(async {
+            drop(layer.acquire("k".to_owned()).await.unwrap());
+            assert_eq!(
+                memory.keys_with_slots_held(),
+                1,
+                "the slot lingers on the host"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert_eq!(
+                memory.keys_with_slots_held(),
+                0,
+                "given back by a new sweeper"
+            );
+        });
+    }
+
     #[tokio::test(start_paused = true)]
     async fn thousands_waiting_on_one_key_get_exactly_the_limit_from_a_few_calls() {
         let store = SlowStore::new(
