@@ -690,6 +690,78 @@ mod fleet {
         }
     }
 
+    /// Redis a network hop away, then slower than the time-out (its calls applied, their
+    /// answers too late), then stalled: the hosts refuse as unavailable (under `Reject`) and
+    /// never have more than the limit in flight, before, during or after.
+    #[tokio::test]
+    async fn on_a_slow_and_stalling_redis() {
+        let server = RedisServer::start();
+        let proxy = common::proxy::FaultProxy::start(server.port).await;
+        let store = RedisGlobalStore::<String>::open(&proxy.url()).unwrap();
+        let hosts: Vec<Layer<_>> = (0..3)
+            .map(|_| {
+                HierarchicalConcurrencyLayer::builder()
+                    .key(api_key)
+                    .max_in_flight(4)
+                    .store(store.clone())
+                    .clock(TokioClock::new())
+                    .store_timeout(Duration::from_millis(50))
+                    .back_off(Duration::from_millis(100))
+                    .failure_policy(FailurePolicy::Reject)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let wave = |hosts: &[Layer<_>]| {
+            let tries: Vec<_> = (0..12)
+                .map(|i| {
+                    let host = hosts[i % 3].clone();
+                    tokio::spawn(async move { host.acquire("k".to_owned()).await })
+                })
+                .collect();
+            async move {
+                let mut held = Vec::new();
+                let mut unavailable = 0;
+                for attempt in tries {
+                    match attempt.await.unwrap() {
+                        Ok(permit) => held.push(permit),
+                        Err(r) if r.reason == RejectionReason::StoreUnavailable => unavailable += 1,
+                        Err(r) => assert_eq!(r.reason, RejectionReason::TooManyInFlight { max: 4 }),
+                    }
+                }
+                (held, unavailable)
+            }
+        };
+        // The connection made and the script loaded, before the proxy slows down.
+        for host in &hosts {
+            drop(host.acquire("warm".to_owned()).await.unwrap());
+        }
+        proxy.latency(Duration::from_millis(10));
+        let (held, unavailable) = wave(&hosts).await;
+        assert_eq!((held.len(), unavailable), (4, 0), "a hop away, exact");
+        drop(held);
+        // Slower than the time-out: calls are applied by Redis, answered too late.
+        proxy.latency(Duration::from_millis(80));
+        let (held, unavailable) = wave(&hosts).await;
+        assert!(held.len() <= 4, "{} in flight", held.len());
+        assert!(unavailable > 0);
+        drop(held);
+        proxy.stall(true);
+        let (held, unavailable) = wave(&hosts).await;
+        assert!(held.len() <= 4 && unavailable > 0);
+        drop(held);
+        proxy.stall(false);
+        proxy.latency(Duration::ZERO);
+        // Back: after the back-off, the late holdings are set again by absolute calls.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (held, unavailable) = wave(&hosts).await;
+        assert_eq!(
+            (held.len(), unavailable),
+            (4, 0),
+            "exact again once the store answers"
+        );
+    }
+
     /// A host dies (its runtime shut down) holding two of three slots: the others get them
     /// when its holding expires at the store, not before.
     fn a_dead_hosts_slots_come_back_after_their_time_to_live<S>(

@@ -92,6 +92,9 @@ pub(crate) struct SlotLease<W> {
     /// sweep keeps of the holding (so a free slot lingers one or two passes).
     peak: u64,
     last_peak: u64,
+    /// A call failed after the store may have applied it: the store may hold more for this
+    /// host than it counts on, until a call sets the holding again.
+    uncertain: bool,
 }
 
 impl<W> SlotLease<W> {
@@ -107,6 +110,7 @@ impl<W> SlotLease<W> {
             fallback_cap,
             peak: 0,
             last_peak: 0,
+            uncertain: false,
         }
     }
 
@@ -220,6 +224,7 @@ impl<W> SlotLease<W> {
         self.held = granted;
         self.usable_until = usable_until;
         self.down_until = 0;
+        self.uncertain = false;
         let mut decided = Decided::default();
         while self.in_use < self.usable(now) {
             let Some((waiter, _)) = self.waiters.pop_front() else {
@@ -256,6 +261,7 @@ impl<W> SlotLease<W> {
         };
         self.held = self.held.min(call.want);
         self.down_until = retry_at;
+        self.uncertain = true;
         let mut decided = Decided::default();
         for (waiter, _) in std::mem::take(&mut self.waiters) {
             if self.in_use < self.fallback_cap {
@@ -289,14 +295,23 @@ impl<W> SlotLease<W> {
             return self.start_call(keep, now, seq);
         }
         let holds = self.held > 0 || self.in_use > 0;
-        if holds && self.usable_until < renew_by {
+        // After a failure, once the back-off is over, the holding is set again even if
+        // nothing is held: a call the store applied late must not strand slots until it
+        // expires.
+        let reconcile = self.uncertain && now >= self.down_until;
+        if (holds && self.usable_until < renew_by) || reconcile {
             return self.start_call(self.held.max(self.in_use), now, seq);
         }
         None
     }
 
-    /// Nothing in use, held, asked for or awaited: the key can be forgotten.
+    /// Nothing in use, held, asked for or awaited, and nothing left uncertain at the store:
+    /// the key can be forgotten.
     pub(crate) fn is_idle(&self) -> bool {
-        self.in_use == 0 && self.held == 0 && self.call.is_none() && self.waiters.is_empty()
+        self.in_use == 0
+            && self.held == 0
+            && self.call.is_none()
+            && self.waiters.is_empty()
+            && !self.uncertain
     }
 }

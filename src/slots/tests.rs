@@ -128,6 +128,25 @@ fn while_a_give_back_is_out_the_host_uses_the_smaller_holding() {
 }
 
 #[test]
+fn after_a_failed_call_the_holding_is_set_again_once_the_back_off_is_over() {
+    // A request's call for a slot times out; the store may have applied it.
+    let mut lease = Lease::new(0);
+    assert!(lease.wait("a", 0, seq(1)).is_some());
+    let decided = lease.failed(1, 100);
+    assert_eq!(decided.unavailable, ["a"]);
+    assert!(!lease.is_idle(), "the store may hold a slot for this host");
+    assert_eq!(lease.sweep(50, 0, seq(2)), None, "not during the back-off");
+    let reconcile = lease.sweep(100, 0, seq(2));
+    assert_eq!(
+        reconcile.map(|c| c.want),
+        Some(0),
+        "nothing is counted on: set to none"
+    );
+    lease.answered(2, 0, 1_100, 110, seq(3));
+    assert!(lease.is_idle());
+}
+
+#[test]
 fn an_answer_to_an_older_call_changes_nothing() {
     let mut lease = holding(2);
     let decided = lease.answered(1, 50, 9_000, 5, seq(3));
