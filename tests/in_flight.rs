@@ -487,6 +487,30 @@ mod waiting_and_failing {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_flood_of_distinct_keys_leaves_nothing_behind() {
+        let memory = MemoryGlobalStore::with_clock(TokioClock::new());
+        let layer = layer(memory.clone(), 1);
+        let floods: Vec<_> = (0..10_000)
+            .map(|i| {
+                let layer = layer.clone();
+                tokio::spawn(async move { layer.acquire(format!("spray-{i}")).await.map(drop) })
+            })
+            .collect();
+        for flood in floods {
+            assert!(
+                flood.await.unwrap().is_ok(),
+                "every key has a slot of its own"
+            );
+        }
+        assert_eq!(layer.keys(), 10_000);
+        // Given back within a few sweeps, and the keys forgotten on the host and the store.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(layer.keys(), 0);
+        assert_eq!(memory.keys_with_slots_held(), 0);
+        assert_eq!(layer.stats().admitted, 10_000);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn thousands_waiting_on_one_key_get_exactly_the_limit_from_a_few_calls() {
         let store = SlowStore::new(
             MemoryGlobalStore::with_clock(TokioClock::new()),
