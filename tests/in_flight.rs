@@ -696,7 +696,20 @@ mod fleet {
     /// Three hosts, three keys, six requests each at once per key: exactly the limit of each
     /// key admitted, over all hosts.
     async fn fleet_on_real_time(store: RedisGlobalStore<String>) {
-        let hosts: Vec<Layer<_>> = (0..3).map(|_| layer(store.clone(), 4)).collect();
+        // On real time, a time-out no loaded machine reaches: a failed call would be decided
+        // by the failure policy, and this test is about the store's answers.
+        let hosts: Vec<Layer<_>> = (0..3)
+            .map(|_| {
+                HierarchicalConcurrencyLayer::builder()
+                    .key(api_key)
+                    .max_in_flight(4)
+                    .store(store.clone())
+                    .clock(TokioClock::new())
+                    .store_timeout(Duration::from_secs(1))
+                    .build()
+                    .unwrap()
+            })
+            .collect();
         for key in ["alpha", "beta", "gamma"] {
             let tries: Vec<_> = (0..18)
                 .map(|i| {
@@ -729,7 +742,7 @@ mod fleet {
                     .max_in_flight(4)
                     .store(store.clone())
                     .clock(TokioClock::new())
-                    .store_timeout(Duration::from_millis(50))
+                    .store_timeout(Duration::from_millis(250))
                     .back_off(Duration::from_millis(100))
                     .failure_policy(FailurePolicy::Reject)
                     .build()
@@ -765,7 +778,7 @@ mod fleet {
         assert_eq!((held.len(), unavailable), (4, 0), "a hop away, exact");
         drop(held);
         // Slower than the time-out: calls are applied by Redis, answered too late.
-        proxy.latency(Duration::from_millis(80));
+        proxy.latency(Duration::from_millis(300));
         let (held, unavailable) = wave(&hosts).await;
         assert!(held.len() <= 4, "{} in flight", held.len());
         assert!(unavailable > 0);
@@ -777,7 +790,7 @@ mod fleet {
         proxy.stall(false);
         proxy.latency(Duration::ZERO);
         // Back: after the back-off, the late holdings are set again by absolute calls.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
         let (held, unavailable) = wave(&hosts).await;
         assert_eq!(
             (held.len(), unavailable),
@@ -801,6 +814,7 @@ mod fleet {
                 .store(store)
                 .clock(clock.clone())
                 .slot_ttl(Duration::from_secs(10))
+                .store_timeout(Duration::from_secs(1))
                 .build()
                 .unwrap()
         };
