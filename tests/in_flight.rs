@@ -355,6 +355,11 @@ mod one_host {
             ),
             "retry_after"
         );
+        let waits_too_long = base()
+            .max_in_flight(1)
+            .wait_for_slot(Duration::from_secs(3_601))
+            .build();
+        assert_eq!(setting(waits_too_long), "wait_for_slot");
         assert!(matches!(
             base().max_in_flight(1).name("no spaces").build(),
             Err(ConfigError::Unreadable { .. } | ConfigError::InvalidSetting { .. })
@@ -484,6 +489,61 @@ mod waiting_and_failing {
                 "given back by a new sweeper"
             );
         });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn patient_requests_wait_for_a_slot_freed_here_or_on_another_host() {
+        let memory = MemoryGlobalStore::with_clock(TokioClock::new());
+        let patient = || -> Layer<_> {
+            HierarchicalConcurrencyLayer::builder()
+                .key(api_key)
+                .max_in_flight(1)
+                .wait_for_slot(Duration::from_secs(1))
+                .store(memory.clone())
+                .clock(TokioClock::new())
+                .build()
+                .unwrap()
+        };
+        let (a, b) = (patient(), patient());
+        let start = tokio::time::Instant::now();
+        // Freed on the same host: handed over at once.
+        let held = a.acquire("k".to_owned()).await.unwrap();
+        let waiting = {
+            let a = a.clone();
+            tokio::spawn(async move {
+                a.acquire("k".to_owned())
+                    .await
+                    .map(|p| (p, start.elapsed()))
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(held);
+        let (held, waited) = waiting.await.unwrap().unwrap();
+        assert_eq!(waited, Duration::from_millis(200));
+        // Freed on another host: found by this host's next ask once it has gone back.
+        let start = tokio::time::Instant::now();
+        let waiting = {
+            let b = b.clone();
+            tokio::spawn(async move {
+                b.acquire("k".to_owned())
+                    .await
+                    .map(|p| (p, start.elapsed()))
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(held);
+        let (held, waited) = waiting.await.unwrap().unwrap();
+        assert!(
+            waited > Duration::from_millis(300) && waited <= Duration::from_millis(550),
+            "{waited:?}"
+        );
+        // Nothing freed: refused when the wait runs out, exactly.
+        let start = tokio::time::Instant::now();
+        let refused = a.acquire("k".to_owned()).await.unwrap_err();
+        assert_eq!(refused.reason, RejectionReason::TooManyInFlight { max: 1 });
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        assert_eq!(a.stats().refused_full, 1);
+        drop(held);
     }
 
     #[tokio::test(start_paused = true)]

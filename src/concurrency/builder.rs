@@ -41,6 +41,7 @@ struct Tuning {
     failure_policy: FailurePolicy,
     retry_after: Duration,
     host: Option<u64>,
+    max_wait: Duration,
 }
 
 impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
@@ -66,6 +67,7 @@ impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
                 failure_policy: FailurePolicy::default(),
                 retry_after: Duration::from_secs(1),
                 host: None,
+                max_wait: Duration::ZERO,
             },
         }
     }
@@ -202,6 +204,16 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
         self
     }
 
+    /// Lets a request wait up to `max_wait` for a slot when its key's slots are all in use,
+    /// instead of refusing it at once (the default, `Duration::ZERO`), as tower's
+    /// `ConcurrencyLimit` waits: a slot freed on this host goes to the first request waiting
+    /// at once; while requests wait, the host asks the store again every linger for slots
+    /// freed on other hosts. At most an hour.
+    pub fn wait_for_slot(mut self, max_wait: Duration) -> Self {
+        self.tuning.max_wait = max_wait;
+        self
+    }
+
     /// This host's identity at the store (default: drawn at random when built). Two hosts
     /// must never share one.
     pub fn host_id(mut self, host: u64) -> Self {
@@ -241,6 +253,9 @@ where
         if t.store_timeout.is_zero() {
             return Err(invalid("store_timeout", "a time-out above zero"));
         }
+        if t.max_wait > Duration::from_secs(3600) {
+            return Err(invalid("wait_for_slot", "at most an hour"));
+        }
         if t.retry_after < Duration::from_secs(1) {
             return Err(invalid("retry_after", "at least one second"));
         }
@@ -258,6 +273,7 @@ where
             store_timeout: t.store_timeout,
             back_off: t.back_off,
             host: t.host.unwrap_or_else(random_host),
+            max_wait: Some(t.max_wait).filter(|wait| !wait.is_zero()),
         };
         Ok(HierarchicalConcurrencyLayer {
             shared: Arc::new(Shared {

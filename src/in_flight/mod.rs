@@ -84,11 +84,15 @@ pub(crate) struct Settings {
     pub(crate) store_timeout: Duration,
     pub(crate) back_off: Duration,
     pub(crate) host: u64,
+    /// How long a request may wait for a slot when the fleet is full (`None`: refused).
+    pub(crate) max_wait: Option<Duration>,
 }
 
-/// Counters of a concurrency layer, shared by its clones.
+/// Counters of a concurrency layer, shared by its clones (those admitted at once are counted
+/// by shard).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
+    /// Admitted after waiting for the store.
     pub(crate) admitted: AtomicU64,
     pub(crate) refused_full: AtomicU64,
     pub(crate) refused_unavailable: AtomicU64,
@@ -187,7 +191,7 @@ where
             Some((_, entry)) => entry.clone(),
             None => {
                 let cap = shared.settings.fallback.cap((shared.max)(key));
-                let lease = SlotLease::new(cap);
+                let lease = SlotLease::new(cap, shared.settings.max_wait.is_some());
                 let engine: std::sync::Weak<dyn Engine> = Arc::downgrade(shared) as _;
                 let entry = Arc::new(Entry::new(lease, engine));
                 let rehash = |(k, _): &(K, Arc<Entry>)| shared.hasher.hash_one(k);
@@ -223,7 +227,8 @@ where
         if let Some(call) = call {
             calls::spawn(shared.clone(), key.clone(), entry.clone(), call);
         }
-        Acquired::Wait(WaitForSlot::new(shared.clone(), entry, receiver))
+        let deadline = shared.settings.max_wait;
+        Acquired::Wait(WaitForSlot::new(shared.clone(), entry, receiver, deadline))
     }
 
     /// Requests admitted so far: at once (counted by shard) and after a wait.
@@ -291,5 +296,9 @@ where
 
     fn count_admitted(&self) {
         self.counters.admitted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn count_gave_up(&self) {
+        self.counters.refused_full.fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -18,6 +19,7 @@ use crate::sync::ShardLock;
 pub(crate) trait Engine: Send + Sync + 'static {
     fn now(&self) -> u64;
     fn count_admitted(&self);
+    fn count_gave_up(&self);
 }
 
 /// One key's slot lease, and the engine it belongs to (reached only when a request waits).
@@ -92,6 +94,8 @@ pub(crate) struct WaitForSlot {
     engine: Arc<dyn Engine>,
     entry: Arc<Entry>,
     verdict: Option<oneshot::Receiver<Verdict>>,
+    /// When a patient request gives up waiting (refused as full).
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl WaitForSlot {
@@ -99,11 +103,13 @@ impl WaitForSlot {
         engine: Arc<dyn Engine>,
         entry: Arc<Entry>,
         verdict: oneshot::Receiver<Verdict>,
+        max_wait: Option<Duration>,
     ) -> Self {
         Self {
             engine,
             entry,
             verdict: Some(verdict),
+            deadline: max_wait.map(|wait| Box::pin(tokio::time::sleep(wait))),
         }
     }
 }
@@ -123,7 +129,21 @@ impl Future for WaitForSlot {
         };
         // A sender is only dropped unanswered with its lease (the engine dropped): as good as
         // a store that cannot answer.
-        let verdict = ready!(Pin::new(receiver).poll(cx)).unwrap_or(Verdict::Unavailable);
+        let answered = Pin::new(receiver)
+            .poll(cx)
+            .map(|v| v.unwrap_or(Verdict::Unavailable));
+        let verdict = match answered {
+            Poll::Ready(verdict) => verdict,
+            Poll::Pending => {
+                let Some(deadline) = self.deadline.as_mut() else {
+                    return Poll::Pending;
+                };
+                ready!(deadline.as_mut().poll(cx));
+                // Gave up: a slot given meanwhile goes back when the wait is dropped.
+                self.engine.count_gave_up();
+                return Poll::Ready(Err(NoSlot::Full));
+            }
+        };
         self.verdict = None;
         Poll::Ready(match verdict {
             Verdict::Admitted => {

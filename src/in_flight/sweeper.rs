@@ -54,6 +54,7 @@ where
             admitted += shard.admitted;
             shard.keys.retain(|(key, entry)| {
                 let mut lease = entry.lease.lock();
+                lease.forget_gone(|waiter| waiter.is_closed());
                 if lease.is_idle() {
                     return false;
                 }

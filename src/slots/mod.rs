@@ -95,11 +95,14 @@ pub(crate) struct SlotLease<W> {
     /// A call failed after the store may have applied it: the store may hold more for this
     /// host than it counts on, until a call sets the holding again.
     uncertain: bool,
+    /// Requests wait for a slot (up to their own deadline) instead of being refused when the
+    /// fleet is full: the sweep asks again for them every pass.
+    patient: bool,
 }
 
 impl<W> SlotLease<W> {
     /// No slots held, none in use; `fallback_cap` is the failure policy's share for one host.
-    pub(crate) fn new(fallback_cap: u64) -> Self {
+    pub(crate) fn new(fallback_cap: u64, patient: bool) -> Self {
         Self {
             in_use: 0,
             held: 0,
@@ -111,6 +114,7 @@ impl<W> SlotLease<W> {
             peak: 0,
             last_peak: 0,
             uncertain: false,
+            patient,
         }
     }
 
@@ -233,6 +237,10 @@ impl<W> SlotLease<W> {
             self.take_one();
             decided.admitted.push(waiter);
         }
+        if granted < call.want && self.patient {
+            // The fleet was full: the waiters stay, and the sweep asks again.
+            return decided;
+        }
         if granted < call.want {
             // The fleet was full when the call was served: those who came before it was sent
             // saw it full while they waited.
@@ -291,6 +299,11 @@ impl<W> SlotLease<W> {
         if self.call.is_some() {
             return None;
         }
+        if !self.waiters.is_empty() && now >= self.down_until {
+            // Patient requests still waiting for a slot another host may have freed.
+            let want = self.in_use + self.waiters.len() as u64;
+            return self.start_call(want, now, seq);
+        }
         if self.held > keep {
             return self.start_call(keep, now, seq);
         }
@@ -303,6 +316,11 @@ impl<W> SlotLease<W> {
             return self.start_call(self.held.max(self.in_use), now, seq);
         }
         None
+    }
+
+    /// Forgets the waiters that have gone (their requests ended while they waited).
+    pub(crate) fn forget_gone(&mut self, gone: impl Fn(&W) -> bool) {
+        self.waiters.retain(|(waiter, _)| !gone(waiter));
     }
 
     /// Nothing in use, held, asked for or awaited, and nothing left uncertain at the store:

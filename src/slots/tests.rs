@@ -10,7 +10,7 @@ fn seq(n: u64) -> impl FnOnce() -> u64 {
 /// but the first of which have ended), so one request is in flight.
 fn holding(granted: u64) -> Lease {
     const NAMES: [&str; 4] = ["w0", "w1", "w2", "w3"];
-    let mut lease = Lease::new(0);
+    let mut lease = Lease::new(0, false);
     for name in &NAMES[..granted as usize] {
         lease.wait(name, 0, seq(1));
     }
@@ -24,7 +24,7 @@ fn holding(granted: u64) -> Lease {
 
 #[test]
 fn a_cold_key_waits_for_the_store_and_asks_for_what_waits() {
-    let mut lease = Lease::new(0);
+    let mut lease = Lease::new(0, false);
     assert_eq!(lease.try_take(0), TryTake::MustWait);
     let call = lease.wait("a", 0, seq(7));
     assert_eq!(
@@ -130,7 +130,7 @@ fn while_a_give_back_is_out_the_host_uses_the_smaller_holding() {
 #[test]
 fn after_a_failed_call_the_holding_is_set_again_once_the_back_off_is_over() {
     // A request's call for a slot times out; the store may have applied it.
-    let mut lease = Lease::new(0);
+    let mut lease = Lease::new(0, false);
     assert!(lease.wait("a", 0, seq(1)).is_some());
     let decided = lease.failed(1, 100);
     assert_eq!(decided.unavailable, ["a"]);
@@ -147,6 +147,28 @@ fn after_a_failed_call_the_holding_is_set_again_once_the_back_off_is_over() {
 }
 
 #[test]
+fn patient_requests_wait_through_a_full_answer_for_the_sweep_to_ask_again() {
+    let mut lease = Lease::new(0, true);
+    assert!(lease.wait("a", 0, seq(1)).is_some());
+    let decided = lease.answered(1, 0, 1_000, 5, seq(2));
+    assert!(
+        decided.full.is_empty() && decided.next.is_none(),
+        "no refusal, no call at once"
+    );
+    assert_eq!(lease.waiting(), 1);
+    let again = lease.sweep(50, 0, seq(2));
+    assert_eq!(again.map(|c| c.want), Some(1));
+    let decided = lease.answered(2, 1, 1_050, 55, seq(3));
+    assert_eq!(decided.admitted, ["a"]);
+    // A waiter whose request ended is forgotten, and asked for no more.
+    assert!(lease.wait("gone", 60, seq(3)).is_some());
+    lease.answered(3, 1, 1_060, 65, seq(4));
+    lease.forget_gone(|w| *w == "gone");
+    assert_eq!(lease.waiting(), 0);
+    assert_eq!(lease.sweep(70, 0, seq(4)), None);
+}
+
+#[test]
 fn an_answer_to_an_older_call_changes_nothing() {
     let mut lease = holding(2);
     let decided = lease.answered(1, 50, 9_000, 5, seq(3));
@@ -158,7 +180,7 @@ fn an_answer_to_an_older_call_changes_nothing() {
 
 #[test]
 fn a_failed_call_decides_its_waiters_by_the_fallback_cap_and_so_do_later_requests() {
-    let mut lease = Lease::new(2);
+    let mut lease = Lease::new(2, false);
     assert!(lease.wait("a", 0, seq(1)).is_some());
     lease.wait("b", 0, seq(2));
     lease.wait("c", 0, seq(3));
@@ -254,7 +276,7 @@ fn no_admission_on_the_store_goes_past_the_usable_holding_over_random_steps() {
     };
     let mut admissions = 0;
     for _ in 0..300 {
-        let mut lease = SlotLease::<u64>::new(next(3));
+        let mut lease = SlotLease::<u64>::new(next(3), next(2) == 0);
         let mut now = 0;
         let mut seq_no = 0;
         let mut running = 0u64;
