@@ -355,6 +355,17 @@ mod one_host {
             ),
             "retry_after"
         );
+        let forever = base()
+            .max_in_flight(1)
+            .store_timeout(Duration::MAX)
+            .back_off(Duration::MAX)
+            .build();
+        assert_eq!(setting(forever), "slot_ttl", "no overflow, an error");
+        let past_a_day = base()
+            .max_in_flight(1)
+            .slot_ttl(Duration::from_secs(86_401))
+            .build();
+        assert_eq!(setting(past_a_day), "slot_ttl");
         let waits_too_long = base()
             .max_in_flight(1)
             .wait_for_slot(Duration::from_secs(3_601))
@@ -428,6 +439,7 @@ mod waiting_and_failing {
             let layer: Layer<_, ManualClock> = HierarchicalConcurrencyLayer::builder()
                 .key(api_key)
                 .max_in_flight(3)
+                .wait_for_slot(Duration::from_secs(1))
                 .store(MemoryGlobalStore::<String>::new())
                 .clock(ManualClock::new())
                 .failure_policy(policy)

@@ -159,8 +159,8 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
     }
 
     /// How long a host's holding lasts at the store unless renewed (default 10 s; at least
-    /// ten store time-outs). Hosts renew what they hold while it is half gone, so this is
-    /// how long a host that died keeps its slots from the others.
+    /// ten store time-outs, at most a day). Hosts renew what they hold when half of it is
+    /// gone, so this is how long a host that died keeps its slots from the others.
     pub fn slot_ttl(mut self, ttl: Duration) -> Self {
         self.tuning.slot_ttl = ttl;
         self
@@ -238,10 +238,13 @@ where
             (None, 0) => return Err(invalid("max_in_flight", "at least one request")),
             (None, max) => Arc::new(move |_: &K| max),
         };
-        if t.slot_ttl < t.store_timeout * 10 || t.slot_ttl < Duration::from_millis(10) {
+        let ten_time_outs = t.store_timeout.checked_mul(10).unwrap_or(Duration::MAX);
+        let day = Duration::from_secs(86_400);
+        if t.slot_ttl < ten_time_outs || t.slot_ttl < Duration::from_millis(10) || t.slot_ttl > day
+        {
             return Err(invalid(
                 "slot_ttl",
-                "at least ten store time-outs and 10 ms",
+                "at least ten store time-outs and 10 ms, at most a day",
             ));
         }
         if t.linger < Duration::from_millis(1) || t.linger > t.slot_ttl / 4 {

@@ -55,7 +55,8 @@ where
 {
     fn drop(&mut self) {
         if let Some(seq) = self.seq.take() {
-            let retry_at = self.shared.now() + micros(self.shared.settings.back_off);
+            let retry_at =
+                (self.shared.now()).saturating_add(micros(self.shared.settings.back_off));
             let decided = self.entry.lease.lock().failed(seq, retry_at);
             deliver(&self.shared, &self.entry, decided);
         }
@@ -97,7 +98,7 @@ where
                     .counters
                     .store_failures
                     .fetch_add(1, Ordering::Relaxed);
-                let retry_at = now + micros(shared.settings.back_off);
+                let retry_at = now.saturating_add(micros(shared.settings.back_off));
                 lease.failed(call.seq, retry_at)
             }
         };

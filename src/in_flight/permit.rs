@@ -109,7 +109,11 @@ impl WaitForSlot {
             engine,
             entry,
             verdict: Some(verdict),
-            deadline: max_wait.map(|wait| Box::pin(tokio::time::sleep(wait))),
+            // Outside a Tokio runtime no call was made: the failure policy has decided, and
+            // there is no timer to wait on.
+            deadline: max_wait
+                .filter(|_| tokio::runtime::Handle::try_current().is_ok())
+                .map(|wait| Box::pin(tokio::time::sleep(wait))),
         }
     }
 }
