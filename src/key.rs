@@ -11,6 +11,8 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::ops::Deref;
 
+use crate::rejection::{Rejection, RejectionReason};
+
 /// The longest key the header helpers ([`header_bytes`], [`header_str`], [`header_value`])
 /// read, in bytes: a longer value is no key (the [`MissingKey`] policy decides, a refusal by
 /// default). So a client cannot make every host keep a 256 KB key per request: with the default
@@ -42,6 +44,21 @@ pub enum MissingKey<K> {
         /// Why, in words for the client.
         message: &'static str,
     },
+}
+
+impl<K: Clone> MissingKey<K> {
+    /// What this policy makes of a request without a key: the key to count it against
+    /// (`None`: served unthrottled), or its refusal.
+    pub(crate) fn resolve(&self) -> Result<Option<K>, Rejection<K>> {
+        match self {
+            Self::Reject => Err(Rejection::new(None, RejectionReason::MissingKey)),
+            Self::RejectWith { status, message } => {
+                Err(Rejection::new(None, RejectionReason::MissingKey).answered(*status, message))
+            }
+            Self::Admit => Ok(None),
+            Self::UseKey(key) => Ok(Some(key.clone())),
+        }
+    }
 }
 
 /// The value of header `name`, if present, valid UTF-8 and at most [`MAX_KEY_LEN`] bytes.

@@ -10,12 +10,11 @@ use tower_service::Service;
 use crate::clock::{Clock, MonotonicClock};
 use crate::future::ResponseFuture;
 use crate::global::GlobalStore;
-use crate::key::MissingKey;
 use crate::local::LocalStore;
 use crate::local::memory::MemoryLocalStore;
 use crate::policy::RequestPolicy;
 use crate::quota::{BucketKey, LeaseKey};
-use crate::rejection::{Rejection, RejectionReason};
+use crate::rejection::Rejection;
 use crate::response::{DefaultRejection, OnRejection};
 use crate::stats::ThrottleStats;
 use crate::throttle::key::KeyReader;
@@ -335,14 +334,7 @@ where
         }
         self.throttle
             .note_missing_key(self.policy.missing_key_name());
-        match &self.policy.missing_key {
-            MissingKey::Reject => Err(Rejection::new(None, RejectionReason::MissingKey)),
-            MissingKey::RejectWith { status, message } => {
-                Err(Rejection::new(None, RejectionReason::MissingKey).answered(*status, message))
-            }
-            MissingKey::Admit => Ok(None),
-            MissingKey::UseKey(key) => Ok(Some(key.clone())),
-        }
+        self.policy.missing_key.resolve()
     }
 }
 

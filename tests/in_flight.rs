@@ -22,7 +22,7 @@ use hierarchical_throttle::global::slots::{Holding, SlotHold, SlotStore};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
     ConfigError, FailurePolicy, HierarchicalConcurrencyLayer, MemoryGlobalStore, MissingKey,
-    RejectionReason, key,
+    RejectionReason, SlotPermit, key,
 };
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -389,17 +389,6 @@ struct SlowStore<S> {
     calls: Arc<AtomicU64>,
 }
 
-#[derive(Debug)]
-struct Down;
-
-impl std::fmt::Display for Down {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the test's store is down")
-    }
-}
-
-impl std::error::Error for Down {}
-
 impl<S> SlowStore<S> {
     fn new(inner: S, delay: Duration) -> Self {
         Self {
@@ -412,19 +401,23 @@ impl<S> SlowStore<S> {
 }
 
 impl<S: SlotStore<BucketKey<String>>> SlotStore<BucketKey<String>> for SlowStore<S> {
-    type Error = Down;
+    type Error = common::StoreDown;
 
     async fn hold(
         &self,
         key: &BucketKey<String>,
         max: u64,
         hold: SlotHold,
-    ) -> Result<Holding, Down> {
+    ) -> Result<Holding, common::StoreDown> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
-            return Err(Down);
+            return Err(common::StoreDown);
         }
-        let answer = self.inner.hold(key, max, hold).await.map_err(|_| Down);
+        let answer = self
+            .inner
+            .hold(key, max, hold)
+            .await
+            .map_err(|_| common::StoreDown);
         tokio::time::sleep(Duration::from_micros(self.delay.load(Ordering::SeqCst))).await;
         answer
     }
@@ -503,6 +496,20 @@ mod waiting_and_failing {
         });
     }
 
+    /// `layer`'s slot for `k`, on a task of its own, with the time it took since `start`.
+    fn timed_acquire<S: SlotStore<BucketKey<String>>>(
+        layer: &Layer<S>,
+        start: tokio::time::Instant,
+    ) -> tokio::task::JoinHandle<
+        Result<(SlotPermit, Duration), hierarchical_throttle::Rejection<String>>,
+    > {
+        let layer = layer.clone();
+        tokio::spawn(async move {
+            let permit = layer.acquire("k".to_owned()).await?;
+            Ok((permit, start.elapsed()))
+        })
+    }
+
     #[tokio::test(start_paused = true)]
     async fn patient_requests_wait_for_a_slot_freed_here_or_on_another_host() {
         let memory = MemoryGlobalStore::with_clock(TokioClock::new());
@@ -520,28 +527,14 @@ mod waiting_and_failing {
         let start = tokio::time::Instant::now();
         // Freed on the same host: handed over at once.
         let held = a.acquire("k".to_owned()).await.unwrap();
-        let waiting = {
-            let a = a.clone();
-            tokio::spawn(async move {
-                a.acquire("k".to_owned())
-                    .await
-                    .map(|p| (p, start.elapsed()))
-            })
-        };
+        let waiting = timed_acquire(&a, start);
         tokio::time::sleep(Duration::from_millis(200)).await;
         drop(held);
         let (held, waited) = waiting.await.unwrap().unwrap();
         assert_eq!(waited, Duration::from_millis(200));
         // Freed on another host: found by this host's next ask once it has gone back.
         let start = tokio::time::Instant::now();
-        let waiting = {
-            let b = b.clone();
-            tokio::spawn(async move {
-                b.acquire("k".to_owned())
-                    .await
-                    .map(|p| (p, start.elapsed()))
-            })
-        };
+        let waiting = timed_acquire(&b, start);
         tokio::time::sleep(Duration::from_millis(300)).await;
         drop(held);
         let (held, waited) = waiting.await.unwrap().unwrap();

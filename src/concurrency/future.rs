@@ -36,9 +36,8 @@ pin_project! {
         Waiting {
             #[pin]
             wait: WaitForSlot,
-            service: Option<S>,
-            request: Option<Req>,
-            refuse: Option<Refuse<Req, B>>,
+            // Taken once the wait ends: what calls the service, or answers the refusal.
+            then: Option<(S, Req, Refuse<Req, B>)>,
         },
         Calling {
             #[pin]
@@ -78,9 +77,7 @@ where
         Self {
             state: State::Waiting {
                 wait,
-                service: Some(service),
-                request: Some(request),
-                refuse: Some(refuse),
+                then: Some((service, request, refuse)),
             },
         }
     }
@@ -96,16 +93,9 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Waiting {
-                    wait,
-                    service,
-                    request,
-                    refuse,
-                } => {
+                StateProj::Waiting { wait, then } => {
                     let verdict = ready!(wait.poll(cx));
-                    let (Some(mut service), Some(request), Some(refuse)) =
-                        (service.take(), request.take(), refuse.take())
-                    else {
+                    let Some((mut service, request, refuse)) = then.take() else {
                         // Polled again after it ended: nothing left to answer with.
                         return Poll::Pending;
                     };

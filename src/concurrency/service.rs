@@ -11,9 +11,8 @@ use crate::concurrency::future::ResponseFuture;
 use crate::concurrency::{HierarchicalConcurrencyLayer, SlotBody};
 use crate::global::slots::SlotStore;
 use crate::in_flight::Acquired;
-use crate::key::MissingKey;
 use crate::quota::BucketKey;
-use crate::rejection::{Rejection, RejectionReason};
+use crate::rejection::Rejection;
 use crate::response::{DefaultRejection, OnRejection};
 
 /// A service that limits each key to a number of requests in flight, fleet-wide; made by
@@ -90,23 +89,12 @@ where
 
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
         let shared = &self.layer.shared;
-        let key = match (shared.key)(&request) {
-            Some(key) => key,
-            None => match &shared.missing_key {
-                MissingKey::Admit => {
-                    return ResponseFuture::calling(self.inner.call(request), None);
-                }
-                MissingKey::UseKey(key) => key.clone(),
-                MissingKey::Reject => {
-                    let rejection = Rejection::<K>::new(None, RejectionReason::MissingKey);
-                    return ResponseFuture::answered(answer(&request, rejection));
-                }
-                MissingKey::RejectWith { status, message } => {
-                    let rejection = Rejection::<K>::new(None, RejectionReason::MissingKey)
-                        .answered(*status, message);
-                    return ResponseFuture::answered(answer(&request, rejection));
-                }
-            },
+        let key = match (shared.key)(&request)
+            .map_or_else(|| shared.missing_key.resolve(), |k| Ok(Some(k)))
+        {
+            Ok(Some(key)) => key,
+            Ok(None) => return ResponseFuture::calling(self.inner.call(request), None),
+            Err(rejection) => return ResponseFuture::answered(answer(&request, rejection)),
         };
         match shared.engine.try_acquire(&key) {
             Acquired::Now(permit) => {

@@ -228,7 +228,7 @@ where
             calls::spawn(shared.clone(), key.clone(), entry.clone(), call);
         }
         let deadline = shared.settings.max_wait;
-        Acquired::Wait(WaitForSlot::new(shared.clone(), entry, receiver, deadline))
+        Acquired::Wait(WaitForSlot::new(entry, receiver, deadline))
     }
 
     /// Requests admitted so far: at once (counted by shard) and after a wait.

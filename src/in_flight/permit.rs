@@ -52,6 +52,13 @@ impl Entry {
             .map_or(u64::MAX, |engine| engine.now())
     }
 
+    /// Counts on the engine, if it is still there.
+    fn count(&self, count: impl FnOnce(&dyn Engine)) {
+        if let Some(engine) = self.engine.upgrade() {
+            count(&*engine);
+        }
+    }
+
     /// Gives the slot `waiter` now holds to it; when it has gone, to the next one waiting, or
     /// back to the lease.
     pub(crate) fn hand_over(&self, mut waiter: Waiter) {
@@ -91,7 +98,6 @@ impl fmt::Debug for SlotPermit {
 /// A request's wait for the slot store's answer. Dropped after its slot was given, it gives
 /// the slot back; dropped before, it leaves its place to the next request.
 pub(crate) struct WaitForSlot {
-    engine: Arc<dyn Engine>,
     entry: Arc<Entry>,
     verdict: Option<oneshot::Receiver<Verdict>>,
     /// When a patient request gives up waiting (refused as full).
@@ -100,13 +106,11 @@ pub(crate) struct WaitForSlot {
 
 impl WaitForSlot {
     pub(super) fn new(
-        engine: Arc<dyn Engine>,
         entry: Arc<Entry>,
         verdict: oneshot::Receiver<Verdict>,
         max_wait: Option<Duration>,
     ) -> Self {
         Self {
-            engine,
             entry,
             verdict: Some(verdict),
             // Outside a Tokio runtime no call was made: the failure policy has decided, and
@@ -144,14 +148,14 @@ impl Future for WaitForSlot {
                 };
                 ready!(deadline.as_mut().poll(cx));
                 // Gave up: a slot given meanwhile goes back when the wait is dropped.
-                self.engine.count_gave_up();
+                self.entry.count(|engine| engine.count_gave_up());
                 return Poll::Ready(Err(NoSlot::Full));
             }
         };
         self.verdict = None;
         Poll::Ready(match verdict {
             Verdict::Admitted => {
-                self.engine.count_admitted();
+                self.entry.count(|engine| engine.count_admitted());
                 Ok(SlotPermit::new(self.entry.clone()))
             }
             Verdict::Full => Err(NoSlot::Full),

@@ -240,13 +240,7 @@ struct Oracle {
 type Layer = HierarchicalConcurrencyLayer<(), String, SimStore, TokioClock>;
 
 pub fn run(seed: u64) -> Result<String, String> {
-    let scenario = Scenario::draw(seed);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
-    runtime.block_on(simulate(scenario))
+    super::paused_runtime().block_on(simulate(Scenario::draw(seed)))
 }
 
 async fn simulate(s: Scenario) -> Result<String, String> {

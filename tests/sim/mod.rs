@@ -613,12 +613,16 @@ pub fn run(seed: u64) -> Result<String, String> {
 
 /// Runs `scenario` (a drawn one, maybe changed to narrow a failure down).
 pub fn run_scenario(scenario: Scenario) -> Result<String, String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    paused_runtime().block_on(simulate(scenario))
+}
+
+/// A runtime on paused time, as every simulated run has.
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
-        .expect("runtime");
-    runtime.block_on(simulate(scenario))
+        .expect("runtime")
 }
 
 /// The names of the layers of groups 0 and 1.
