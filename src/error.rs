@@ -32,7 +32,8 @@ pub enum ConfigError {
         /// The period.
         period: Duration,
     },
-    /// A limit written as text could not be read.
+    /// A limit written as text could not be read, or a time zone's name is not in the
+    /// time-zone database (or needs the `tz` feature).
     Unreadable {
         /// The part that could not be read.
         part: String,

@@ -81,6 +81,134 @@ async fn a_fleet_on_memory_never_carries_a_window_s_tokens_into_the_next() {
     common::calendar::fleet_crosses_midnight(&clock, store).await;
 }
 
+#[tokio::test]
+async fn a_fleet_on_memory_keeps_paris_s_day_of_25_hours_whole() {
+    let clock = ManualClock::new();
+    let store = MemoryGlobalStore::with_clock(clock.clone());
+    common::calendar::fleet_crosses_the_end_of_a_long_day(&clock, store).await;
+}
+
+mod time_zones {
+    //! Quotas in a zone whose offset changes: a day is 23 or 25 hours long on the days the
+    //! clocks change, and resets at local midnight on both sides.
+
+    use std::time::Duration;
+
+    use hierarchical_throttle::clock::ManualClock;
+    use hierarchical_throttle::{ColdStart, ConfigError, Limit};
+    use http::StatusCode;
+
+    use super::common::router::{app, call};
+
+    const HOUR: u64 = 3_600;
+
+    #[tokio::test]
+    async fn the_day_the_clocks_go_back_lasts_25_hours() {
+        let clock = ManualClock::new();
+        // 2024-10-26 23:59:58 in Paris (CEST, 21:59:58 UTC).
+        let before_midnight = Duration::from_secs(1_729_979_998);
+        clock.set(before_midnight);
+        let limit: Limit = "3 per day at 00:00 Europe/Paris".parse().unwrap();
+        let app = app(&clock, limit, ColdStart::Exact);
+        for _ in 0..3 {
+            assert_eq!(call(&app, "k").await.status(), StatusCode::OK);
+        }
+        let refused = call(&app, "k").await;
+        assert_eq!(refused.headers()["retry-after"], "2");
+        // Midnight: the 27th's allowance, and its end 25 hours away.
+        clock.set(before_midnight + Duration::from_secs(2));
+        let first = call(&app, "k").await;
+        assert_eq!(first.status(), StatusCode::OK);
+        assert_eq!(
+            first.headers()["ratelimit"],
+            format!("\"default\";r=2;t={}", 25 * HOUR)
+        );
+        for _ in 0..2 {
+            assert_eq!(call(&app, "k").await.status(), StatusCode::OK);
+        }
+        // 24 hours on, where the day's morning offset would put the reset: an hour to go.
+        clock.set(before_midnight + Duration::from_secs(2 + 24 * HOUR));
+        let refused = call(&app, "k").await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.headers()["retry-after"], HOUR.to_string());
+        clock.set(before_midnight + Duration::from_secs(2 + 25 * HOUR));
+        for _ in 0..3 {
+            assert_eq!(call(&app, "k").await.status(), StatusCode::OK);
+        }
+        assert_eq!(
+            call(&app, "k").await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+
+    #[tokio::test]
+    async fn the_day_the_clocks_go_forward_lasts_23_hours() {
+        let clock = ManualClock::new();
+        // 2024-03-31 00:00 in Paris (CET, 2024-03-30 23:00 UTC).
+        let midnight = Duration::from_secs(1_711_839_600);
+        clock.set(midnight);
+        let limit: Limit = "1 per day at 00:00 Europe/Paris".parse().unwrap();
+        let app = app(&clock, limit, ColdStart::Exact);
+        assert_eq!(call(&app, "k").await.status(), StatusCode::OK);
+        let refused = call(&app, "k").await;
+        assert_eq!(refused.headers()["retry-after"], (23 * HOUR).to_string());
+        clock.set(midnight + Duration::from_secs(23 * HOUR - 1));
+        assert_eq!(
+            call(&app, "k").await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        clock.set(midnight + Duration::from_secs(23 * HOUR));
+        assert_eq!(call(&app, "k").await.status(), StatusCode::OK);
+    }
+
+    #[test]
+    fn zones_are_written_read_and_checked() {
+        let paris: Limit = "100000 per day at 00:00 Europe/Paris".parse().unwrap();
+        assert_eq!(paris.to_string(), "100000 per day at 00:00 Europe/Paris");
+        assert_eq!(paris.to_string().parse::<Limit>().unwrap(), paris);
+        let built = Limit::per_calendar(100_000, hierarchical_throttle::calendar::Period::Day)
+            .time_zone("Europe/Paris")
+            .build()
+            .unwrap();
+        assert_eq!(built, paris);
+        let calendar = paris.calendar().unwrap();
+        assert_eq!(calendar.time_zone(), Some("Europe/Paris"));
+        assert_eq!(calendar.utc_offset_minutes(), None);
+        let monthly: Limit = "5/month at 09:30 America/New_York".parse().unwrap();
+        assert_eq!(monthly.to_string(), "5 per month at 09:30 America/New_York");
+        let unknown = "10 per day at 00:00 Europe/Atlantis".parse::<Limit>();
+        assert!(matches!(
+            unknown,
+            Err(ConfigError::Unreadable { ref part, .. }) if part == "Europe/Atlantis"
+        ));
+        let unknown = Limit::per_calendar(10, hierarchical_throttle::calendar::Period::Week)
+            .time_zone("Mars/Olympus_Mons")
+            .build();
+        assert!(matches!(unknown, Err(ConfigError::Unreadable { .. })));
+        // Every zone written out reads back the same: `UTC` as the fixed offset it is, names
+        // that begin like one (`GMT0`) as names.
+        for zone in ["UTC", "GMT0", "Etc/GMT-2", "UTC+02:00", "Asia/Kolkata"] {
+            let limit = Limit::per_calendar(10, hierarchical_throttle::calendar::Period::Day)
+                .time_zone(zone)
+                .build()
+                .unwrap();
+            assert_eq!(limit.to_string().parse::<Limit>().unwrap(), limit, "{zone}");
+        }
+        let utc = Limit::per_calendar(10, hierarchical_throttle::calendar::Period::Day);
+        assert_eq!(
+            utc.clone().time_zone("UTC").build().unwrap(),
+            utc.build().unwrap()
+        );
+        // A zone replaces a fixed offset set before it, and the other way round.
+        let offset = Limit::per_calendar(10, hierarchical_throttle::calendar::Period::Day)
+            .time_zone("Europe/Paris")
+            .utc_offset_minutes(60)
+            .build()
+            .unwrap();
+        assert_eq!(offset.to_string(), "10 per day at 00:00 UTC+01:00");
+    }
+}
+
 mod tokens_taken_back {
     //! Tokens that leave a use after its admission (a settled refund, a reservation dropped)
     //! go back into the lease within the window they were taken in, and are forfeited when a

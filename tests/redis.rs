@@ -874,6 +874,16 @@ async fn a_fleet_on_redis_never_carries_a_window_s_tokens_into_the_next() {
     common::calendar::fleet_crosses_midnight(&clock, redis).await;
 }
 
+/// Paris's day of 25 hours on Redis: the script's window ends at local midnight, an hour
+/// after the day's morning offset would end it.
+#[tokio::test]
+async fn a_fleet_on_redis_keeps_paris_s_day_of_25_hours_whole() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = server.store_on(&clock).await;
+    common::calendar::fleet_crosses_the_end_of_a_long_day(&clock, redis).await;
+}
+
 /// The same on a 3-primary Cluster: the calendar arithmetic runs in the script of the node
 /// that holds the key's slot.
 #[tokio::test]

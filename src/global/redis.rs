@@ -455,7 +455,7 @@ impl<K: RedisKey> RedisGlobalStore<K> {
                 .arg(limit.period_micros())
                 .arg(limit.cold_max())
                 .arg(calendar_code(limit))
-                .arg(calendar_shift(limit))
+                .arg(self.calendar_shift(limit))
                 .arg(&args[..]);
         })
         .await
@@ -511,9 +511,21 @@ fn calendar_code(limit: &Limit) -> u8 {
     limit.calendar().map_or(0, |c| c.code())
 }
 
-/// A calendar quota's resets' distance from midnight UTC, in microseconds.
-fn calendar_shift(limit: &Limit) -> i64 {
-    limit.calendar().map_or(0, |c| c.shift_micros())
+impl<K> RedisGlobalStore<K> {
+    /// A calendar quota's resets' distance from midnight UTC, as the scripts read it (see
+    /// `Calendar::script_shift`), for a call made now by this host's clock.
+    fn calendar_shift(&self, limit: &Limit) -> String {
+        let Some(calendar) = limit.calendar() else {
+            return "0".to_owned();
+        };
+        let now = match &self.now_override {
+            Some(now) => now(),
+            None => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, micros),
+        };
+        calendar.script_shift(now)
+    }
 }
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";

@@ -20,9 +20,35 @@ where
     G: GlobalStore<BucketKey<String>> + Clone,
 {
     let midnight = Duration::from_secs(1_732_579_200);
+    fleet_crosses_a_reset(clock, global, "2000 per day at 00:00 UTC", midnight).await;
+}
+
+/// The same across the end of Paris's day of 25 hours (2024-10-27 23:00 UTC): a host or a
+/// store that put the reset an hour early (by the day's morning offset) would start the next
+/// window before the run, and admit few after the true reset.
+pub async fn fleet_crosses_the_end_of_a_long_day<G>(clock: &ManualClock, global: G)
+where
+    G: GlobalStore<BucketKey<String>> + Clone,
+{
+    let midnight = Duration::from_secs(1_730_070_000);
+    fleet_crosses_a_reset(
+        clock,
+        global,
+        "2000 per day at 00:00 Europe/Paris",
+        midnight,
+    )
+    .await;
+}
+
+/// Four hosts on `global`, 2,000 a window of `limit`, from 10 s before its reset at
+/// `midnight` to 10 s after (see [`fleet_crosses_midnight`]).
+async fn fleet_crosses_a_reset<G>(clock: &ManualClock, global: G, limit: &str, midnight: Duration)
+where
+    G: GlobalStore<BucketKey<String>> + Clone,
+{
     let start = midnight - Duration::from_secs(10);
     clock.set(start);
-    let limit: Limit = "2000 per day at 00:00 UTC".parse().unwrap();
+    let limit: Limit = limit.parse().unwrap();
     let layers = host_layers(4, clock, &global, limit);
     let mut hosts: Vec<_> = layers
         .iter()

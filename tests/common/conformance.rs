@@ -231,8 +231,8 @@ where
 /// Calendar quotas: a day's quota taken a second before midnight is whole again at midnight;
 /// a month's, taken on the 1st of March 2024, in 31 days; then seeded runs of acquires
 /// (with reservations), releases, adjustments and reads over many resets (days at an offset
-/// from UTC, weeks, months), held to the pure bucket's answers step by step. Moves `clock` to
-/// 2024 (calendar times are Unix times).
+/// from UTC, weeks, months, and days in zones across their changes of offset), held to the
+/// pure bucket's answers step by step. Moves `clock` to 2024 (calendar times are Unix times).
 pub async fn assert_calendar_conformance<G>(store: &G, clock: &ManualClock)
 where
     G: GlobalStore<BucketKey<String>>,
@@ -278,6 +278,73 @@ where
             _ => 9 * 86_400_000_000,
         };
         against_the_model(store, clock, &limit, 100 + n as u64, step).await;
+    }
+    // Zones whose offset changes (daylight saving time), each run from a day or two before a
+    // change over about four days, reset times among the hours the clocks skip or repeat: the
+    // script's windows (given the change nearest each call) are the host's. In 2035, past
+    // where the runs above leave the clock (it only moves forward).
+    let zoned = [
+        // 2035-03-23 12:00 UTC: 02:30 is skipped in Paris on the 25th.
+        ("5 per day at 02:30 Europe/Paris", 2_058_264_000),
+        // 2035-03-30 12:00 UTC: Lord Howe Island goes back half an hour on April 1st.
+        ("20 per day at 01:45 Australia/Lord_Howe", 2_058_868_800),
+        // 2035-05-29 12:00 UTC: a month in summer time.
+        ("50 per month at 00:00 Europe/Paris", 2_064_052_800),
+        // 2035-10-26 12:00 UTC: 02:30 comes twice in Paris on the 28th, a day of 25 hours.
+        ("5 per day at 02:30 Europe/Paris", 2_077_012_800),
+        // 2035-11-02 00:00 UTC: New York's clocks go back on the 4th.
+        ("9 per day at 00:00 America/New_York", 2_077_574_400),
+    ];
+    for (n, (limit, at)) in zoned.into_iter().enumerate() {
+        move_to(clock, Duration::from_secs(at));
+        let limit: Limit = limit.parse().unwrap();
+        against_the_model(store, clock, &limit, 200 + n as u64, 40 * 60_000_000).await;
+    }
+    // Emptied at each instant around the resets that fall in a skipped or repeated hour: a
+    // reset an hour early, late or twice shows in what the next instant gets.
+    let minutes = |base: u64, offsets: &[i64]| -> Vec<Duration> {
+        let at = |m: i64| Duration::from_secs(base.saturating_add_signed(m * 60));
+        offsets.iter().map(|&m| at(m)).collect()
+    };
+    let around = [
+        -31, -30, -29, -1, 0, 1, 15, 29, 30, 31, 59, 60, 61, 89, 90, 91,
+    ];
+    // 2036-03-30 01:00 UTC (Paris, forward to 03:00) and 2036-10-26 01:00 UTC (back to 02:00).
+    for change in [2_090_451_600, 2_108_595_600] {
+        let limit: Limit = "2 per day at 02:30 Europe/Paris".parse().unwrap();
+        let mut instants = minutes(change, &around);
+        instants.extend(minutes(change + 86_400, &around));
+        empty_at_each(store, clock, &limit, &instants).await;
+    }
+}
+
+/// Sets `clock` to `at`, which must be ahead of it (a manual clock never goes back).
+fn move_to(clock: &ManualClock, at: Duration) {
+    clock.set(at);
+    assert_eq!(clock.now(), at, "the clock was already past {at:?}");
+}
+
+/// Takes all it can of `limit`'s bucket at each of `instants` (in order), held to the pure
+/// bucket's answers: what is granted and when the bucket is next refilled.
+async fn empty_at_each<G>(store: &G, clock: &ManualClock, limit: &Limit, instants: &[Duration])
+where
+    G: GlobalStore<BucketKey<String>>,
+{
+    use hierarchical_throttle::bucket::TokenBucket;
+    let micros = |d: Duration| d.as_micros() as u64;
+    let key = format!("emptied-{}-{}", limit, micros(instants[0]));
+    let key = BucketKey::new(key, "d").unwrap();
+    let mut model = TokenBucket::full(limit, micros(instants[0]));
+    for &at in instants {
+        move_to(clock, at);
+        let request = TokenRequest::now(1, limit.capacity());
+        let grant = store.acquire(&key, limit, request).await.expect("acquire");
+        let taken = model.take_or_reserve(limit, micros(at), 1, limit.capacity(), 0);
+        assert_eq!(
+            (grant.granted, micros(grant.refill_in)),
+            (taken.granted, taken.refill_in_micros),
+            "{limit} at {at:?}"
+        );
     }
 }
 

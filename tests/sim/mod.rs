@@ -168,6 +168,9 @@ pub struct Scenario {
     /// The hot keys' first limits (group 0) are calendar quotas of their capacity a day, and
     /// a day ends during the run (at `unix_origin`'s next midnight).
     pub calendar: bool,
+    /// The calendar quotas' time zone (`None`: UTC); in Paris, the day that ends during the
+    /// run is one of 23 or 25 hours.
+    pub calendar_zone: Option<&'static str>,
     /// Where the run's clock starts on the calendar.
     pub unix_origin: Duration,
     /// Every key has the same one limit, given to the layers as a fixed quota (not per key).
@@ -282,6 +285,7 @@ impl Scenario {
             adjustments: Vec::new(),
             refusal_memory: None,
             calendar: false,
+            calendar_zone: None,
             unix_origin: Duration::ZERO,
             fixed_quota: false,
             annotate: false,
@@ -377,7 +381,18 @@ impl Scenario {
             // amount a day) makes limits whose refill takes days of simulated sweeps.
             self.change = None;
             let reset_in = Duration::from_micros(rng.below(self.duration.as_micros() as u64));
-            self.unix_origin = Duration::from_secs(1_732_579_200) - reset_in;
+            // Or the end of Paris's day of 25 hours (2024-10-27 23:00 UTC), or of its day of
+            // 23 (2024-03-31 22:00 UTC): drawn apart from the seed's stream, so the runs of
+            // earlier seeds keep their draws (a run's few seconds around a reset are the
+            // same in any zone but for the reset's instant).
+            let mut zone_rng = Rng::new(reset_in.as_micros() as u64 ^ 0x5a4f_4e45);
+            let (zone, reset) = match zone_rng.below(3) {
+                0 => (None, 1_732_579_200),
+                1 => (Some("Europe/Paris"), 1_730_070_000),
+                _ => (Some("Europe/Paris"), 1_711_922_400),
+            };
+            self.calendar_zone = zone;
+            self.unix_origin = Duration::from_secs(reset) - reset_in;
         }
         self.annotate = rng.chance(0.5);
         // One hot key, no spray, no second layer and no change of limit: the same quota for
@@ -413,9 +428,14 @@ impl Scenario {
         let limit = self.keys[i].limit;
         let limit = match (group, self.other_scale) {
             (1, Some(scale)) => scaled(limit, scale),
-            (0, _) if self.calendar => Limit::per_calendar(limit.capacity(), Period::Day)
-                .build()
-                .expect("a valid calendar quota"),
+            (0, _) if self.calendar => {
+                let quota = Limit::per_calendar(limit.capacity(), Period::Day);
+                let quota = match self.calendar_zone {
+                    Some(zone) => quota.time_zone(zone),
+                    None => quota,
+                };
+                quota.build().expect("a valid calendar quota")
+            }
             _ => limit,
         };
         quota_of(limit, self.two_limits)

@@ -98,9 +98,7 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
             for n in numbers {
                 group.args.push(n.to_string().into_bytes());
             }
-            group
-                .args
-                .push(super::calendar_shift(&limit).to_string().into_bytes());
+            group.args.push(self.calendar_shift(&limit).into_bytes());
             for n in args {
                 group.args.push(n.to_string().into_bytes());
             }

@@ -6,15 +6,24 @@
 -- ARGV[1] capacity, ARGV[2] a, ARGV[3] p (a tokens per p microseconds, lowest terms),
 -- ARGV[4] the most cold permits (0: no warm-up), ARGV[5] a calendar quota's period (0: none,
 -- 1 day, 2 week, 3 month; its capacity comes back at each reset, a and p unused), ARGV[6] its
--- resets' distance from midnight UTC in us, ARGV[7] to ARGV[9]: the operation's arguments,
--- ARGV[10]: now in us (tests only; else TIME).
+-- resets' distance from midnight UTC in us; in a zone whose offset changes, `before,change,after`:
+-- that distance before the change nearest to the call, the change (Unix us), and after it.
+-- ARGV[7] to ARGV[9]: the operation's arguments, ARGV[10]: now in us (tests only; else TIME).
 
 local capacity = tonumber(ARGV[1])
 local a = tonumber(ARGV[2])
 local p = tonumber(ARGV[3])
 local cold_max = tonumber(ARGV[4])
 local period = tonumber(ARGV[5])
-local shift = tonumber(ARGV[6])
+local shift_before, change, shift_after = string.match(ARGV[6], '^(-?%d+),(-?%d+),(-?%d+)$')
+local zoned = shift_before ~= nil
+if zoned then
+  shift_before, change, shift_after = tonumber(shift_before), tonumber(change), tonumber(shift_after)
+else
+  shift_before = tonumber(ARGV[6])
+  shift_after = shift_before
+  change = 0
+end
 
 -- Floor division and remainder, exact for integers below 2^53 (one correction step).
 local function divmod(x, d)
@@ -89,17 +98,6 @@ local function civil_from_days(z)
   return y, m
 end
 
-local function window(t)
-  local days = divmod(t - shift, DAY)
-  if period == 1 then
-    return days
-  elseif period == 2 then
-    return math.floor((days - 4) / 7)
-  end
-  local y, m = civil_from_days(days)
-  return y * 12 + m - 1
-end
-
 local function start(k)
   local days
   if period == 1 then
@@ -110,7 +108,43 @@ local function start(k)
     local y = math.floor(k / 12)
     days = days_from_civil(y, k - y * 12 + 1, 1)
   end
-  return math.max(days * DAY + shift, 0)
+  -- A local time the clocks repeat names its first instant; one they skip, the instant the
+  -- gap's length after it (Offsets::instant_of in src/calendar/zone.rs).
+  local early = days * DAY + shift_before
+  if early < change then
+    return math.max(early, 0)
+  end
+  local late = days * DAY + shift_after
+  if late >= change then
+    return math.max(late, 0)
+  end
+  return math.max(early, 0)
+end
+
+local function window(t)
+  local shift = shift_before
+  if t >= change then
+    shift = shift_after
+  end
+  local days = divmod(t - shift, DAY)
+  local k
+  if period == 1 then
+    k = days
+  elseif period == 2 then
+    k = math.floor((days - 4) / 7)
+  else
+    local y, m = civil_from_days(days)
+    k = y * 12 + m - 1
+  end
+  if zoned then
+    -- A reset in an hour the clocks repeat or skip puts the local date one window off.
+    if start(k + 1) <= t then
+      return k + 1
+    elseif start(k) > t then
+      return k - 1
+    end
+  end
+  return k
 end
 
 -- The level `elapsed` microseconds after (tokens, remainder): a per p microseconds (a calendar

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::arith::{mul_div, mul_div_ceil};
-use crate::calendar::{Calendar, Period};
+use crate::calendar::{Calendar, Period, Zone};
 use crate::error::ConfigError;
 
 /// A token bucket's shape: it holds at most `capacity` tokens (the burst) and refills at
@@ -284,6 +284,10 @@ impl Limit {
     /// # Ok::<(), hierarchical_throttle::ConfigError>(())
     /// ```
     ///
+    /// With the `tz` feature, the reset time may be in a zone of the time-zone database,
+    /// daylight saving time included (`CalendarQuota::time_zone`,
+    /// `"100000 per day at 00:00 Europe/Paris"`).
+    ///
     /// The global store's clock decides when a window ends (Redis's `TIME`, or the memory
     /// store's clock placed on Unix time by [`Clock::unix_origin`](crate::clock::Clock::unix_origin)).
     /// Hosts lease its tokens like any limit's, and hand back or drop what they hold shortly
@@ -293,7 +297,7 @@ impl Limit {
             amount,
             period,
             at: (0, 0),
-            offset_minutes: 0,
+            zone: Ok(Zone::Fixed(0)),
         }
     }
 
@@ -364,13 +368,14 @@ impl LimitBuilder {
 }
 
 /// A calendar quota waiting to be built; see [`Limit::per_calendar`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "call .build() to make a Limit"]
 pub struct CalendarQuota {
     amount: u64,
     period: Period,
     at: (u8, u8),
-    offset_minutes: i16,
+    /// The zone chosen, or why the one asked for cannot be (told at build).
+    zone: Result<Zone, ConfigError>,
 }
 
 impl CalendarQuota {
@@ -383,18 +388,35 @@ impl CalendarQuota {
     /// The reset time is `minutes` east of UTC (UTC+02:00: 120; UTC-05:00: -300), a fixed
     /// offset (no daylight saving time) of at most 14 hours either way.
     pub fn utc_offset_minutes(mut self, minutes: i16) -> Self {
-        self.offset_minutes = minutes;
+        self.zone = Zone::fixed(minutes).ok_or(ConfigError::InvalidSetting {
+            setting: "CalendarQuota::utc_offset_minutes",
+            expected: "an offset of at most 14 hours from UTC, in minutes",
+        });
         self
     }
 
-    /// The limit: an error when the amount is zero or above [`Limit::MAX_CAPACITY`], or the
-    /// time of day or the offset is out of range.
+    /// The reset time is in `name`, a zone of the IANA time-zone database (`Europe/Paris`,
+    /// `America/New_York`), daylight saving time included: a day at 00:00 in Paris is 23
+    /// hours long in March and 25 in October. A reset time the clocks skip (02:30 on the
+    /// day they go from 02:00 to 03:00) comes the gap's length later (03:30); one they
+    /// repeat comes the first time. The database is bundled into the build, so every host
+    /// of a fleet running the same build reads the same rules. `UTC` and offsets written as
+    /// `UTC+02:00` are read as [fixed offsets](Self::utc_offset_minutes), as in text.
+    #[cfg(feature = "tz")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tz")))]
+    pub fn time_zone(mut self, name: &str) -> Self {
+        self.zone = text::zone_of(name);
+        self
+    }
+
+    /// The limit: an error when the amount is zero or above [`Limit::MAX_CAPACITY`], the
+    /// time of day or the offset is out of range, or the time zone is unknown.
     pub fn build(self) -> Result<Limit, ConfigError> {
         let (hour, minute) = self.at;
-        let calendar = Calendar::new(self.period, hour, minute, self.offset_minutes).ok_or(
+        let calendar = Calendar::new(self.period, hour, minute, self.zone?).ok_or(
             ConfigError::InvalidSetting {
                 setting: "CalendarQuota::resetting_at",
-                expected: "a time of day from 00:00 to 23:59, at most 14 hours from UTC",
+                expected: "a time of day from 00:00 to 23:59",
             },
         )?;
         match self.amount {
@@ -418,251 +440,6 @@ impl CalendarQuota {
     }
 }
 
-/// Units a limit's period may be written in, with their length in microseconds.
-const UNITS: &[(&[&str], u64)] = &[
-    (&["us", "µs", "micros", "microsecond", "microseconds"], 1),
-    (&["ms", "millis", "millisecond", "milliseconds"], 1_000),
-    (&["s", "sec", "secs", "second", "seconds"], 1_000_000),
-    (&["m", "min", "mins", "minute", "minutes"], 60_000_000),
-    (&["h", "hr", "hour", "hours"], 3_600_000_000),
-    (&["d", "day", "days"], 86_400_000_000),
-];
-
-impl std::fmt::Display for Limit {
-    /// `100/s`, `100/s burst 200`, `30/h burst 15`, `1 per 3ms`: the tokens per period in the
-    /// unit the limit was written in, and the burst when it is not one period's worth. It
-    /// reads back as the same limit.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some(calendar) = self.calendar {
-            let period = match calendar.period() {
-                Period::Day => "day",
-                Period::Week => "week",
-                Period::Month => "month",
-            };
-            return write!(f, "{} per {period} {calendar}", self.capacity);
-        }
-        let tokens = self.written_amount();
-        let (count, unit) = largest_unit(self.written_micros);
-        match count {
-            1 => write!(f, "{tokens}/{unit}")?,
-            _ => write!(f, "{tokens} per {count}{unit}")?,
-        }
-        if self.capacity != tokens {
-            write!(f, " burst {}", self.capacity)?;
-        }
-        if self.warm_up_micros > 0 {
-            let (count, unit) = largest_unit(self.warm_up_micros);
-            write!(f, " warm-up {count}{unit}")?;
-        }
-        Ok(())
-    }
-}
-
-/// Units a period is printed in, shortest first.
-const PRINTED: &[(&str, u64)] = &[
-    ("us", 1),
-    ("ms", 1_000),
-    ("s", 1_000_000),
-    ("min", 60_000_000),
-    ("h", 3_600_000_000),
-    ("day", 86_400_000_000),
-];
-
-/// `micros` as a whole count of the largest unit that divides it: `(3, "ms")`, `(2, "min")`.
-fn largest_unit(micros: u64) -> (u64, &'static str) {
-    PRINTED
-        .iter()
-        .rev()
-        .find(|&&(_, unit)| micros.is_multiple_of(unit))
-        .map_or((micros, "us"), |&(name, unit)| (micros / unit, name))
-}
-
-impl std::str::FromStr for Limit {
-    type Err = ConfigError;
-
-    /// Reads a limit as people write them: `100/s`, `100/s burst 200`, `5000/h`,
-    /// `100000/day`, `100/10s` (100 per 10 seconds), `15 per 2min`, `1 per 2 minutes burst 15`.
-    /// Without a burst, the capacity is one period's tokens; `warm-up 30s` (or `warm up 30s`)
-    /// at the end adds a [warm-up](Limit::warm_up). Numbers may group digits with
-    /// single `_` or `,` (`100_000`); a period of zero is an error. Errors name the part that
-    /// could not be read.
-    ///
-    /// ```
-    /// use hierarchical_throttle::Limit;
-    /// let api: Limit = "100/s burst 200".parse()?;
-    /// assert_eq!(api, Limit::per_second(100).burst(200)?);
-    /// let quota: Limit = "1 per 2min burst 15".parse()?;
-    /// assert_eq!(quota.to_string().parse::<Limit>()?, quota);
-    /// assert!("100/fortnight".parse::<Limit>().unwrap_err().to_string().contains("fortnight"));
-    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
-    /// ```
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let text = text.trim();
-        let (text, warm_up) = match text.split_once("warm-up").or(text.split_once("warm up")) {
-            Some((limit, period)) => (limit.trim(), Some(duration(period.trim())?)),
-            None => (text, None),
-        };
-        let limit = match calendar_quota(text)? {
-            Some(limit) => limit,
-            None => rate_and_burst(text)?,
-        };
-        match warm_up {
-            Some(period) => limit.warm_up(period),
-            None => Ok(limit),
-        }
-    }
-}
-
-/// `100000 per day at 00:00 UTC`, `1000000 per month`, `5000/week at 09:30 UTC+02:00`: a
-/// calendar quota (a period of a week or a month, or a reset time given); `None` for any other
-/// limit.
-fn calendar_quota(text: &str) -> Result<Option<Limit>, ConfigError> {
-    let Some((amount, rest)) = text.split_once('/').or(text.split_once(" per ")) else {
-        return Ok(None);
-    };
-    let rest = rest.trim();
-    let (unit, at) = match rest.split_once(" at ") {
-        Some((unit, at)) => (unit.trim(), Some(at.trim())),
-        None => (rest, None),
-    };
-    let period = match unit.split_whitespace().next().unwrap_or_default() {
-        "day" | "days" | "d" if at.is_some() => Period::Day,
-        "week" | "weeks" => Period::Week,
-        "month" | "months" => Period::Month,
-        _ => return Ok(None),
-    };
-    if rest.contains("burst") {
-        let expected = "no burst: a calendar quota gives its whole amount at each reset";
-        return Err(parse_error(rest, expected));
-    }
-    let mut quota = Limit::per_calendar(number(amount.trim())?, period);
-    if let Some(at) = at {
-        let (hour, minute, offset) = reset_time(at)?;
-        quota = quota.resetting_at(hour, minute).utc_offset_minutes(offset);
-    }
-    quota.build().map(Some)
-}
-
-/// `00:00 UTC`, `9:30 UTC+02:00`, `09:30 UTC-5`, `23:00` (UTC): a reset's time of day and its
-/// offset from UTC in minutes.
-fn reset_time(text: &str) -> Result<(u8, u8, i16), ConfigError> {
-    let expected = "a time of day and an optional offset: `00:00 UTC`, `09:30 UTC+02:00`";
-    let (time, zone) = match text.split_once(char::is_whitespace) {
-        Some((time, zone)) => (time, zone.trim()),
-        None => (text, "UTC"),
-    };
-    let (hour, minute) = time
-        .split_once(':')
-        .and_then(|(h, m)| Some((h.parse::<u8>().ok()?, m.parse::<u8>().ok()?)))
-        .ok_or_else(|| parse_error(time, expected))?;
-    let offset = zone
-        .strip_prefix("UTC")
-        .or(zone.strip_prefix("GMT"))
-        .and_then(|offset| match offset {
-            "" => Some(0),
-            offset => {
-                let (sign, rest) = match offset.split_at(1) {
-                    ("+", rest) => (1, rest),
-                    ("-", rest) => (-1, rest),
-                    _ => return None,
-                };
-                let (hours, minutes) = rest.split_once(':').unwrap_or((rest, "0"));
-                let (hours, minutes) = (hours.parse::<i16>().ok()?, minutes.parse::<i16>().ok()?);
-                (minutes < 60 && hours < 15).then_some(sign * (hours * 60 + minutes))
-            }
-        })
-        .ok_or_else(|| parse_error(zone, expected))?;
-    Ok((hour, minute, offset))
-}
-
-/// `100/s burst 200`: a limit without a warm-up.
-fn rate_and_burst(text: &str) -> Result<Limit, ConfigError> {
-    let (rate, burst) = match text.split_once("burst") {
-        Some((rate, burst)) => (rate.trim(), Some(burst.trim())),
-        None => (text, None),
-    };
-    let (amount, period) = match rate.split_once('/') {
-        Some(split) => split,
-        None => rate
-            .split_once(" per ")
-            .ok_or_else(|| parse_error(rate, "`<tokens>/<period>` or `<tokens> per <period>`"))?,
-    };
-    let amount = number(amount.trim())?;
-    let period = duration(period.trim())?;
-    let builder = Limit::per(amount, period);
-    match burst {
-        Some(burst) => builder.burst(number(burst)?),
-        None => builder.build(),
-    }
-}
-
-#[cfg(feature = "serde")]
-#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
-impl<'de> serde::Deserialize<'de> for Limit {
-    /// From the strings [`FromStr`](std::str::FromStr) reads (`"100/s burst 200"`).
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-#[cfg(feature = "serde")]
-#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
-impl serde::Serialize for Limit {
-    /// As the string [`Display`](std::fmt::Display) prints.
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-fn parse_error(part: &str, expected: &'static str) -> ConfigError {
-    ConfigError::Unreadable {
-        part: part.to_owned(),
-        expected,
-    }
-}
-
-/// A whole number: digits, with single `_` or `,` separators between them (`100_000`,
-/// `100,000`); a separator first, last or doubled is an error, not ignored.
-fn number(text: &str) -> Result<u64, ConfigError> {
-    let separated = |c: char| matches!(c, '_' | ',');
-    let groups_are_digits = text
-        .split(separated)
-        .all(|group| !group.is_empty() && group.bytes().all(|b| b.is_ascii_digit()));
-    let digits: String = text.chars().filter(|&c| !separated(c)).collect();
-    match groups_are_digits {
-        true => digits.parse().ok(),
-        false => None,
-    }
-    .ok_or_else(|| parse_error(text, "a whole number"))
-}
-
-/// `10s`, `2min`, `2 min`, `s`, `1day`: an optional count and a unit. A count of zero is an
-/// error: a limit refills over a period that passes.
-fn duration(text: &str) -> Result<Duration, ConfigError> {
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '_' || c == ','))
-        .unwrap_or(text.len());
-    let (count, unit) = text.split_at(split);
-    let count = match count {
-        "" => 1,
-        count => match number(count)? {
-            0 => return Err(parse_error(text, "a period longer than zero")),
-            count => count,
-        },
-    };
-    let unit = unit.trim();
-    let micros = UNITS
-        .iter()
-        .find(|(names, _)| names.contains(&unit))
-        .map(|&(_, micros)| micros)
-        .ok_or_else(|| parse_error(unit, "a unit: us, ms, s, min, h or day"))?;
-    count
-        .checked_mul(micros)
-        .map(Duration::from_micros)
-        .ok_or_else(|| parse_error(text, "a period of at most 366 days"))
-}
-
 /// `period` in microseconds, when it is a whole, positive number of them, at most
 /// [`Limit::MAX_PERIOD`].
 fn whole_period_micros(period: Duration) -> Option<u64> {
@@ -683,9 +460,45 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
     a
 }
 
+mod text;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zone_outside_the_database_is_an_error_naming_it() {
+        let error = "10 per day at 00:00 Europe/Atlantis".parse::<Limit>();
+        assert!(matches!(
+            error,
+            Err(ConfigError::Unreadable { ref part, .. }) if part == "Europe/Atlantis"
+        ));
+        // A slash in the zone's name is not the rate's.
+        let error = "10/day at 00:00 Europe/Atlantis".parse::<Limit>();
+        assert!(matches!(
+            error,
+            Err(ConfigError::Unreadable { ref part, .. }) if part == "Europe/Atlantis"
+        ));
+        let error = Limit::per_calendar(10, Period::Day)
+            .utc_offset_minutes(15 * 60)
+            .build();
+        assert!(matches!(
+            error,
+            Err(ConfigError::InvalidSetting {
+                setting: "CalendarQuota::utc_offset_minutes",
+                ..
+            })
+        ));
+    }
+
+    #[cfg(not(feature = "tz"))]
+    #[test]
+    fn a_zone_needs_the_tz_feature() {
+        let error = "10 per day at 00:00 Europe/Paris"
+            .parse::<Limit>()
+            .unwrap_err();
+        assert!(error.to_string().contains("`tz` feature"), "{error}");
+    }
 
     #[test]
     fn rates_are_kept_in_lowest_terms() {
