@@ -154,6 +154,11 @@ mod zones {
         );
         assert_eq!(paris.resets_between(autumn, utc(2024, 10, 27, 23, 0)), 1);
         assert_eq!(paris.to_string(), "at 00:00 Europe/Paris");
+        let debug = format!("{paris:?}");
+        assert!(
+            debug.contains("Europe/Paris") && debug.len() < 100,
+            "{debug}"
+        );
     }
 
     #[test]

@@ -92,7 +92,6 @@ mod named {
 
     /// A zone of the time-zone database, with its changes of offset from 1970 to 2200 read
     /// once (the database's rules extend its last rule past its table).
-    #[derive(Debug)]
     pub(crate) struct NamedZone {
         name: Box<str>,
         /// The offset in force at the Unix epoch, in microseconds.
@@ -166,6 +165,13 @@ mod named {
                 before,
                 after,
             }
+        }
+    }
+
+    // A limit's `Debug` names its zone rather than list hundreds of changes.
+    impl std::fmt::Debug for NamedZone {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_tuple("NamedZone").field(&self.name).finish()
         }
     }
 

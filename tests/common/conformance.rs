@@ -325,20 +325,37 @@ fn move_to(clock: &ManualClock, at: Duration) {
 }
 
 /// Takes all it can of `limit`'s bucket at each of `instants` (in order), held to the pure
-/// bucket's answers: what is granted and when the bucket is next refilled.
+/// bucket's answers: what is granted and when the bucket is next refilled. Every other take
+/// goes in a batch of calls (`call_many`: on Redis, the script over many buckets).
 async fn empty_at_each<G>(store: &G, clock: &ManualClock, limit: &Limit, instants: &[Duration])
 where
     G: GlobalStore<BucketKey<String>>,
 {
+    use futures_util::StreamExt;
     use hierarchical_throttle::bucket::TokenBucket;
+    use hierarchical_throttle::global::{Answer, Call};
     let micros = |d: Duration| d.as_micros() as u64;
     let key = format!("emptied-{}-{}", limit, micros(instants[0]));
     let key = BucketKey::new(key, "d").unwrap();
     let mut model = TokenBucket::full(limit, micros(instants[0]));
-    for &at in instants {
+    for (n, &at) in instants.iter().enumerate() {
         move_to(clock, at);
         let request = TokenRequest::now(1, limit.capacity());
-        let grant = store.acquire(&key, limit, request).await.expect("acquire");
+        let grant = if n % 2 == 0 {
+            store.acquire(&key, limit, request).await.expect("acquire")
+        } else {
+            let limit = *limit;
+            let call = Call::Acquire {
+                key: key.clone(),
+                limit,
+                request,
+            };
+            let replies: Vec<_> = store.call_many(vec![call]).collect().await;
+            match replies.into_iter().next() {
+                Some((_, Ok(Answer::Granted(grant)))) => grant,
+                other => panic!("a batch of one acquire answered {other:?}"),
+            }
+        };
         let taken = model.take_or_reserve(limit, micros(at), 1, limit.capacity(), 0);
         assert_eq!(
             (grant.granted, micros(grant.refill_in)),
