@@ -56,7 +56,8 @@
 //!
 //! Beyond one limit per key: a [`Quota`] of several named limits and further
 //! [levels](Builder::level) of keys, all or nothing; limits that [warm up](Limit::warm_up)
-//! after idleness; [calendar quotas](Limit::per_calendar) (a day, week or month); [`Shaping`] to wait for tokens instead of being refused; [`Builder::settle`] to correct a cost from the response; `RateLimit-Policy`
+//! after idleness; [calendar quotas](Limit::per_calendar) (a day, week or month, in UTC, at a
+//! fixed offset or, with the `tz` feature, in a time zone); [`Shaping`] to wait for tokens instead of being refused; [`Builder::settle`] to correct a cost from the response; `RateLimit-Policy`
 //! and `RateLimit` fields on every response ([`RateLimitFields`], draft revision 11); limits
 //! and levels in shadow ([`Builder::shadow_limit`]); uses outside a service on every level
 //! ([`HierarchicalThrottleLayer::acquire_keys`]); bodies charged by the byte ([`MeteredBody`]);

@@ -164,7 +164,13 @@ impl FromStr for Quota {
             .collect();
         let mut pairs = Vec::with_capacity(parts.len());
         for part in &parts {
-            pairs.push(match part.split_once(':') {
+            // A calendar quota's reset time has a `:` of its own (`100000 per day at 00:00
+            // UTC`); a name never holds ` at `.
+            let named = match part.split_once(':') {
+                Some((name, _)) if name.contains(" at ") => None,
+                split => split,
+            };
+            pairs.push(match named {
                 Some((name, limit)) => (name.trim(), read_limit_part(limit)?),
                 None if parts.len() > 1 => {
                     return Err(ConfigError::Unreadable {
@@ -565,6 +571,25 @@ mod tests {
         assert_eq!(part("a: 1/fortnight"), "fortnight");
         assert_eq!(part("bad name: 1/s"), "bad name");
         assert_eq!(part(" ; "), " ; ");
+        // A lone calendar quota's reset time is not a name.
+        let daily: Limit = "100000 per day at 09:30 UTC+02:00".parse().unwrap();
+        let q: Quota = "100000 per day at 09:30 UTC+02:00".parse().unwrap();
+        assert_eq!(q, Quota::from(daily));
+        let q: Quota = "daily: 100000 per day at 00:00 UTC; burst: 10/s"
+            .parse()
+            .unwrap();
+        assert_eq!(q.to_string().parse::<Quota>().unwrap(), q);
+        assert!(matches!(
+            "100000 per day at 25:00 UTC".parse::<Quota>(),
+            Err(ConfigError::InvalidSetting {
+                setting: "CalendarQuota::resetting_at",
+                ..
+            })
+        ));
+        assert_eq!(
+            part("a: 10/s; 5 per day at 00:00 UTC"),
+            "5 per day at 00:00 UTC"
+        );
     }
 
     #[test]
