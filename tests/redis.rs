@@ -885,15 +885,22 @@ async fn a_fleet_on_redis_keeps_paris_s_day_of_25_hours_whole() {
 }
 
 /// The same on a 3-primary Cluster: the calendar arithmetic runs in the script of the node
-/// that holds the key's slot.
+/// that holds the key's slot. Paris's day of 25 hours first, then a UTC midnight a month later
+/// (the same bucket, its clock moved on).
 #[tokio::test]
 async fn a_fleet_on_a_redis_cluster_never_carries_a_window_s_tokens_into_the_next() {
     let cluster = RedisCluster::start();
+    let on_clock = async |clock: &ManualClock| {
+        RedisGlobalStore::<String>::connect_cluster(cluster.urls())
+            .await
+            .expect("connect to the test's cluster")
+            .with_clock_override(clock.clone())
+    };
     let clock = ManualClock::new();
-    let redis: RedisGlobalStore<String> = RedisGlobalStore::connect_cluster(cluster.urls())
-        .await
-        .expect("connect to the test's cluster")
-        .with_clock_override(clock.clone());
+    let redis = on_clock(&clock).await;
+    common::calendar::fleet_crosses_the_end_of_a_long_day(&clock, redis).await;
+    let clock = ManualClock::new();
+    let redis = on_clock(&clock).await;
     common::calendar::fleet_crosses_midnight(&clock, redis).await;
 }
 
