@@ -7,8 +7,9 @@
 //! (`key::header_bytes`, a `CompactKey`), all with the `RateLimit` fields on admitted responses
 //! turned off, and the borrowed key (as text, and as bytes: the README's lead example) with them
 //! on (the default), beside
-//! tower_governor with its own headers on (`use_headers`, the name made once). Each iteration
-//! clones a prepared request.
+//! tower_governor with its own headers on (`use_headers`, the name made once); and both
+//! refusing every request (each key over its limit), with their headers (the README's lead
+//! example for this layer). Each iteration clones a prepared request.
 //!
 //! Run with: cargo bench -p hierarchical-throttle-bench --bench layer_overhead
 
@@ -71,6 +72,13 @@ fn bench(c: &mut Criterion) {
         measure(c, name("throttled_key_ref_fields"), side, &requests);
         let side = throttle!(key_ref, api_key_bytes, true).layer(Echo);
         measure(c, name("throttled_key_bytes_fields"), side, &requests);
+        // Every request refused (each key over its limit after its first request): the
+        // answer's cost, with each side's headers.
+        let side = sides::governor_refusing().layer(Echo);
+        measure(c, name("refused_tower_governor_headers"), side, &requests);
+        let spent = sides::spent_limit();
+        let side = throttle!(key_ref, api_key_bytes, true, spent).layer(Echo);
+        measure(c, name("refused_throttled_key_bytes"), side, &requests);
     }
 }
 

@@ -67,7 +67,7 @@ impl Calendar {
     }
 
     /// The fixed offset from UTC of the time it resets at, in minutes east (UTC+02:00: 120);
-    /// `None` for a calendar in a [time zone](Self::time_zone).
+    /// `None` for a calendar in a time zone (feature `tz`).
     pub fn utc_offset_minutes(&self) -> Option<i16> {
         match self.zone {
             Zone::Fixed(minutes) => Some(minutes),

@@ -95,6 +95,25 @@ pub fn limit() -> Limit {
         .expect("a valid limit")
 }
 
+/// A limit every key is over once its first request is served: one a day, burst 1.
+pub fn spent_limit() -> Limit {
+    Limit::per_day(1).build().expect("a valid limit")
+}
+
+/// tower_governor refusing every request after a key's first (one a day, burst 1), with its
+/// headers on, the header's name made once.
+pub fn governor_refusing()
+-> GovernorLayer<ApiKeyByName, governor::middleware::StateInformationMiddleware, Body> {
+    let config = tower_governor::governor::GovernorConfigBuilder::default()
+        .key_extractor(ApiKeyByName)
+        .use_headers()
+        .per_second(86_400)
+        .burst_size(1)
+        .finish()
+        .expect("a valid governor config");
+    GovernorLayer::new(config)
+}
+
 /// tower_governor, as `config` (a key extractor, and `use_headers` or not) sets it, with a
 /// limit no side reaches.
 pub fn governor<X, M>(mut config: GovernorConfigBuilder<X, M>) -> GovernorLayer<X, M, Body>
@@ -111,15 +130,18 @@ where
 }
 
 /// This layer with its key set by `$key_setter` (`key` or `key_ref`) to `$key`, the
-/// `RateLimit` fields on or off, a limit no side reaches, and every other setting at its
+/// `RateLimit` fields on or off, a limit no side reaches (or `$limit`), and every other setting at its
 /// default (a slow key's batches are a sixteenth of the capacity while it is far from its
 /// limit, so the benchmark needs no tuned batch policy).
 #[macro_export]
 macro_rules! throttle {
     ($key_setter:ident, $key:expr, $fields:expr) => {
+        $crate::throttle!($key_setter, $key, $fields, $crate::sides::limit())
+    };
+    ($key_setter:ident, $key:expr, $fields:expr, $limit:expr) => {
         hierarchical_throttle::HierarchicalThrottleLayer::builder()
             .$key_setter($key)
-            .limit($crate::sides::limit())
+            .limit($limit)
             .ratelimit_fields($fields)
             .global_store(hierarchical_throttle::MemoryGlobalStore::new())
             .build()
