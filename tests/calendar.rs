@@ -174,6 +174,10 @@ mod time_zones {
         let calendar = paris.calendar().unwrap();
         assert_eq!(calendar.time_zone(), Some("Europe/Paris"));
         assert_eq!(calendar.utc_offset_minutes(), None);
+        // The database's spelling, whatever the case it was written in.
+        let lower: Limit = "100000 per day at 00:00 europe/paris".parse().unwrap();
+        assert_eq!(lower, paris);
+        assert_eq!(lower.to_string(), "100000 per day at 00:00 Europe/Paris");
         let monthly: Limit = "5/month at 09:30 America/New_York".parse().unwrap();
         assert_eq!(monthly.to_string(), "5 per month at 09:30 America/New_York");
         let unknown = "10 per day at 00:00 Europe/Atlantis".parse::<Limit>();

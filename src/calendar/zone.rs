@@ -104,9 +104,9 @@ mod named {
     const LAST_SECOND: i64 = 7_258_118_400;
 
     impl NamedZone {
-        /// The zone named `name` (`Europe/Paris`), read once per process: zones are shared
-        /// by every limit naming them and never freed, so there are at most as many as the
-        /// database has names.
+        /// The zone named `name` (`Europe/Paris`, or `europe/paris`: the database's own
+        /// spelling is kept), read once per process: zones are shared by every limit naming
+        /// them and never freed, so there are at most as many as the database has names.
         pub(crate) fn get(name: &str) -> Option<&'static Self> {
             static ZONES: OnceLock<Mutex<HashMap<Box<str>, &'static NamedZone>>> = OnceLock::new();
             let zones = ZONES.get_or_init(Mutex::default);
@@ -116,24 +116,32 @@ mod named {
             if let Some(zone) = zones.get(name) {
                 return Some(zone);
             }
-            let zone: &'static Self = Box::leak(Box::new(Self::read(name)?));
+            let tz = jiff::tz::TimeZone::get(name).ok()?;
+            let spelled = tz.iana_name().unwrap_or(name);
+            let zone = match zones.get(spelled) {
+                Some(zone) => *zone,
+                None => {
+                    let zone: &'static Self = Box::leak(Box::new(Self::read(spelled, &tz)));
+                    zones.insert(spelled.into(), zone);
+                    zone
+                }
+            };
             zones.insert(name.into(), zone);
             Some(zone)
         }
 
-        fn read(name: &str) -> Option<Self> {
-            let tz = jiff::tz::TimeZone::get(name).ok()?;
+        fn read(name: &str, tz: &jiff::tz::TimeZone) -> Self {
             let micros = |offset: jiff::tz::Offset| i64::from(offset.seconds()) * 1_000_000;
             let changes = tz
                 .following(jiff::Timestamp::UNIX_EPOCH)
                 .take_while(|change| change.timestamp().as_second() <= LAST_SECOND)
                 .map(|change| (change.timestamp().as_microsecond(), micros(change.offset())))
                 .collect();
-            Some(Self {
+            Self {
                 name: name.into(),
                 first: micros(tz.to_offset(jiff::Timestamp::UNIX_EPOCH)),
                 changes,
-            })
+            }
         }
 
         /// Its name in the database.
