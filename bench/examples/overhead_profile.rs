@@ -7,7 +7,7 @@
 //! Sides: `unthrottled`, `tower_governor`, `tower_governor_header_name`,
 //! `tower_governor_headers` (with its `x-ratelimit-*` headers), `throttled` (`key` with
 //! `key::header_value`), `throttled_key_ref` (`key_ref` with `key::header_str`),
-//! `throttled_key_bytes` (`key_ref` with `key::header_bytes`), `throttled_key_ref_fields` (the same with the `RateLimit` fields), `throttled_key_bytes_fields` (the README's lead example: `header_bytes` with the fields), and `constant_key` (the
+//! `throttled_key_bytes` (`key_ref` with `key::header_bytes`), `throttled_key_ref_fields` (the same with the `RateLimit` fields), `throttled_key_bytes_fields` (the README's lead example: `header_bytes` with the fields), `refused_tower_governor_headers` and `refused_throttled_key_bytes` (every request refused), and `constant_key` (the
 //! layer with a key read from nothing: what remains is the layer's own work).
 
 use std::convert::Infallible;
@@ -89,6 +89,16 @@ fn main() {
         ),
         "throttled_key_bytes_fields" => run(
             throttle!(key_ref, api_key_bytes, true).layer(Echo),
+            &requests,
+            iterations,
+        ),
+        "refused_tower_governor_headers" => run(
+            sides::governor_refusing().layer(Echo),
+            &requests,
+            iterations,
+        ),
+        "refused_throttled_key_bytes" => run(
+            throttle!(key_ref, api_key_bytes, true, sides::spent_limit()).layer(Echo),
             &requests,
             iterations,
         ),
