@@ -32,7 +32,12 @@ fn respond<K, B: Default + 'static>(rejection: &Rejection<K>, problem: bool) -> 
     });
     let text = match rejection.message {
         Some(message) => message.to_owned(),
-        None => rejection.to_string(),
+        None => {
+            // Room for the usual sentence at once (`to_string` grows it three times).
+            let mut text = String::with_capacity(64);
+            let _ = std::fmt::Write::write_fmt(&mut text, format_args!("{rejection}"));
+            text
+        }
     };
     let (text, content_type) = match problem {
         true => (problem_details(rejection, status, &text), PROBLEM_JSON),
