@@ -45,13 +45,15 @@ async fn a_daily_quota_is_spent_then_whole_again_at_midnight() {
     );
     clock.advance(Duration::from_micros(1));
     // 2024-02-29 00:00: the leap day's allowance, whole.
-    for _ in 0..3 {
-        assert_eq!(call(&app, "k").await.status(), StatusCode::OK);
+    admits_exactly(&app, 3).await;
+}
+
+/// `app` admits `n` requests for key `k`, then refuses the next.
+async fn admits_exactly(app: &axum::Router, n: usize) {
+    for _ in 0..n {
+        assert_eq!(call(app, "k").await.status(), StatusCode::OK);
     }
-    assert_eq!(
-        call(&app, "k").await.status(),
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    assert_eq!(call(app, "k").await.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
 #[tokio::test]
@@ -98,6 +100,7 @@ mod time_zones {
     use hierarchical_throttle::{ColdStart, ConfigError, Limit};
     use http::StatusCode;
 
+    use super::admits_exactly;
     use super::common::router::{app, call};
 
     const HOUR: u64 = 3_600;
@@ -132,13 +135,7 @@ mod time_zones {
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(refused.headers()["retry-after"], HOUR.to_string());
         clock.set(before_midnight + Duration::from_secs(2 + 25 * HOUR));
-        for _ in 0..3 {
-            assert_eq!(call(&app, "k").await.status(), StatusCode::OK);
-        }
-        assert_eq!(
-            call(&app, "k").await.status(),
-            StatusCode::TOO_MANY_REQUESTS
-        );
+        admits_exactly(&app, 3).await;
     }
 
     #[tokio::test]

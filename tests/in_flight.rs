@@ -21,8 +21,8 @@ use hierarchical_throttle::global::redis::RedisGlobalStore;
 use hierarchical_throttle::global::slots::{Holding, SlotHold, SlotStore};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
-    ConfigError, FailurePolicy, HierarchicalConcurrencyLayer, MemoryGlobalStore, MissingKey,
-    RejectionReason, SlotPermit, key,
+    ConcurrencyBuilder, ConfigError, FailurePolicy, HierarchicalConcurrencyLayer,
+    MemoryGlobalStore, MissingKey, RejectionReason, SlotPermit, key,
 };
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -42,14 +42,18 @@ fn request(key: &str) -> Request<Body> {
         .unwrap()
 }
 
-fn layer<S: SlotStore<BucketKey<String>>>(store: S, max: u64) -> Layer<S> {
+/// A host's layer on `store`, keyed by `x-api-key`, `max` in flight per key, on tokio's clock:
+/// further settings go on top.
+fn host<S>(store: S, max: u64) -> ConcurrencyBuilder<Request<Body>, String, S, TokioClock> {
     HierarchicalConcurrencyLayer::builder()
         .key(api_key)
         .max_in_flight(max)
         .store(store)
         .clock(TokioClock::new())
-        .build()
-        .unwrap()
+}
+
+fn layer<S: SlotStore<BucketKey<String>>>(store: S, max: u64) -> Layer<S> {
+    host(store, max).build().unwrap()
 }
 
 /// A host: a Router whose handler reports when it runs and then waits for the host's gate.
@@ -224,12 +228,8 @@ mod one_host {
         let no_key = || Request::get("/").body(Body::empty()).unwrap();
         let refused = app.clone().layer(reject).oneshot(no_key()).await.unwrap();
         assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
-        let shared: Layer<_> = HierarchicalConcurrencyLayer::builder()
-            .key(api_key)
-            .max_in_flight(1)
+        let shared: Layer<_> = host(store, 1)
             .missing_key(MissingKey::UseKey("anonymous".to_owned()))
-            .store(store)
-            .clock(TokioClock::new())
             .build()
             .unwrap();
         let held = shared.acquire("anonymous".to_owned()).await.unwrap();
@@ -514,12 +514,8 @@ mod waiting_and_failing {
     async fn patient_requests_wait_for_a_slot_freed_here_or_on_another_host() {
         let memory = MemoryGlobalStore::with_clock(TokioClock::new());
         let patient = || -> Layer<_> {
-            HierarchicalConcurrencyLayer::builder()
-                .key(api_key)
-                .max_in_flight(1)
+            host(memory.clone(), 1)
                 .wait_for_slot(Duration::from_secs(1))
-                .store(memory.clone())
-                .clock(TokioClock::new())
                 .build()
                 .unwrap()
         };
@@ -637,11 +633,7 @@ mod waiting_and_failing {
             MemoryGlobalStore::with_clock(TokioClock::new()),
             Duration::from_millis(200),
         );
-        let reject: Layer<_> = HierarchicalConcurrencyLayer::builder()
-            .key(api_key)
-            .max_in_flight(4)
-            .store(store.clone())
-            .clock(TokioClock::new())
+        let reject: Layer<_> = host(store.clone(), 4)
             .failure_policy(FailurePolicy::Reject)
             .build()
             .unwrap();
@@ -667,11 +659,7 @@ mod waiting_and_failing {
             Duration::ZERO,
         );
         store.down.store(true, Ordering::SeqCst);
-        let shared: Layer<_> = HierarchicalConcurrencyLayer::builder()
-            .key(api_key)
-            .max_in_flight(4)
-            .store(store.clone())
-            .clock(TokioClock::new())
+        let shared: Layer<_> = host(store.clone(), 4)
             .failure_policy(FailurePolicy::local_fallback(2).unwrap())
             .build()
             .unwrap();
@@ -765,11 +753,7 @@ mod fleet {
         // by the failure policy, and this test is about the store's answers.
         let hosts: Vec<Layer<_>> = (0..3)
             .map(|_| {
-                HierarchicalConcurrencyLayer::builder()
-                    .key(api_key)
-                    .max_in_flight(4)
-                    .store(store.clone())
-                    .clock(TokioClock::new())
+                host(store.clone(), 4)
                     .store_timeout(Duration::from_secs(1))
                     .build()
                     .unwrap()
@@ -802,11 +786,7 @@ mod fleet {
         let store = RedisGlobalStore::<String>::open(&proxy.url()).unwrap();
         let hosts: Vec<Layer<_>> = (0..3)
             .map(|_| {
-                HierarchicalConcurrencyLayer::builder()
-                    .key(api_key)
-                    .max_in_flight(4)
-                    .store(store.clone())
-                    .clock(TokioClock::new())
+                host(store.clone(), 4)
                     .store_timeout(Duration::from_millis(250))
                     .back_off(Duration::from_millis(100))
                     .failure_policy(FailurePolicy::Reject)

@@ -110,19 +110,21 @@ impl Calendar {
         i64::from(self.at_minutes) * MINUTE
     }
 
-    /// What the stores' scripts need of the zone for a call at about `unix_micros` (the
-    /// host's clock; the store's may differ by a second): the resets' distance from midnight
-    /// UTC in microseconds, and for a zone whose offset changes, `before,change,after`: that
-    /// distance before the change nearest to `unix_micros`, the change, and after it.
+    /// What the stores' scripts need of the zone for a call made now (`now`: the host's
+    /// Unix microseconds, read only for a zone whose offset changes; the store's clock may
+    /// differ by a second): the resets' distance from midnight UTC in microseconds, and for
+    /// such a zone `before,change,after`: that distance before the change nearest to now, the
+    /// change, and after it.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn script_shift(&self, unix_micros: u64) -> String {
-        let offsets = self
-            .zone
-            .offsets_near(i64::try_from(unix_micros).unwrap_or(i64::MAX));
+    pub(crate) fn script_shift(&self, now: impl FnOnce() -> u64) -> String {
         let at = self.at_micros();
         if self.zone.is_fixed() {
-            return (at - offsets.before).to_string();
+            // One offset everywhere: the time asked at does not matter.
+            return (at - self.zone.offsets_near(0).before).to_string();
         }
+        let offsets = self
+            .zone
+            .offsets_near(i64::try_from(now()).unwrap_or(i64::MAX));
         format!(
             "{},{},{}",
             at - offsets.before,

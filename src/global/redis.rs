@@ -455,7 +455,7 @@ impl<K: RedisKey> RedisGlobalStore<K> {
                 .arg(limit.period_micros())
                 .arg(limit.cold_max())
                 .arg(calendar_code(limit))
-                .arg(self.calendar_shift(limit))
+                .arg(self.calendar_shift(limit).as_deref().unwrap_or("0"))
                 .arg(&args[..]);
         })
         .await
@@ -513,18 +513,18 @@ fn calendar_code(limit: &Limit) -> u8 {
 
 impl<K> RedisGlobalStore<K> {
     /// A calendar quota's resets' distance from midnight UTC, as the scripts read it (see
-    /// `Calendar::script_shift`), for a call made now by this host's clock.
-    fn calendar_shift(&self, limit: &Limit) -> String {
-        let Some(calendar) = limit.calendar() else {
-            return "0".to_owned();
-        };
-        let now = match &self.now_override {
-            Some(now) => now(),
-            None => std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, micros),
-        };
-        calendar.script_shift(now)
+    /// `Calendar::script_shift`), for a call made now; `None` for a limit that refills at a
+    /// rate (the scripts then read `0`).
+    fn calendar_shift(&self, limit: &Limit) -> Option<String> {
+        let calendar = limit.calendar()?;
+        Some(calendar.script_shift(|| {
+            match &self.now_override {
+                Some(now) => now(),
+                None => std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, micros),
+            }
+        }))
     }
 }
 

@@ -98,7 +98,10 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
             for n in numbers {
                 group.args.push(n.to_string().into_bytes());
             }
-            group.args.push(self.calendar_shift(&limit).into_bytes());
+            let shift = self.calendar_shift(&limit);
+            group
+                .args
+                .push(shift.map_or_else(|| b"0".to_vec(), String::into_bytes));
             for n in args {
                 group.args.push(n.to_string().into_bytes());
             }
