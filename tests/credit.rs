@@ -12,17 +12,19 @@ use hierarchical_throttle::clock::TokioClock;
 use hierarchical_throttle::global::GlobalStore;
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
-    ColdStart, ConfigError, FailurePolicy, HierarchicalThrottleLayer, Limit, MemoryGlobalStore,
-    MemoryLocalStore,
+    Builder, ColdStart, ConfigError, DefaultRejection, FailurePolicy, HierarchicalThrottleLayer,
+    Limit, MemoryGlobalStore, MemoryLocalStore,
 };
 use tokio::time::Instant;
 
 type Store = FaultyStore<MemoryGlobalStore<String, TokioClock>>;
 type Layer = HierarchicalThrottleLayer<String, String, Store, MemoryLocalStore<String>, TokioClock>;
+type HostBuilder =
+    Builder<String, String, Store, MemoryLocalStore<String>, TokioClock, DefaultRejection>;
 
 /// How long a call nothing waits on (the fetch a credit starts) waits for others to join its
 /// batch: the default `global_batch_linger`.
-const LINGER: Duration = Duration::from_millis(5);
+const LINGER: Duration = Duration::from_millis(250);
 
 fn slow_store(delay: Duration) -> Store {
     let store = FaultyStore::new(MemoryGlobalStore::with_clock(TokioClock::new()));
@@ -185,16 +187,19 @@ fn a_credit_share_outside_zero_to_one_is_a_configuration_error() {
 /// The store's answer time in the tests of lingering calls: a network hop away.
 const DELAY: Duration = Duration::from_millis(2);
 
-/// A host giving 1 token of credit (1 % of 100), whose calls nothing waits on linger `linger`.
-fn lingering_host(store: &Store, linger: Duration) -> Layer {
+/// A host giving 1 token of credit (1 % of 100), whose calls nothing waits on linger `linger`;
+/// settings on top.
+fn lingering(store: &Store, linger: Duration) -> HostBuilder {
     HierarchicalThrottleLayer::builder()
         .key(|k: &String| Some(k.clone()))
         .limit(Limit::per_second(100).burst(100).unwrap())
         .clock(TokioClock::new())
         .global_batch_linger(linger)
         .global_store(store.clone())
-        .build()
-        .unwrap()
+}
+
+fn lingering_host(store: &Store, linger: Duration) -> Layer {
+    lingering(store, linger).build().unwrap()
 }
 
 /// Twenty cold keys, one request each, four at each of 0, 1, 2, 3 and 4 ms (tokio's timers
@@ -209,7 +214,7 @@ async fn twenty_cold_keys(layer: &Layer) -> u64 {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(LINGER + Duration::from_millis(10)).await;
     let stats = layer.stats();
     assert_eq!(stats.admitted_on_credit, 20);
     assert_eq!(stats.global_calls, 20, "one fetch per key");
@@ -229,7 +234,7 @@ async fn fetches_of_credited_cold_keys_a_few_ms_apart_go_in_one_round_trip() {
     assert_eq!(
         twenty_cold_keys(&default).await,
         1,
-        "the default lingers 5 ms"
+        "the default lingers 250 ms"
     );
     let each_turn = lingering_host(&slow_store(DELAY), Duration::ZERO);
     assert_eq!(
@@ -275,14 +280,8 @@ async fn a_call_a_request_waits_on_takes_the_lingering_calls_along() {
 #[tokio::test(start_paused = true)]
 async fn a_lingering_batch_has_the_store_timeout_from_when_it_is_sent() {
     let store = slow_store(Duration::from_millis(40));
-    let layer = HierarchicalThrottleLayer::builder()
-        .key(|k: &String| Some(k.clone()))
-        .limit(Limit::per_second(100).burst(100).unwrap())
-        .clock(TokioClock::new())
-        .cold_start(ColdStart::default())
+    let layer = lingering(&store, Duration::from_millis(30))
         .store_timeout(Duration::from_millis(50))
-        .global_batch_linger(Duration::from_millis(30))
-        .global_store(store.clone())
         .build()
         .unwrap();
     assert!(layer.acquire("k".to_owned(), 1).await.is_ok(), "on credit");
@@ -294,4 +293,70 @@ async fn a_lingering_batch_has_the_store_timeout_from_when_it_is_sent() {
     assert_eq!(stats.global_timeouts, 0);
     assert!(stats.tokens_leased > 0, "the batch came");
     assert_eq!(stats.tokens_uncharged, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lingering_batch_cut_short_does_not_send_the_next_one_early() {
+    let store = slow_store(DELAY);
+    let layer = lingering_host(&store, Duration::from_millis(50));
+    assert!(layer.acquire("a".to_owned(), 1).await.is_ok(), "on credit");
+    // At 10 ms a request waits on its own fetch, which takes the lingering one along.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(layer.acquire("b".to_owned(), 5).await.is_ok());
+    assert_eq!(layer.stats().global_batches, 1);
+    // At 20 ms a new credit's fetch lingers until 70 ms, whatever the first linger's timer
+    // (due at 50 ms) does.
+    tokio::time::sleep(Duration::from_millis(8)).await;
+    assert!(layer.acquire("c".to_owned(), 1).await.is_ok(), "on credit");
+    tokio::time::sleep(Duration::from_millis(49)).await;
+    assert_eq!(layer.stats().global_batches, 1, "at 69 ms, still lingering");
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    assert_eq!(layer.stats().global_batches, 2, "sent at 70 ms");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_batch_goes_without_lingering() {
+    let store = slow_store(DELAY);
+    let layer = lingering(&store, Duration::from_millis(50))
+        .global_batch(4)
+        .build()
+        .unwrap();
+    for k in 0..5 {
+        assert!(
+            layer.acquire(format!("key-{k}"), 1).await.is_ok(),
+            "on credit"
+        );
+    }
+    tokio::time::sleep(DELAY + Duration::from_millis(1)).await;
+    let stats = layer.stats();
+    assert_eq!(stats.global_batches, 1, "the first four, at once");
+    assert!(stats.tokens_leased >= 4, "their fetches answered");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        layer.stats().global_batches,
+        2,
+        "the fifth after its linger"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hand_back_lingers_for_a_batch_to_join() {
+    let store = slow_store(DELAY);
+    let layer = lingering(&store, Duration::from_millis(200))
+        .lease_ttl(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    assert!(layer.acquire("a".to_owned(), 1).await.is_ok(), "on credit");
+    // Its fetch goes at 200 ms; the lease it fills, far from the limit, is kept ten
+    // times-to-live (until 1.202 s), then a sweep (every 50 ms) hands it back by 1.252 s.
+    tokio::time::sleep(Duration::from_millis(1_260)).await;
+    let before = layer.stats();
+    assert_eq!((before.global_batches, before.tokens_returned), (1, 0));
+    // A cold key's fetch, lingering too, goes with the hand-back.
+    assert!(layer.acquire("b".to_owned(), 1).await.is_ok(), "on credit");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = layer.stats();
+    assert!(after.tokens_returned > 0, "handed back");
+    assert!(after.tokens_leased > before.tokens_leased, "b's batch came");
+    assert_eq!(after.global_batches, 2, "in one round trip");
 }

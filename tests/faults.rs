@@ -54,6 +54,44 @@ fn a_fetch_whose_runtime_is_dropped_leaves_its_key_usable() {
     assert_eq!(store.acquire_count(), 2);
 }
 
+#[test]
+fn calls_lingering_when_their_runtime_is_dropped_leave_the_queue_usable() {
+    let clock = ManualClock::new();
+    let store = FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
+    let layer = host_builder(&clock, Limit::per_second(10).burst(10).unwrap())
+        .cold_start(hierarchical_throttle::ColdStart::default())
+        .global_store(store.clone())
+        .build()
+        .unwrap();
+    let host = layer.layer(backend());
+
+    let first = paused_runtime();
+    first.block_on(async {
+        let mut host = host.clone();
+        assert_eq!(send(&mut host, "a", 1).await, Outcome::Served, "on credit");
+        settle_background().await;
+    });
+    assert_eq!(store.acquire_count(), 0, "its fetch lingers (250 ms)");
+    drop(first);
+
+    paused_runtime().block_on(async {
+        // Past the time the dropped flush was due.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut host = host.clone();
+        let answer = tokio::time::timeout(Duration::from_secs(1), send(&mut host, "b", 5)).await;
+        assert_eq!(
+            answer,
+            Ok(Outcome::Served),
+            "a request over its credit is fetched for"
+        );
+    });
+    assert_eq!(
+        store.acquire_count(),
+        1,
+        "the dropped runtime's call was never sent"
+    );
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_limit_closure_that_panics_in_a_fetch_costs_only_its_requests() {
     let clock = ManualClock::new();
@@ -127,8 +165,9 @@ fn the_sweeper_starts_again_on_a_later_runtime() {
             .for_each_bucket(|_, b| leased += b.leased_tokens());
         assert!(leased > 0);
         // Nobody calls return_unused_leases: the new sweeper does, within a sweep of the time a
-        // small lease may be kept (ten lease times).
-        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        // small lease may be kept (ten lease times), and the hand-back of a key far from its
+        // limit lingers 250 ms (the default) for a batch.
+        tokio::time::sleep(Duration::from_millis(1_100 + 250)).await;
         assert!(
             layer.stats().tokens_returned >= leased,
             "stats {:?}",

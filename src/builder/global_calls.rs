@@ -33,13 +33,12 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     }
 
     /// The most global calls sent to the store in one round trip. Calls that fall due together
-    /// (queued within one scheduler turn, or within the
+    /// (queued within one scheduler turn, or while a call waits its
     /// [`global_batch_linger`](Self::global_batch_linger): fetches, charges and hand-backs of
-    /// any keys) go as
-    /// one [`call_many`](crate::global::GlobalStore::call_many): on Redis, one script per node
-    /// for all their buckets. Each call keeps its own answer, failure and failure policy; a
-    /// batch has the store time-out. Default: 128; 1 sends every call on its own; at most
-    /// 4,096.
+    /// any keys) go as one [`call_many`](crate::global::GlobalStore::call_many): on Redis, one
+    /// script per node for all their buckets; a queue that reaches this many goes at once. Each
+    /// call keeps its own answer, failure and failure policy; a batch has the store time-out.
+    /// Default: 128; 1 sends every call on its own; at most 4,096.
     pub fn global_batch(mut self, max_calls: usize) -> Self {
         let valid = (1..=4_096).contains(&max_calls);
         self.check(valid, "global_batch", "1 to 4,096 calls");
@@ -47,18 +46,22 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
         self
     }
 
-    /// How long a global call that no request waits on may wait for others to join its batch: the
-    /// fetch a credited request starts, and a batch fetched before a lease runs dry when the lease
-    /// will last past the linger at the key's recent rate on this host. A call a request waits on
-    /// goes with the next scheduler turn and takes every queued call along; so do hand-backs,
-    /// charges, the refill of a lease run dry and a reservation ahead for a key over its limit. A
-    /// request that starts waiting on a lingering fetch sends it at once, so no decision waits for
-    /// the linger; a cold key's second request that comes after the store would have answered waits
-    /// for the fetch (one round trip) instead of being served from it. A host's credit stays given
-    /// until its charge is answered, so the bound of
-    /// [`ColdStart::Credit`](crate::ColdStart::Credit) is unchanged. Default: 5 ms (tokio's timers
-    /// tick in milliseconds: a linger rounds up to the next); zero sends every call with the
-    /// scheduler turn it was made in; at most 1 second.
+    /// How long a global call that no request waits on may wait for others to join its batch:
+    /// the fetch that pays a cold key's credit, and the hand-back of a lease of a key far from
+    /// its limit (one whose global bucket was at least half full). A refill fetched before the
+    /// lease of a key far from its limit runs dry waits at most half the time the lease lasts
+    /// at the key's recent rate on this host, so that the other half is left for the round
+    /// trip. A call a request waits on goes with the next scheduler turn and takes every queued
+    /// call along; so do charges, the refill of a lease run dry, a reservation ahead for a key
+    /// over its limit, and the refills and hand-backs of a key near its limit. A request that
+    /// starts waiting on a lingering fetch sends it at once, so no decision waits for the
+    /// linger; a cold key's second request within the linger (after its one token of credit)
+    /// waits for the fetch, one round trip, instead of being served from it. A host's credit
+    /// stays given until its charge is answered, so the bound of
+    /// [`ColdStart::Credit`](crate::ColdStart::Credit) is unchanged. Default: 250 ms, so that
+    /// a host seeing a few hundred calls a second sends a few round trips a second (tokio's
+    /// timers tick in milliseconds: a linger rounds up to the next); zero sends every call
+    /// with the scheduler turn it was made in; at most 1 second.
     pub fn global_batch_linger(mut self, linger: Duration) -> Self {
         let valid = linger <= Duration::from_secs(1);
         self.check(valid, "global_batch_linger", "at most 1 second");

@@ -91,7 +91,7 @@ const DEFAULT_GLOBAL_BATCH: usize = 128;
 
 /// How long a call nothing waits on may wait for others unless
 /// [`Builder::global_batch_linger`] says otherwise.
-const DEFAULT_GLOBAL_BATCH_LINGER: Duration = Duration::from_millis(5);
+const DEFAULT_GLOBAL_BATCH_LINGER: Duration = Duration::from_millis(250);
 
 /// Where the first level's quotas come from, as set on the builder.
 enum QuotaSetting<K> {

@@ -110,26 +110,35 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// Whether this batch may wait `linger` micros for other calls to join it: no request
-    /// waits on it, and the lease it refills (if any) will not run dry meanwhile at this host's
-    /// recent rate for the key, the higher of the last whole interval's and the current one's
-    /// so far (which catches a burst). Intervals are `interval` micros long; `now` is in the
-    /// interval the demand was last recorded in.
-    pub(crate) fn may_wait(&self, linger: u64, now: u64, interval: u64) -> bool {
-        if self.waited_on {
-            return false;
+    /// How long (micros, at most `linger`) this batch may wait for other calls to join it: not
+    /// at all if a request waits on it, if the key is near its limit (nothing to
+    /// [keep](Self::keep)), or if it refills a lease run dry or reserves a key's next tokens;
+    /// `linger` if it only pays a credit (no lease runs dry meanwhile); for a refill ahead, half
+    /// the time the lease lasts at this host's recent rate for the key (the higher of the last
+    /// whole interval's and the current one's so far, which catches a burst), so that the other
+    /// half is left for the round trip (and for a faster rate). Intervals are `interval`
+    /// micros long; `now` is in the interval the demand was last recorded in.
+    pub(crate) fn may_wait(&self, linger: u64, now: u64, interval: u64) -> u64 {
+        if self.waited_on || self.keep == 0 {
+            // A request waits, or the key is near its limit: what the fleet has left goes
+            // where it is needed without delay.
+            return 0;
         }
         if self.left == 0 {
             // Only a credit to pay: no lease to run dry. A lease run dry, or a reservation
             // ahead for a key over its limit (its next tokens), goes now.
-            return self.needed > 0;
+            return if self.needed > 0 { linger } else { 0 };
         }
         let interval = u128::from(interval.max(1));
         let elapsed = (u128::from(now) % interval).max(1);
-        let (left, linger) = (u128::from(self.left), u128::from(linger));
-        // left / linger > served / time, for both rates, without dividing.
-        let outlasts = |served: u32, time: u128| left * time > u128::from(served) * linger;
-        outlasts(self.demand[0], elapsed) && outlasts(self.demand[1], interval)
+        let left = u128::from(self.left);
+        // `left` tokens last `left * time / served` at `served` per `time`.
+        let lasts = |served: u32, time: u128| match served {
+            0 => u128::MAX,
+            served => left * time / u128::from(served),
+        };
+        let lasts = lasts(self.demand[0], elapsed).min(lasts(self.demand[1], interval));
+        u64::try_from(lasts / 2).map_or(linger, |half| half.min(linger))
     }
 
     /// The request for a batch of `batch` tokens (what the batch policy asked for), with
@@ -495,7 +504,7 @@ mod tests {
             waited_on: true,
             ..plan(100, 0, 0)
         };
-        assert!(!waited_on.may_wait(LINGER, SECOND / 2, SECOND));
+        assert_eq!(waited_on.may_wait(LINGER, SECOND / 2, SECOND), 0);
     }
 
     #[test]
@@ -505,32 +514,45 @@ mod tests {
             needed: 1,
             ..plan(0, 1_000, 1_000)
         };
-        assert!(credit.may_wait(LINGER, SECOND / 2, SECOND));
+        assert_eq!(credit.may_wait(LINGER, SECOND / 2, SECOND), LINGER);
         // Nothing owed, nothing left: a lease run dry, or the next tokens of a key over its
         // limit, which its requests are refused without meanwhile.
-        assert!(!plan(0, 0, 0).may_wait(LINGER, SECOND / 2, SECOND));
+        assert_eq!(plan(0, 0, 0).may_wait(LINGER, SECOND / 2, SECOND), 0);
     }
 
     #[test]
-    fn a_refill_ahead_waits_only_if_the_lease_lasts_past_the_horizon() {
-        // 400 a second: 2 tokens over the 5 ms, so 3 last and 2 do not.
+    fn a_refill_ahead_waits_half_the_time_its_lease_lasts() {
+        // 400 a second: 3 tokens last 7.5 ms, 2 last 5 ms.
         let now = 7 * SECOND + SECOND / 2;
-        assert!(plan(3, 0, 400).may_wait(LINGER, now, SECOND));
-        assert!(!plan(2, 0, 400).may_wait(LINGER, now, SECOND));
+        assert_eq!(plan(3, 0, 400).may_wait(LINGER, now, SECOND), 3_750);
+        assert_eq!(plan(2, 0, 400).may_wait(LINGER, now, SECOND), 2_500);
         // The same from this interval alone (200 in its first half).
-        assert!(plan(3, 200, 0).may_wait(LINGER, now, SECOND));
-        assert!(!plan(2, 200, 0).may_wait(LINGER, now, SECOND));
+        assert_eq!(plan(3, 200, 0).may_wait(LINGER, now, SECOND), 3_750);
         // The higher of the two rates counts.
-        assert!(!plan(3, 200, 800).may_wait(LINGER, now, SECOND));
-        // A slow key's last token outlasts the linger.
-        assert!(plan(1, 3, 5).may_wait(LINGER, now, SECOND));
+        assert_eq!(plan(3, 200, 800).may_wait(LINGER, now, SECOND), 1_875);
+        // No more than the linger, however long the lease lasts.
+        assert_eq!(plan(1, 3, 5).may_wait(LINGER, now, SECOND), LINGER);
+        assert_eq!(plan(5, 0, 0).may_wait(1_000, now, SECOND), 1_000);
+        // A slow key's lease (6 tokens at 3 a second last 2 s) waits the default linger.
+        assert_eq!(plan(6, 0, 3).may_wait(250_000, now, SECOND), 250_000);
+        // A hot key's (40 tokens at 400 a second last 100 ms), half that.
+        assert_eq!(plan(40, 0, 400).may_wait(250_000, now, SECOND), 50_000);
+        // A key near its limit (its lease keeps nothing) refills, and pays credit, at once.
+        for left in [40, 0] {
+            let near = Plan {
+                keep: 0,
+                needed: 1,
+                ..plan(left, 0, 400)
+            };
+            assert_eq!(near.may_wait(250_000, now, SECOND), 0);
+        }
     }
 
     #[test]
     fn a_burst_at_the_start_of_an_interval_refills_at_once() {
-        // Six served within the interval's first millisecond: 30 over the linger.
+        // Six served within the interval's first millisecond: 30 last 5 ms.
         let now = 3 * SECOND + 1_000;
-        assert!(!plan(30, 6, 0).may_wait(LINGER, now, SECOND));
-        assert!(plan(31, 6, 0).may_wait(LINGER, now, SECOND));
+        assert_eq!(plan(30, 6, 0).may_wait(LINGER, now, SECOND), 2_500);
+        assert_eq!(plan(1, 6, 0).may_wait(LINGER, now, SECOND), 83);
     }
 }

@@ -605,6 +605,12 @@ impl LocalBucket {
         expired
     }
 
+    /// Whether the global bucket held at least half its capacity at the last answer: tokens
+    /// this lease hands back are then not needed by the fleet at once.
+    pub(crate) fn is_far_from_limit(&self) -> bool {
+        self.cold().keep > 0
+    }
+
     /// Drops the slow path's state when it holds nothing: the bucket then reads exactly as it
     /// did (see [`Cold::is_idle`]).
     fn shed_if_idle(&mut self, now: u64, interval: u64) {

@@ -1,12 +1,13 @@
 //! Global calls batched across keys: the calls that fall due together (fetches, charges, hand-backs
 //! of any keys) go to the store as one [`call_many`](crate::global::GlobalStore::call_many), at
-//! most [`global_batch`](crate::Builder::global_batch) calls at a time. A call a request waits on
-//! goes with the next scheduler turn, taking every queued call along; a call that may wait
-//! ([`Due::Behind`]: a credit's fetch, a batch fetched well ahead of its lease running
-//! dry) waits up to [`global_batch_linger`](crate::Builder::global_batch_linger) for others to join
-//! it, until a request starts waiting on any call. Each call keeps its own answer and failure; the
-//! batch as a whole has the store time-out from when it is sent, after which its calls end as timed
-//! out.
+//! most [`global_batch`](crate::Builder::global_batch) calls at a time. Each call has a time it
+//! falls due, and the queue goes when the first of its calls does, or at once when it fills a
+//! batch. A call a request waits on falls due with the next scheduler turn, taking every queued
+//! call along; a call nothing waits on ([`Due::Behind`]: a credit's fetch, a hand-back of a key
+//! far from its limit, a refill ahead of a lease running dry) may wait up to
+//! [`global_batch_linger`](crate::Builder::global_batch_linger) for others to join it, until a
+//! request starts waiting on any call. Each call keeps its own answer and failure; the batch as a
+//! whole has the store time-out from when it is sent, after which its calls end as timed out.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::clock::Clock;
 use crate::error::BoxError;
@@ -30,8 +32,8 @@ pub(crate) struct CallQueue<K> {
     expedites: AtomicU64,
 }
 
-/// A queued call, and where its reply goes.
-type Pending<K> = (Call<BucketKey<K>>, oneshot::Sender<Reply>);
+/// A queued call, where its reply goes, and when it falls due.
+type Pending<K> = (Call<BucketKey<K>>, oneshot::Sender<Reply>, Instant);
 
 /// A call's answer (or why it has none), and when its batch left for the store (in the
 /// throttle's clock).
@@ -42,17 +44,11 @@ pub(crate) struct Reply {
 
 struct Queue<K> {
     pending: Vec<Pending<K>>,
-    next: NextFlush,
-}
-
-/// The flush that will take calls queued now.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum NextFlush {
-    None,
-    /// After the linger.
-    Lingering,
-    /// With the next scheduler turn.
-    Now,
+    /// When the queued calls go: the earliest time one of them falls due. `None` when empty.
+    due_at: Option<Instant>,
+    /// Counts the flushes scheduled: a flush task whose number is not the latest finds its
+    /// calls taken (or due earlier, by a flush of its own) and leaves.
+    window: u64,
 }
 
 /// When a call may go to the store.
@@ -61,9 +57,9 @@ pub(crate) enum Due {
     /// A request waits on it: with the next scheduler turn.
     Now,
     /// Nothing waited on it when it was planned, at which time the queue's
-    /// [`expedites`](CallQueue::expedites) was `since`: it may linger, unless a request started
-    /// waiting since (it may be waiting on this call).
-    Behind { since: u64 },
+    /// [`expedites`](CallQueue::expedites) was `since`: it may wait up to `within` for others to
+    /// join its batch, unless a request started waiting since (it may be waiting on this call).
+    Behind { since: u64, within: Duration },
 }
 
 impl<K> Default for CallQueue<K> {
@@ -71,7 +67,8 @@ impl<K> Default for CallQueue<K> {
         Self {
             state: Mutex::new(Queue {
                 pending: Vec::new(),
-                next: NextFlush::None,
+                due_at: None,
+                window: 0,
             }),
             expedites: AtomicU64::new(0),
         }
@@ -79,11 +76,21 @@ impl<K> Default for CallQueue<K> {
 }
 
 impl<K> CallQueue<K> {
-    /// The count to plan a call nothing waits on with ([`Due::Behind`]).
-    pub(crate) fn behind(&self) -> Due {
-        Due::Behind {
-            since: self.expedites.load(Ordering::SeqCst),
+    /// How many times a request started waiting on a call so far: read before planning a call
+    /// nothing waits on ([`Due::Behind`]).
+    pub(crate) fn expedites(&self) -> u64 {
+        self.expedites.load(Ordering::SeqCst)
+    }
+
+    /// Makes `at` the time the queued calls go if it is sooner than the one set; returns the
+    /// window a flush must be scheduled for.
+    fn due(queue: &mut Queue<K>, at: Instant) -> Option<u64> {
+        if queue.due_at.is_some_and(|due| due <= at) {
+            return None;
         }
+        queue.due_at = Some(at);
+        queue.window = queue.window.wrapping_add(1);
+        Some(queue.window)
     }
 }
 
@@ -104,28 +111,27 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// reply.
     pub(crate) async fn call_store(self: &Arc<Self>, call: Call<BucketKey<K>>, due: Due) -> Reply {
         let (sender, receiver) = oneshot::channel();
-        let flush = {
-            let mut queue = lock(&self.calls.state);
-            queue.pending.push((call, sender));
-            let lingers = match due {
-                Due::Now => false,
-                Due::Behind { since } => {
-                    !self.config.global_batch_linger.is_zero()
-                        && self.calls.expedites.load(Ordering::SeqCst) == since
-                }
-            };
-            let next = match (lingers, queue.next) {
-                (false, NextFlush::None | NextFlush::Lingering) => Some(NextFlush::Now),
-                (true, NextFlush::None) => Some(NextFlush::Lingering),
-                _ => None,
-            };
-            if let Some(next) = next {
-                queue.next = next;
+        let now = Instant::now();
+        let at = match due {
+            Due::Behind { since, within }
+                if self.calls.expedites.load(Ordering::SeqCst) == since =>
+            {
+                now + within
             }
-            next
+            _ => now,
         };
-        if let Some(next) = flush {
-            self.schedule_flush(next);
+        let (window, at) = {
+            let mut queue = lock(&self.calls.state);
+            queue.pending.push((call, sender, at));
+            // A full batch goes at once.
+            let at = match queue.pending.len() >= self.config.global_batch {
+                true => now,
+                false => at,
+            };
+            (CallQueue::due(&mut queue, at), at)
+        };
+        if let Some(window) = window {
+            self.schedule_flush(window, at);
         }
         // No reply: its batch never ran (no runtime, or it shut down), so nothing was sent.
         receiver.await.unwrap_or_else(|_| Reply {
@@ -138,61 +144,79 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// lingering go now.
     pub(crate) fn expedite_calls(self: &Arc<Self>) {
         self.calls.expedites.fetch_add(1, Ordering::SeqCst);
-        let mut queue = lock(&self.calls.state);
-        if queue.next == NextFlush::Lingering {
-            queue.next = NextFlush::Now;
-            drop(queue);
-            self.schedule_flush(NextFlush::Now);
+        let now = Instant::now();
+        let window = {
+            let mut queue = lock(&self.calls.state);
+            // Every queued call, as the one waited on may not fit in the next batch.
+            for (_, _, at) in &mut queue.pending {
+                *at = now;
+            }
+            match queue.due_at {
+                Some(_) => CallQueue::due(&mut queue, now),
+                None => None,
+            }
+        };
+        if let Some(window) = window {
+            self.schedule_flush(window, now);
         }
     }
 
-    /// Runs the next batch in a task of its own; without a runtime, the queued calls end
-    /// unanswered.
-    fn schedule_flush(self: &Arc<Self>, next: NextFlush) {
-        let linger = match next {
-            NextFlush::Lingering => self.config.global_batch_linger,
-            _ => Duration::ZERO,
-        };
+    /// Runs the batch of flush `window` at `at` in a task of its own; without a runtime, the
+    /// queued calls end unanswered.
+    fn schedule_flush(self: &Arc<Self>, window: u64, at: Instant) {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(self.clone().flush(linger));
+                runtime.spawn(self.clone().flush(window, at));
             }
             Err(_) => {
                 let mut queue = lock(&self.calls.state);
                 queue.pending.clear();
-                queue.next = NextFlush::None;
+                queue.due_at = None;
             }
         }
     }
 
-    async fn flush(self: Arc<Self>, linger: Duration) {
-        if linger.is_zero() {
+    async fn flush(self: Arc<Self>, window: u64, at: Instant) {
+        let mut unflushed = Unflushed {
+            queue: &self.calls,
+            window: Some(window),
+        };
+        if at <= Instant::now() {
             // Calls queued by the tasks already scheduled join this batch.
             tokio::task::yield_now().await;
         } else {
-            tokio::time::sleep(linger).await;
+            tokio::time::sleep_until(at).await;
         }
-        let batch: Vec<_> = {
+        let (batch, rest) = {
             let mut queue = lock(&self.calls.state);
+            if queue.window != window {
+                // Another flush took these calls, or takes them sooner.
+                return;
+            }
             let n = queue.pending.len().min(self.config.global_batch);
             let batch: Vec<_> = queue.pending.drain(..n).collect();
-            if queue.pending.is_empty() {
-                queue.next = NextFlush::None;
-            } else {
-                // The rest go in a batch of their own, at the same time.
-                queue.next = NextFlush::Now;
-                drop(queue);
-                self.schedule_flush(NextFlush::Now);
-            }
-            batch
+            queue.due_at = None;
+            unflushed.window = None;
+            // The rest go when the first of them falls due (at once if they fill a batch).
+            let full = queue.pending.len() >= self.config.global_batch;
+            let next = queue.pending.iter().map(|(_, _, at)| *at).min();
+            let rest = next.map(|at| if full { Instant::now() } else { at });
+            let window = rest.and_then(|at| CallQueue::due(&mut queue, at));
+            (batch, window.zip(rest))
         };
+        if let Some((window, at)) = rest {
+            self.schedule_flush(window, at);
+        }
         if batch.is_empty() {
             // An earlier flush took them.
             return;
         }
         self.stats.global_batches.incr();
         let sent_at = self.now();
-        let (calls, senders): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+        let (calls, senders): (Vec<_>, Vec<_>) = batch
+            .into_iter()
+            .map(|(call, sender, _)| (call, sender))
+            .unzip();
         let mut senders: Vec<_> = senders.into_iter().map(Some).collect();
         let deadline = tokio::time::Instant::now() + self.config.store_timeout;
         let answers = self.global.call_many(calls);
@@ -222,6 +246,27 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 sent_at,
                 answer: Err(CallFailure::TimedOut),
             });
+        }
+    }
+}
+
+/// A flush task's window until it takes its calls: if the task is dropped first (its runtime
+/// shut down), its calls end unanswered and the queue schedules afresh, rather than waiting
+/// for a flush that will never run.
+struct Unflushed<'a, K> {
+    queue: &'a CallQueue<K>,
+    window: Option<u64>,
+}
+
+impl<K> Drop for Unflushed<'_, K> {
+    fn drop(&mut self) {
+        let Some(window) = self.window else {
+            return;
+        };
+        let mut queue = lock(&self.queue.state);
+        if queue.window == window {
+            queue.pending.clear();
+            queue.due_at = None;
         }
     }
 }

@@ -60,7 +60,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         };
         let reserving = !max_reservation.is_zero();
         // Read before the plan, so a request that joins the fetch after it sends it at once.
-        let behind = self.calls.behind();
+        let expedites = self.calls.expedites();
         let plan = self.local.with_bucket(id, |b| {
             self.serve(id, &bucket, b);
             b.plan(now, interval, &limit, reserving, self.recheck_after())
@@ -97,8 +97,11 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let linger = micros(self.config.global_batch_linger);
         let interval = micros(self.config.demand_interval);
         let due = match plan.may_wait(linger, now, interval) {
-            true => behind,
-            false => Due::Now,
+            0 => Due::Now,
+            within => Due::Behind {
+                since: expedites,
+                within: Duration::from_micros(within),
+            },
         };
         let Reply { sent_at, answer } = self.call_store(call, due).instrument(span.clone()).await;
         let answered = self.now();

@@ -32,6 +32,9 @@ pub(crate) struct Return<K> {
     /// When they left the lease: a calendar quota's tokens are not handed back into a window
     /// after theirs.
     taken_at: u64,
+    /// The key was far from its limit: no host needs these tokens soon, so the hand-back may
+    /// linger for other calls to join its round trip.
+    unhurried: bool,
 }
 
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
@@ -51,6 +54,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             if b.is_dated() {
                 dated.push(id.clone());
             }
+            // Read first: a lease that gives back everything drops what it knew of the store.
+            let unhurried = b.is_far_from_limit();
             let tokens = b.take_expired(now, ttl, interval);
             if tokens > 0 {
                 returns.push(Return {
@@ -58,6 +63,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                     dispenser: b.dispenser(),
                     tokens,
                     taken_at: now,
+                    unhurried,
                 });
             }
         });
@@ -86,15 +92,23 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             dispenser,
             tokens,
             taken_at,
+            unhurried,
         } = back;
         let bucket = self.resolve(&id);
         let Some(bucket) = bucket.filter(|b| dispenser == 0 || dispenser == b.name.id()) else {
             self.stats.tokens_forfeited.add(tokens);
             return;
         };
+        // An unhurried hand-back lingers for other calls to join its round trip; one the fleet
+        // may need (its key near its limit) goes at once.
+        let linger = match unhurried {
+            true => self.config.global_batch_linger,
+            false => Duration::ZERO,
+        };
         // A calendar quota's tokens go back only into their own window: a hand-back that could
         // land after the reset (by the store's clock) would add them to the next.
         let lands_by = now
+            .saturating_add(micros(linger))
             .saturating_add(micros(self.config.store_timeout))
             .saturating_add(micros(CLOCK_SKEW));
         if let Some(calendar) = bucket.limit.calendar()
@@ -109,10 +123,14 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             limit: bucket.limit,
             tokens,
         };
-        // Not lingering: a sweep hands back many leases together already, and tokens back in
-        // the global bucket sooner serve the fleet sooner (and not the host's own next fetch
-        // of the same key, which a lingering hand-back would meet in one batch).
-        let Reply { sent_at, answer } = self.call_store(call, Due::Now).await;
+        let due = match unhurried {
+            true => Due::Behind {
+                since: self.calls.expedites(),
+                within: linger,
+            },
+            false => Due::Now,
+        };
+        let Reply { sent_at, answer } = self.call_store(call, due).await;
         match answer {
             Ok(_) => {
                 self.store_answered();
@@ -132,6 +150,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                         dispenser,
                         tokens,
                         taken_at,
+                        unhurried,
                     });
                 }
             }
@@ -151,6 +170,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             dispenser,
             tokens,
             taken_at: now,
+            unhurried: false,
         });
     }
 
@@ -168,6 +188,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             dispenser,
             tokens,
             taken_at: now,
+            unhurried: false,
         })
     }
 
@@ -188,6 +209,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                     dispenser,
                     tokens,
                     taken_at: self.now(),
+                    unhurried: false,
                 });
             }
         }
