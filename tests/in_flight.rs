@@ -1005,3 +1005,150 @@ mod stores {
         let _ = clock.now();
     }
 }
+
+/// The `RateLimit` fields of admitted responses: the limit, and the slots the host sees free
+/// as the response leaves (the request's own still taken).
+mod admitted_fields {
+    use super::*;
+
+    /// `layer` around a handler that answers at once.
+    fn app<S: SlotStore<BucketKey<String>> + Clone>(layer: Layer<S>) -> Router {
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer)
+    }
+
+    fn fields(response: &http::Response<impl Sized>, name: &str) -> Vec<String> {
+        response
+            .headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_admitted_response_says_the_limit_and_the_slots_left() {
+        let layer = layer(MemoryGlobalStore::with_clock(TokioClock::new()), 3);
+        let held = layer.acquire("k".to_owned()).await.unwrap();
+        let response = app(layer.clone()).oneshot(request("k")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            fields(&response, "ratelimit-policy"),
+            [r#""concurrency";q=3;qu="concurrent-requests""#]
+        );
+        assert_eq!(
+            fields(&response, "ratelimit"),
+            [r#""concurrency";r=1"#],
+            "3, less the one held and this request's"
+        );
+        drop((held, response));
+        let alone = app(layer).oneshot(request("k")).await.unwrap();
+        assert_eq!(fields(&alone, "ratelimit"), [r#""concurrency";r=2"#]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_named_layer_names_its_item_and_the_fields_can_be_turned_off() {
+        let store = MemoryGlobalStore::with_clock(TokioClock::new());
+        let named = host(store.clone(), 2).layer_name("api").build().unwrap();
+        let response = app(named).oneshot(request("k")).await.unwrap();
+        assert_eq!(fields(&response, "ratelimit"), [r#""api/concurrency";r=1"#]);
+        let off = host(store, 2).ratelimit_fields(false).build().unwrap();
+        let response = app(off).oneshot(request("k")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(response.headers().get("ratelimit").is_none());
+        assert!(response.headers().get("ratelimit-policy").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_tier_shows_its_own_limit() {
+        let tiers = HierarchicalConcurrencyLayer::builder()
+            .key(api_key)
+            .max_in_flight_per_key(|key: &String| if key == "gold" { 8 } else { 2 })
+            .store(MemoryGlobalStore::with_clock(TokioClock::new()))
+            .clock(TokioClock::new())
+            .build()
+            .unwrap();
+        for (key, policy, state) in [
+            (
+                "gold",
+                r#""concurrency";q=8;qu="concurrent-requests""#,
+                r#""concurrency";r=7"#,
+            ),
+            (
+                "free",
+                r#""concurrency";q=2;qu="concurrent-requests""#,
+                r#""concurrency";r=1"#,
+            ),
+        ] {
+            let response = app(tiers.clone()).oneshot(request(key)).await.unwrap();
+            assert_eq!(fields(&response, "ratelimit-policy"), [policy]);
+            assert_eq!(fields(&response, "ratelimit"), [state]);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn under_a_rate_limit_each_layer_adds_its_own_items() {
+        let rate = hierarchical_throttle::HierarchicalThrottleLayer::builder()
+            .key_ref(|req: &Request<Body>| key::header_bytes(req, "x-api-key"))
+            .limit(
+                hierarchical_throttle::Limit::per_second(10)
+                    .burst(10)
+                    .unwrap(),
+            )
+            .global_store(MemoryGlobalStore::new())
+            .build()
+            .unwrap();
+        let in_flight = layer(MemoryGlobalStore::with_clock(TokioClock::new()), 2);
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(in_flight)
+            .layer(rate);
+        let response = app.oneshot(request("k")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let policies = fields(&response, "ratelimit-policy");
+        assert_eq!(policies.len(), 2, "{policies:?}");
+        assert!(policies.contains(&r#""concurrency";q=2;qu="concurrent-requests""#.to_owned()));
+        assert!(
+            policies.iter().any(|p| p.starts_with(r#""default";q=10"#)),
+            "{policies:?}"
+        );
+        assert!(fields(&response, "ratelimit").contains(&r#""concurrency";r=1"#.to_owned()));
+    }
+
+    /// Two hosts on one store: the second sees what the first holds.
+    async fn a_host_sees_what_the_others_hold<S: SlotStore<BucketKey<String>> + Clone>(store: S) {
+        let build = || {
+            host(store.clone(), 4)
+                .store_timeout(Duration::from_secs(1))
+                .build()
+                .unwrap()
+        };
+        let (first, second) = (build(), build());
+        let held = [
+            first.acquire("k".to_owned()).await.unwrap(),
+            first.acquire("k".to_owned()).await.unwrap(),
+        ];
+        let response = app(second).oneshot(request("k")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            fields(&response, "ratelimit"),
+            [r#""concurrency";r=1"#],
+            "4, less the first host's 2 and this request"
+        );
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fleet_on_memory() {
+        a_host_sees_what_the_others_hold(MemoryGlobalStore::with_clock(TokioClock::new())).await;
+    }
+
+    #[tokio::test]
+    async fn fleet_on_redis() {
+        let server = RedisServer::start();
+        let store: RedisGlobalStore<String> =
+            RedisGlobalStore::connect(&server.url()).await.unwrap();
+        a_host_sees_what_the_others_hold(store).await;
+    }
+}

@@ -9,16 +9,16 @@
 //! on (the default), beside
 //! tower_governor with its own headers on (`use_headers`, the name made once); and both
 //! refusing every request (each key over its limit), with their headers (the README's lead
-//! example for this layer). Each iteration clones a prepared request.
+//! example for this layer); and a fleet-wide concurrency limit no key reaches, its `RateLimit`
+//! fields on admitted responses off and on. Each iteration clones a prepared request.
 //!
 //! Run with: cargo bench -p hierarchical-throttle-bench --bench layer_overhead
 
 use std::convert::Infallible;
 use std::hint::black_box;
 
-use axum::body::Body;
 use criterion::{Criterion, criterion_group, criterion_main};
-use http::{Request, Response};
+use http::Request;
 use tower::{Layer, Service};
 use tower_governor::governor::GovernorConfigBuilder;
 
@@ -33,7 +33,7 @@ use support::poll_once;
 /// Measures `service` on `requests` after the warm-up rounds (every key then holds tokens).
 fn measure<S>(c: &mut Criterion, name: String, mut service: S, requests: &[Request<()>])
 where
-    S: Service<Request<()>, Response = Response<Body>, Error = Infallible> + Clone,
+    S: Service<Request<()>, Error = Infallible> + Clone,
 {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -72,6 +72,20 @@ fn bench(c: &mut Criterion) {
         measure(c, name("throttled_key_ref_fields"), side, &requests);
         let side = throttle!(key_ref, api_key_bytes, true).layer(Echo);
         measure(c, name("throttled_key_bytes_fields"), side, &requests);
+        // A fleet-wide concurrency limit no key reaches: a slot taken and given back with
+        // each response, without and with its fields.
+        measure(
+            c,
+            name("in_flight"),
+            sides::in_flight(false).layer(Echo),
+            &requests,
+        );
+        measure(
+            c,
+            name("in_flight_fields"),
+            sides::in_flight(true).layer(Echo),
+            &requests,
+        );
         // Every request refused (each key over its limit after its first request): the
         // answer's cost, with each side's headers.
         let side = sides::governor_refusing().layer(Echo);

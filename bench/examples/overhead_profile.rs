@@ -7,14 +7,15 @@
 //! Sides: `unthrottled`, `tower_governor`, `tower_governor_header_name`,
 //! `tower_governor_headers` (with its `x-ratelimit-*` headers), `throttled` (`key` with
 //! `key::header_value`), `throttled_key_ref` (`key_ref` with `key::header_str`),
-//! `throttled_key_bytes` (`key_ref` with `key::header_bytes`), `throttled_key_ref_fields` (the same with the `RateLimit` fields), `throttled_key_bytes_fields` (the README's lead example: `header_bytes` with the fields), `refused_tower_governor_headers` and `refused_throttled_key_bytes` (every request refused), and `constant_key` (the
+//! `throttled_key_bytes` (`key_ref` with `key::header_bytes`), `throttled_key_ref_fields` (the same with the `RateLimit` fields), `throttled_key_bytes_fields` (the README's lead example: `header_bytes` with the fields), `refused_tower_governor_headers` and `refused_throttled_key_bytes` (every request refused),
+//! `in_flight` and `in_flight_fields` (a concurrency limit no key reaches, without and with its
+//! fields), and `constant_key` (the
 //! layer with a key read from nothing: what remains is the layer's own work).
 
 use std::convert::Infallible;
 use std::hint::black_box;
 
-use axum::body::Body;
-use http::{Request, Response};
+use http::Request;
 use tower::{Layer, Service};
 use tower_governor::governor::GovernorConfigBuilder;
 
@@ -30,7 +31,7 @@ use support::poll_once;
 /// Calls `service` `iterations` times over `requests` after the warm-up rounds.
 fn run<S>(mut service: S, requests: &[Request<()>], iterations: usize)
 where
-    S: Service<Request<()>, Response = Response<Body>, Error = Infallible> + Clone,
+    S: Service<Request<()>, Error = Infallible> + Clone,
 {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -102,6 +103,8 @@ fn main() {
             &requests,
             iterations,
         ),
+        "in_flight" => run(sides::in_flight(false).layer(Echo), &requests, iterations),
+        "in_flight_fields" => run(sides::in_flight(true).layer(Echo), &requests, iterations),
         "constant_key" => run(
             throttle!(key, |_: &Request<()>| Some(7u64), false).layer(Echo),
             &requests,

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use crate::builder::Unset;
 use crate::clock::{Clock, MonotonicClock};
-use crate::concurrency::{HierarchicalConcurrencyLayer, KeyFn, Shared};
+use crate::concurrency::{FieldsOf, HierarchicalConcurrencyLayer, KeyFn, Shared};
 use crate::error::ConfigError;
 use crate::failure::FailurePolicy;
 use crate::global::slots::SlotStore;
 use crate::in_flight::{Fallback, InFlight, MaxFn, Settings};
 use crate::key::MissingKey;
-use crate::quota::{BucketKey, DEFAULT_LAYER, Name};
+use crate::quota::{BucketKey, DEFAULT_LAYER, Name, item_name};
 
 /// The name a concurrency limit goes by unless told (in the `RateLimit` fields and the
 /// store's keys).
@@ -42,6 +42,7 @@ struct Tuning {
     retry_after: Duration,
     host: Option<u64>,
     max_wait: Duration,
+    fields: bool,
 }
 
 impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
@@ -68,6 +69,7 @@ impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
                 retry_after: Duration::from_secs(1),
                 host: None,
                 max_wait: Duration::ZERO,
+                fields: true,
             },
         }
     }
@@ -175,6 +177,15 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
         self
     }
 
+    /// Whether admitted responses carry the limit's `RateLimit-Policy` and `RateLimit` fields
+    /// (default: on): `"<name>";q=<max>;qu="concurrent-requests"` and `"<name>";r=<free>`, the
+    /// slots this host sees free for the key as the response leaves (the request's own still
+    /// taken: its body holds it). Refusals carry them either way.
+    pub fn ratelimit_fields(mut self, on: bool) -> Self {
+        self.tuning.fields = on;
+        self
+    }
+
     /// How long a call to the store may take before it counts as failed (default 50 ms).
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.tuning.store_timeout = timeout;
@@ -233,6 +244,8 @@ where
         let invalid = |setting, expected| ConfigError::InvalidSetting { setting, expected };
         let t = self.tuning;
         let key = self.key.ok_or(invalid("key", "a key closure"))?;
+        // The limit of every key, when it is one for all: its policy field is written once.
+        let common_max = self.max_per_key.is_none().then_some(t.max);
         let max: MaxFn<K> = match (self.max_per_key, t.max) {
             (Some(per_key), _) => per_key,
             (None, 0) => return Err(invalid("max_in_flight", "at least one request")),
@@ -267,9 +280,15 @@ where
             FailurePolicy::Reject => Fallback::None,
             FailurePolicy::LocalFallback { expected_hosts } => Fallback::ShareOf(expected_hosts),
         };
+        let (layer, name) = (Name::new(&t.layer)?, Name::new(&t.name)?);
+        let fields = t.fields.then(|| {
+            let layer = (layer != Name::intern(DEFAULT_LAYER)).then(|| layer.as_str());
+            let item = Arc::from(item_name(layer, None, name.as_str()));
+            Arc::new(FieldsOf::new(item, common_max))
+        });
         let settings = Settings {
-            layer: Name::new(&t.layer)?,
-            name: Name::new(&t.name)?,
+            layer,
+            name,
             fallback,
             slot_ttl: t.slot_ttl,
             linger: t.linger,
@@ -284,6 +303,7 @@ where
                 missing_key: self.missing_key,
                 engine: InFlight::new(self.store, self.clock, settings, max),
                 retry_after: t.retry_after,
+                fields,
             }),
         })
     }

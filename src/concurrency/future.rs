@@ -8,7 +8,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::concurrency::SlotBody;
+use crate::concurrency::{AdmittedFields, SlotBody};
 use crate::in_flight::{NoSlot, SlotPermit, WaitForSlot};
 
 /// Answers a request refused after its wait (it reads the request's headers).
@@ -38,11 +38,13 @@ pin_project! {
             wait: WaitForSlot,
             // Taken once the wait ends: what calls the service, or answers the refusal.
             then: Option<(S, Req, Refuse<Req, B>)>,
+            fields: Option<AdmittedFields>,
         },
         Calling {
             #[pin]
             future: S::Future,
             permit: Option<SlotPermit>,
+            fields: Option<AdmittedFields>,
         },
         Answered {
             response: Option<Response<B>>,
@@ -54,9 +56,17 @@ impl<S, Req, B> ResponseFuture<S, Req, B>
 where
     S: Service<Req, Response = Response<B>>,
 {
-    pub(crate) fn calling(future: S::Future, permit: Option<SlotPermit>) -> Self {
+    pub(crate) fn calling(
+        future: S::Future,
+        permit: Option<SlotPermit>,
+        fields: Option<AdmittedFields>,
+    ) -> Self {
         Self {
-            state: State::Calling { future, permit },
+            state: State::Calling {
+                future,
+                permit,
+                fields,
+            },
         }
     }
 
@@ -70,14 +80,15 @@ where
 
     pub(crate) fn waiting(
         wait: WaitForSlot,
-        service: S,
-        request: Req,
+        (service, request): (S, Req),
         refuse: Refuse<Req, B>,
+        fields: Option<AdmittedFields>,
     ) -> Self {
         Self {
             state: State::Waiting {
                 wait,
                 then: Some((service, request, refuse)),
+                fields,
             },
         }
     }
@@ -93,7 +104,7 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Waiting { wait, then } => {
+                StateProj::Waiting { wait, then, fields } => {
                     let verdict = ready!(wait.poll(cx));
                     let Some((mut service, request, refuse)) = then.take() else {
                         // Polled again after it ended: nothing left to answer with.
@@ -103,6 +114,7 @@ where
                         Ok(permit) => State::Calling {
                             future: service.call(request),
                             permit: Some(permit),
+                            fields: fields.take(),
                         },
                         Err(no_slot) => State::Answered {
                             response: Some(refuse(no_slot, &request)),
@@ -110,9 +122,16 @@ where
                     };
                     state.set(next);
                 }
-                StateProj::Calling { future, permit } => {
-                    let response = ready!(future.poll(cx))?;
+                StateProj::Calling {
+                    future,
+                    permit,
+                    fields,
+                } => {
+                    let mut response = ready!(future.poll(cx))?;
                     let permit = permit.take();
+                    if let (Some(fields), Some(permit)) = (fields.as_ref(), permit.as_ref()) {
+                        fields.append_to(response.headers_mut(), permit);
+                    }
                     return Poll::Ready(Ok(response.map(|body| SlotBody::new(body, permit))));
                 }
                 StateProj::Answered { response } => {

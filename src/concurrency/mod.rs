@@ -4,7 +4,8 @@
 //! when the response's body ends (or the request is cancelled, or its handler panics). Slots
 //! are leased to hosts like tokens: each host asks the [`SlotStore`] for what it needs, uses
 //! what it holds without a call, and gives back what stays idle; each holding expires unless
-//! renewed, so the slots of a host that dies come back.
+//! renewed, so the slots of a host that dies come back. Refusals and admitted responses carry
+//! the limit's `RateLimit` fields (admitted ones: the slots the host sees free).
 
 mod body;
 mod builder;
@@ -55,7 +56,10 @@ type KeyFn<Req, K> = Box<dyn Fn(&Req) -> Option<K> + Send + Sync>;
 /// assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
 /// assert_eq!(refused.headers()["ratelimit-policy"], r#""concurrency";q=2;qu="concurrent-requests""#);
 /// drop((a, b));
-/// assert_eq!(app.oneshot(call()?).await?.status(), StatusCode::OK);
+/// let admitted = app.oneshot(call()?).await?;
+/// assert_eq!(admitted.status(), StatusCode::OK);
+/// // One slot left while this response's body is open.
+/// assert_eq!(admitted.headers()["ratelimit"], r#""concurrency";r=1"#);
 /// # Ok(()) }
 /// ```
 ///
@@ -70,6 +74,50 @@ pub(crate) struct Shared<Req, K, S, C> {
     missing_key: MissingKey<K>,
     engine: InFlight<K, S, C>,
     retry_after: Duration,
+    /// The `RateLimit` fields of admitted responses (`None`: off).
+    fields: Option<Arc<FieldsOf>>,
+}
+
+/// What a layer's admitted responses show of its limit: the item name, and the policy field
+/// of the layer-wide limit (when there is one), written once.
+pub(crate) struct FieldsOf {
+    name: Arc<str>,
+    common: Option<(u64, http::HeaderValue)>,
+}
+
+impl FieldsOf {
+    pub(crate) fn new(name: Arc<str>, common_max: Option<u64>) -> Self {
+        let common = common_max.map(|max| (max, Self::policy_of(&name, max)));
+        Self { name, common }
+    }
+
+    fn policy_of(name: &str, max: u64) -> http::HeaderValue {
+        crate::response::concurrency_policy(name, max, crate::fields::CONCURRENT_REQUESTS)
+    }
+
+    /// The policy field for a key whose limit is `max`.
+    fn policy(&self, max: u64) -> http::HeaderValue {
+        match &self.common {
+            Some((common, policy)) if *common == max => policy.clone(),
+            _ => Self::policy_of(&self.name, max),
+        }
+    }
+}
+
+/// The `RateLimit` fields an admitted response gets: the layer's, and the key's limit when it
+/// was admitted.
+pub(crate) struct AdmittedFields {
+    of: Arc<FieldsOf>,
+    max: u64,
+}
+
+impl AdmittedFields {
+    /// Appends the fields to `headers`, with the slots `permit`'s host sees free now.
+    pub(crate) fn append_to(&self, headers: &mut http::HeaderMap, permit: &SlotPermit) {
+        let free = permit.free(self.max);
+        let policy = self.of.policy(self.max);
+        crate::response::append_concurrency_fields(headers, &self.of.name, policy, free);
+    }
 }
 
 impl<Req, K, S, C> Clone for HierarchicalConcurrencyLayer<Req, K, S, C> {
@@ -157,6 +205,15 @@ where
     S: SlotStore<BucketKey<K>>,
     C: Clock,
 {
+    /// The fields of an admitted response for `key`, when they are on.
+    fn admitted_fields(&self, key: &K) -> Option<AdmittedFields> {
+        let of = self.fields.as_ref()?;
+        Some(AdmittedFields {
+            of: of.clone(),
+            max: self.engine.max_for(key),
+        })
+    }
+
     /// The refusal of a request for `key` that got no slot.
     fn rejection(&self, key: Option<K>, no_slot: NoSlot) -> Rejection<K> {
         let settings = self.engine.settings();

@@ -93,12 +93,13 @@ where
             .map_or_else(|| shared.missing_key.resolve(), |k| Ok(Some(k)))
         {
             Ok(Some(key)) => key,
-            Ok(None) => return ResponseFuture::calling(self.inner.call(request), None),
+            Ok(None) => return ResponseFuture::calling(self.inner.call(request), None, None),
             Err(rejection) => return ResponseFuture::answered(answer(&request, rejection)),
         };
         match shared.engine.try_acquire(&key) {
             Acquired::Now(permit) => {
-                ResponseFuture::calling(self.inner.call(request), Some(permit))
+                let fields = shared.admitted_fields(&key);
+                ResponseFuture::calling(self.inner.call(request), Some(permit), fields)
             }
             Acquired::Refused(no_slot) => {
                 let rejection = shared.rejection(Some(key), no_slot);
@@ -108,11 +109,12 @@ where
                 // The ready service goes with the request; a clone may not be ready.
                 let clone = self.inner.clone();
                 let service = std::mem::replace(&mut self.inner, clone);
+                let fields = shared.admitted_fields(&key);
                 let layer = self.layer.clone();
                 let refuse = Box::new(move |no_slot, request: &Request<ReqB>| {
                     answer(request, layer.shared.rejection(Some(key), no_slot))
                 });
-                ResponseFuture::waiting(wait, service, request, refuse)
+                ResponseFuture::waiting(wait, (service, request), refuse, fields)
             }
         }
     }

@@ -91,6 +91,7 @@ where
             Ok(Ok(holding)) => {
                 let until = shared.usable_until(call.sent_at);
                 let next_seq = || shared.next_seq();
+                lease.note_others(holding.others);
                 lease.answered(call.seq, holding.held, until, now, next_seq)
             }
             Ok(Err(_)) | Err(_) => {

@@ -81,6 +81,13 @@ impl SlotPermit {
     pub(super) fn new(entry: Arc<Entry>) -> Self {
         Self { entry }
     }
+
+    /// Slots of `max` this host sees free for the key now, this permit's counted as taken
+    /// (see [`SlotLease::free`]).
+    pub(crate) fn free(&self, max: u64) -> u64 {
+        let now = self.entry.now();
+        self.entry.lease.lock().free(max, now)
+    }
 }
 
 impl Drop for SlotPermit {

@@ -232,15 +232,10 @@ fn insert_concurrency_fields<K>(headers: &mut http::HeaderMap, rejection: &Rejec
     let Some(name) = rejection.policy_name() else {
         return;
     };
-    let policy = field_value(|out| {
-        push_name(out, 0, &name);
-        out.extend_from_slice(b";q=");
-        push_integer(out, max);
-        out.extend_from_slice(b";qu=\"");
-        out.extend_from_slice(rejection.unit.as_bytes());
-        out.push(b'"');
-    });
-    headers.insert(RATELIMIT_POLICY, policy);
+    headers.insert(
+        RATELIMIT_POLICY,
+        concurrency_policy(&name, max, rejection.unit),
+    );
     let state = field_value(|out| {
         push_name(out, 0, &name);
         out.extend_from_slice(b";r=0");
@@ -250,6 +245,36 @@ fn insert_concurrency_fields<K>(headers: &mut http::HeaderMap, rejection: &Rejec
         }
     });
     headers.insert(RATELIMIT, state);
+}
+
+/// A concurrency limit's fields on an admitted response, after those of other layers: its
+/// `policy` ([`concurrency_policy`]) and `"<name>";r=<free>`, the slots this host sees free.
+/// No `t`: slots come back when requests end, not at a time.
+pub(crate) fn append_concurrency_fields(
+    headers: &mut http::HeaderMap,
+    name: &str,
+    policy: HeaderValue,
+    free: u64,
+) {
+    headers.append(RATELIMIT_POLICY, policy);
+    let state = field_value(|out| {
+        push_name(out, 0, name);
+        out.extend_from_slice(b";r=");
+        push_integer(out, free);
+    });
+    headers.append(RATELIMIT, state);
+}
+
+/// A concurrency limit's `RateLimit-Policy`: `"<name>";q=<max>;qu="<unit>"`.
+pub(crate) fn concurrency_policy(name: &str, max: u64, unit: &str) -> HeaderValue {
+    field_value(|out| {
+        push_name(out, 0, name);
+        out.extend_from_slice(b";q=");
+        push_integer(out, max);
+        out.extend_from_slice(b";qu=\"");
+        out.extend_from_slice(unit.as_bytes());
+        out.push(b'"');
+    })
 }
 
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

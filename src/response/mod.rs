@@ -14,7 +14,9 @@ use crate::rejection::Rejection;
 use crate::remaining::Remaining;
 
 pub use self::headers::append_ratelimit_fields;
-pub(crate) use self::headers::insert_ratelimit_fields;
+pub(crate) use self::headers::{
+    append_concurrency_fields, concurrency_policy, insert_ratelimit_fields,
+};
 pub use self::http::{http_problem_response, http_response};
 pub use self::settle::Settle;
 

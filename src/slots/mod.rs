@@ -78,6 +78,8 @@ pub(crate) struct SlotLease<W> {
     in_use: u64,
     /// What the store last confirmed holding for this host.
     held: u64,
+    /// What the other hosts held at the store's last answer.
+    others: u64,
     /// Until when `held` may admit new requests (host microseconds).
     usable_until: u64,
     /// The call out, if any.
@@ -106,6 +108,7 @@ impl<W> SlotLease<W> {
         Self {
             in_use: 0,
             held: 0,
+            others: 0,
             usable_until: 0,
             call: None,
             waiters: VecDeque::new(),
@@ -126,6 +129,23 @@ impl<W> SlotLease<W> {
     /// Requests in flight on this host.
     pub(crate) fn in_use(&self) -> u64 {
         self.in_use
+    }
+
+    /// Notes what the other hosts held at an answer of the store (any answer, even to a call
+    /// superseded since: it is the latest word on them).
+    pub(crate) fn note_others(&mut self, others: u64) {
+        self.others = others;
+    }
+
+    /// Slots of `max` this host sees free at `now`: what the other hosts held at the store's
+    /// last answer and this host's requests in flight taken out; while the store fails, what
+    /// the failure policy's share leaves.
+    pub(crate) fn free(&self, max: u64, now: u64) -> u64 {
+        let room = match now < self.down_until {
+            true => self.fallback_cap.min(max),
+            false => max.saturating_sub(self.others),
+        };
+        room.saturating_sub(self.in_use)
     }
 
     /// Slots the store last confirmed for this host.

@@ -77,6 +77,24 @@ pub fn api_key_bytes(req: &Request<()>) -> Option<&[u8]> {
 }
 
 /// `keys` requests, one per key.
+/// A fleet-wide concurrency limit no key reaches (1,000 in flight per key), keyed by
+/// `x-api-key`, with or without the `RateLimit` fields on admitted responses.
+pub fn in_flight(
+    fields: bool,
+) -> hierarchical_throttle::HierarchicalConcurrencyLayer<
+    Request<()>,
+    String,
+    hierarchical_throttle::MemoryGlobalStore<String>,
+> {
+    hierarchical_throttle::HierarchicalConcurrencyLayer::builder()
+        .key(owned_key)
+        .max_in_flight(1_000)
+        .ratelimit_fields(fields)
+        .store(hierarchical_throttle::MemoryGlobalStore::new())
+        .build()
+        .expect("a valid layer")
+}
+
 pub fn requests(keys: usize) -> Vec<Request<()>> {
     (0..keys)
         .map(|i| {
@@ -155,7 +173,7 @@ macro_rules! throttle {
 /// learns the global bucket's level, and the batch it starts fills the lease for the run.
 pub fn warm_up<S>(runtime: &tokio::runtime::Runtime, service: &S, requests: &[Request<()>])
 where
-    S: Service<Request<()>, Response = Response<Body>, Error = Infallible> + Clone,
+    S: Service<Request<()>, Error = Infallible> + Clone,
 {
     use tower::ServiceExt;
     for _ in 0..3 {
