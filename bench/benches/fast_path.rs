@@ -20,6 +20,10 @@ use std::num::NonZeroU32;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+#[allow(
+    dead_code,
+    reason = "its warm-up wait is for the benchmarks whose keys pass on credit"
+)]
 mod support;
 
 use criterion::{Criterion, criterion_group, criterion_main};

@@ -63,7 +63,7 @@ fn bench(c: &mut Criterion) {
         }
         // A cold key passes on credit; its lease comes with the batch the warm-up started: let
         // those land.
-        runtime.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(50)).await });
+        runtime.block_on(async { tokio::time::sleep(support::BATCHES_LAND).await });
         group.bench_function(format!("acquire, {limits} limit(s)"), |b| {
             b.iter(|| {
                 i = (i + 1) % keys.len();

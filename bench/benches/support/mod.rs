@@ -2,6 +2,11 @@
 
 use std::task::{Context, Poll};
 
+/// How long a warm-up waits for the batches its requests started to land: past the default
+/// `global_batch_linger` (250 ms), for which the fetch paying a cold key's credit waits, and
+/// the in-memory store's answer.
+pub const BATCHES_LAND: std::time::Duration = std::time::Duration::from_millis(300);
+
 /// `n` keys spread so that consecutive iterations do not touch neighbouring slots.
 pub fn keys(n: u64) -> Vec<u64> {
     (0..n)

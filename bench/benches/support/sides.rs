@@ -78,7 +78,9 @@ pub fn api_key_bytes(req: &Request<()>) -> Option<&[u8]> {
 
 /// `keys` requests, one per key.
 /// A fleet-wide concurrency limit no key reaches (1,000 in flight per key), keyed by
-/// `x-api-key`, with or without the `RateLimit` fields on admitted responses.
+/// `x-api-key`, with or without the `RateLimit` fields on admitted responses. Holdings last an
+/// hour and free slots stay on the host: the runtime is not driven while measuring, so a
+/// holding could not be renewed, nor a slot given back be fetched again.
 pub fn in_flight(
     fields: bool,
 ) -> hierarchical_throttle::HierarchicalConcurrencyLayer<
@@ -89,6 +91,8 @@ pub fn in_flight(
     hierarchical_throttle::HierarchicalConcurrencyLayer::builder()
         .key(owned_key)
         .max_in_flight(1_000)
+        .slot_ttl(std::time::Duration::from_secs(3_600))
+        .linger(std::time::Duration::from_secs(900))
         .ratelimit_fields(fields)
         .store(hierarchical_throttle::MemoryGlobalStore::new())
         .build()
@@ -168,7 +172,7 @@ macro_rules! throttle {
 }
 
 /// Sends every request of `requests` through `service` for a few rounds, each followed by
-/// 50 ms in which the batches it started land, so that what is measured after is the hit
+/// the time the batches it started take to land, so that what is measured after is the hit
 /// path: a cold key passes on credit and its first batch pays that credit; the next round
 /// learns the global bucket's level, and the batch it starts fills the lease for the run.
 pub fn warm_up<S>(runtime: &tokio::runtime::Runtime, service: &S, requests: &[Request<()>])
@@ -181,6 +185,6 @@ where
             let warm = runtime.block_on(service.clone().oneshot(request.clone()));
             assert!(warm.is_ok());
         }
-        runtime.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(50)).await });
+        runtime.block_on(async { tokio::time::sleep(crate::support::BATCHES_LAND).await });
     }
 }
