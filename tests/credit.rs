@@ -360,3 +360,31 @@ async fn a_hand_back_lingers_for_a_batch_to_join() {
     assert!(after.tokens_leased > before.tokens_leased, "b's batch came");
     assert_eq!(after.global_batches, 2, "in one round trip");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_sweep_of_many_unhurried_hand_backs_fills_batches_that_go_at_once() {
+    let store = slow_store(DELAY);
+    let layer = lingering(&store, LINGER)
+        .lease_ttl(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    for k in 0..300 {
+        assert!(
+            layer.acquire(format!("key-{k}"), 1).await.is_ok(),
+            "on credit"
+        );
+    }
+    // The fetches go in batches of 128 at once and the last 44 after the linger (answered by
+    // 252 ms); each lease, far from its limit, is kept ten times-to-live, then the sweeps hand
+    // back 256 leases by 1.05 s and 44 by 1.3 s. In batches of 128 the first 256 go at once,
+    // the rest after their linger: all back by 1.6 s, where 32 at a time, each lingering,
+    // would take two seconds more.
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    let stats = layer.stats();
+    assert_eq!(stats.admitted_on_credit, 300);
+    assert_eq!(
+        stats.tokens_returned + 300,
+        stats.tokens_leased,
+        "every lease back: {stats:?}"
+    );
+}

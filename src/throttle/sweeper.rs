@@ -20,7 +20,9 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::quota::LeaseKey;
 
-/// Hand-backs in flight at once during a sweep.
+/// Hand-backs in flight at once during a sweep, at least: as many as a batch holds, so that the
+/// hand-backs of a large sweep fill batches that go at once instead of each waiting out the
+/// linger.
 const CONCURRENT_RETURNS: usize = 32;
 
 /// Leased tokens on their way back to the global bucket that dispensed them (the limit whose
@@ -71,8 +73,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         for id in dated {
             returns.extend(self.take_before_reset(id, now));
         }
+        let returns_at_once = CONCURRENT_RETURNS.max(self.config.global_batch);
         stream::iter(returns)
-            .for_each_concurrent(CONCURRENT_RETURNS, |back| self.hand_back(back))
+            .for_each_concurrent(returns_at_once, |back| self.hand_back(back))
             .await;
     }
 
