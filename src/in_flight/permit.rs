@@ -85,8 +85,7 @@ impl SlotPermit {
     /// Slots of `max` this host sees free for the key now, this permit's counted as taken
     /// (see [`SlotLease::free`]).
     pub(crate) fn free(&self, max: u64) -> u64 {
-        let now = self.entry.now();
-        self.entry.lease.lock().free(max, now)
+        self.entry.lease.lock().free(max, || self.entry.now())
     }
 }
 

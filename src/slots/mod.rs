@@ -137,11 +137,12 @@ impl<W> SlotLease<W> {
         self.others = others;
     }
 
-    /// Slots of `max` this host sees free at `now`: what the other hosts held at the store's
-    /// last answer and this host's requests in flight taken out; while the store fails, what
-    /// the failure policy's share leaves.
-    pub(crate) fn free(&self, max: u64, now: u64) -> u64 {
-        let room = match now < self.down_until {
+    /// Slots of `max` this host sees free: what the other hosts held at the store's last
+    /// answer and this host's requests in flight taken out; while the store fails, what the
+    /// failure policy's share leaves. The clock (`now`) is read only after a failure.
+    pub(crate) fn free(&self, max: u64, now: impl FnOnce() -> u64) -> u64 {
+        let failing = self.down_until != 0 && now() < self.down_until;
+        let room = match failing {
             true => self.fallback_cap.min(max),
             false => max.saturating_sub(self.others),
         };

@@ -351,19 +351,19 @@ fn free_slots_are_what_the_others_and_this_hosts_requests_leave() {
     lease.try_take(10);
     lease.note_others(2);
     assert_eq!(lease.in_use(), 2);
-    assert_eq!(lease.free(5, 10), 1);
+    assert_eq!(lease.free(5, || 10), 1);
     // The others took more than the limit leaves (it was lowered): none free, not a wrap.
     lease.note_others(4);
-    assert_eq!(lease.free(5, 10), 0);
+    assert_eq!(lease.free(5, || 10), 0);
     // While the store fails, the failure policy's share counts, whatever the others held.
     let mut failing = Lease::new(3, false);
     failing.wait("a", 0, seq(1));
     let decided = failing.failed(1, 500);
     assert_eq!(decided.admitted, ["a"]);
-    assert_eq!(failing.free(5, 100), 2, "a share of 3, one in flight");
-    assert_eq!(failing.free(2, 100), 1, "never more than the limit");
+    assert_eq!(failing.free(5, || 100), 2, "a share of 3, one in flight");
+    assert_eq!(failing.free(2, || 100), 1, "never more than the limit");
     assert_eq!(
-        failing.free(5, 500),
+        failing.free(5, || 500),
         4,
         "the store is asked again: the limit counts"
     );

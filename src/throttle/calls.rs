@@ -81,16 +81,18 @@ impl<K> CallQueue<K> {
     pub(crate) fn expedites(&self) -> u64 {
         self.expedites.load(Ordering::SeqCst)
     }
+}
 
+impl<K> Queue<K> {
     /// Makes `at` the time the queued calls go if it is sooner than the one set; returns the
     /// window a flush must be scheduled for.
-    fn due(queue: &mut Queue<K>, at: Instant) -> Option<u64> {
-        if queue.due_at.is_some_and(|due| due <= at) {
+    fn due(&mut self, at: Instant) -> Option<u64> {
+        if self.due_at.is_some_and(|due| due <= at) {
             return None;
         }
-        queue.due_at = Some(at);
-        queue.window = queue.window.wrapping_add(1);
-        Some(queue.window)
+        self.due_at = Some(at);
+        self.window = self.window.wrapping_add(1);
+        Some(self.window)
     }
 }
 
@@ -128,7 +130,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 true => now,
                 false => at,
             };
-            (CallQueue::due(&mut queue, at), at)
+            (queue.due(at), at)
         };
         if let Some(window) = window {
             self.schedule_flush(window, at);
@@ -152,7 +154,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 *at = now;
             }
             match queue.due_at {
-                Some(_) => CallQueue::due(&mut queue, now),
+                Some(_) => queue.due(now),
                 None => None,
             }
         };
@@ -201,7 +203,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             let full = queue.pending.len() >= self.config.global_batch;
             let next = queue.pending.iter().map(|(_, _, at)| *at).min();
             let rest = next.map(|at| if full { Instant::now() } else { at });
-            let window = rest.and_then(|at| CallQueue::due(&mut queue, at));
+            let window = rest.and_then(|at| queue.due(at));
             (batch, window.zip(rest))
         };
         if let Some((window, at)) = rest {
