@@ -14,8 +14,9 @@ use futures_util::future::join_all;
 use hierarchical_throttle::batch::BatchContext;
 use hierarchical_throttle::clock::{ManualClock, TokioClock};
 use hierarchical_throttle::local::LocalStore;
-use hierarchical_throttle::{FailurePolicy, Limit, MemoryGlobalStore, RejectionReason};
-use tower::Layer;
+use hierarchical_throttle::{ColdStart, FailurePolicy, Limit, MemoryGlobalStore, RejectionReason};
+use std::convert::Infallible;
+use tower::{Layer, Service};
 
 fn paused_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -25,16 +26,27 @@ fn paused_runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-#[test]
-fn a_fetch_whose_runtime_is_dropped_leaves_its_key_usable() {
+/// A host limited to 10/s (burst 10) on a faulty memory store, and that store.
+fn host_on_a_faulty_store(
+    cold_start: ColdStart,
+) -> (
+    FaultyStore<MemoryGlobalStore<String, ManualClock>>,
+    impl Service<Job, Response = Outcome, Error = Infallible, Future: Send> + Clone,
+) {
     let clock = ManualClock::new();
     let store = FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
-    store.set(Fault::Hang);
     let layer = host_builder(&clock, Limit::per_second(10).burst(10).unwrap())
+        .cold_start(cold_start)
         .global_store(store.clone())
         .build()
         .unwrap();
-    let host = layer.layer(backend());
+    (store, layer.layer(backend()))
+}
+
+#[test]
+fn a_fetch_whose_runtime_is_dropped_leaves_its_key_usable() {
+    let (store, host) = host_on_a_faulty_store(ColdStart::Exact);
+    store.set(Fault::Hang);
 
     let first = paused_runtime();
     first.block_on(async {
@@ -56,14 +68,7 @@ fn a_fetch_whose_runtime_is_dropped_leaves_its_key_usable() {
 
 #[test]
 fn calls_lingering_when_their_runtime_is_dropped_leave_the_queue_usable() {
-    let clock = ManualClock::new();
-    let store = FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
-    let layer = host_builder(&clock, Limit::per_second(10).burst(10).unwrap())
-        .cold_start(hierarchical_throttle::ColdStart::default())
-        .global_store(store.clone())
-        .build()
-        .unwrap();
-    let host = layer.layer(backend());
+    let (store, host) = host_on_a_faulty_store(ColdStart::default());
 
     let first = paused_runtime();
     first.block_on(async {

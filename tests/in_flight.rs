@@ -379,6 +379,42 @@ mod one_host {
     }
 }
 
+/// A slot store that publishes what the store last said its host holds, so that a test can
+/// wait for a hand-back to land.
+#[derive(Clone)]
+struct Watched<S> {
+    inner: S,
+    held: Arc<tokio::sync::watch::Sender<Option<u64>>>,
+}
+
+impl<S> Watched<S> {
+    fn new(inner: S) -> (Self, Arc<tokio::sync::watch::Sender<Option<u64>>>) {
+        let held = Arc::new(tokio::sync::watch::Sender::new(None));
+        let store = Self {
+            inner,
+            held: held.clone(),
+        };
+        (store, held)
+    }
+}
+
+impl<S: SlotStore<BucketKey<String>>> SlotStore<BucketKey<String>> for Watched<S> {
+    type Error = S::Error;
+
+    async fn hold(
+        &self,
+        key: &BucketKey<String>,
+        max: u64,
+        hold: SlotHold,
+    ) -> Result<Holding, S::Error> {
+        let answer = self.inner.hold(key, max, hold).await;
+        if let Ok(holding) = &answer {
+            self.held.send_replace(Some(holding.held));
+        }
+        answer
+    }
+}
+
 /// A slot store whose answers take `delay` (applied by the inner store when sent, answered
 /// after the delay), or that fails every call while `down`.
 #[derive(Clone)]
@@ -685,7 +721,9 @@ async fn fleet_holds_the_limit<S>(store: S)
 where
     S: SlotStore<BucketKey<String>> + Clone,
 {
-    let mut hosts: Vec<Host> = (0..3).map(|_| Host::new(layer(store.clone(), 5))).collect();
+    let (first, first_holds) = Watched::new(store.clone());
+    let mut hosts = vec![Host::new(layer(first, 5))];
+    hosts.extend((1..3).map(|_| Host::new(layer(store.clone(), 5))));
     let on_first: Vec<_> = (0..4).map(|_| hosts[0].send("tenant")).collect();
     hosts[0].running(4).await;
     let on_second = [hosts[1].send("tenant"), hosts[1].send("tenant")];
@@ -701,8 +739,13 @@ where
         StatusCode::TOO_MANY_REQUESTS
     );
     // Two of the first host's requests end; their slots linger there, then go back.
+    let mut first_holds = first_holds.subscribe();
     hosts[0].gate.add_permits(2);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let handed_back = first_holds.wait_for(|held| *held == Some(2));
+    tokio::time::timeout(Duration::from_secs(5), handed_back)
+        .await
+        .expect("the first host hands back the two slots within its linger")
+        .expect("the first host's store lives");
     let on_third = [
         hosts[2].send("tenant"),
         hosts[2].send("tenant"),
@@ -834,14 +877,23 @@ mod fleet {
         drop(held);
         proxy.stall(false);
         proxy.latency(Duration::ZERO);
-        // Back: after the back-off, the late holdings are set again by absolute calls.
-        tokio::time::sleep(Duration::from_millis(1_000)).await;
-        let (held, unavailable) = wave(&hosts).await;
-        assert_eq!(
-            (held.len(), unavailable),
-            (4, 0),
-            "exact again once the store answers"
-        );
+        // Back: once the hosts' back-offs are over, their calls set the late holdings again
+        // (absolute, not added), so a wave is exact; until then none runs past the limit.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (held, unavailable) = wave(&hosts).await;
+            assert!(held.len() <= 4, "{} in flight", held.len());
+            if unavailable == 0 {
+                assert_eq!(held.len(), 4, "exact again once the store answers");
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "still unavailable 10 s after the store came back"
+            );
+            drop(held);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// A host dies (its runtime shut down) holding two of three slots: the others get them
