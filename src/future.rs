@@ -30,9 +30,9 @@ pin_project! {
 }
 
 pin_project! {
-    // The rarer states are boxed, so the whole future is the size of the inner service's
-    // future (its niche holds the tag when it has one): a caller moving it around copies no
-    // more than it would without this layer.
+    // The rarer states are boxed, so the whole future is the inner service's future and what
+    // follows an admitted response (the state of its limit, for the `RateLimit` fields, which
+    // admitted responses carry by default: inline, it costs no allocation per request).
     #[project = StateProj]
     enum State<S, Req, K, R>
     where
@@ -43,7 +43,9 @@ pin_project! {
             future: S::Future,
         },
         After {
-            annotated: Pin<Box<Annotated<S::Future, Req, K, R>>>,
+            #[pin]
+            future: S::Future,
+            after: After<Req, K, R>,
         },
         Charging {
             charging: Box<Charging<S::Response, Req, K, R>>,
@@ -56,15 +58,6 @@ pin_project! {
             decision: Decision<K>,
             parked: Option<Box<Parked<S, Req, K, R>>>,
         },
-    }
-}
-
-pin_project! {
-    /// The inner service's future, and what follows its response.
-    struct Annotated<F, Req, K, R> {
-        #[pin]
-        future: F,
-        after: After<Req, K, R>,
     }
 }
 
@@ -150,10 +143,8 @@ where
         loop {
             match state.as_mut().project() {
                 StateProj::Called { future } => return future.poll(cx),
-                StateProj::After { annotated } => {
-                    let annotated = annotated.as_mut().project();
-                    let response = ready!(annotated.future.poll(cx))?;
-                    let after = annotated.after;
+                StateProj::After { future, after } => {
+                    let response = ready!(future.poll(cx))?;
                     match after.settle(response) {
                         Ok(response) => return Poll::Ready(Ok(response)),
                         Err((charge, response)) => {
@@ -241,9 +232,7 @@ impl<S: Service<Req>, Req, K, R> State<S, Req, K, R> {
             admission,
             policy: policy.clone(),
         };
-        State::After {
-            annotated: Box::pin(Annotated { future, after }),
-        }
+        State::After { future, after }
     }
 }
 
@@ -275,9 +264,11 @@ impl<Req, K, R> After<Req, K, R> {
         R: OnRejection<Req, K, Res, E>,
     {
         if !self.admission.remaining.is_empty() {
-            self.policy
-                .on_rejection
-                .on_admitted(response, self.admission.remaining.as_slice());
+            let one_limit = self.policy.one_limit.as_ref();
+            let on_rejection = &self.policy.on_rejection;
+            self.admission.remaining.with_slice(one_limit, |remaining| {
+                on_rejection.on_admitted(response, remaining)
+            });
         }
     }
 }
@@ -381,11 +372,15 @@ mod tests {
     }
 
     #[test]
-    fn the_future_is_no_larger_than_the_inner_one_and_a_tag() {
+    fn the_future_is_the_inner_one_and_what_follows_an_admitted_response() {
         type Throttled =
             ResponseFuture<Answer, Request<()>, key::CompactKey, crate::DefaultRejection>;
         let inner = size_of::<<Answer as Service<Request<()>>>::Future>();
-        assert!(size_of::<Throttled>() <= inner + size_of::<usize>());
+        let after = size_of::<After<Request<()>, key::CompactKey, crate::DefaultRejection>>();
+        // The layer's one limit travels as three numbers, not as its whole description.
+        assert!(after <= 64, "{after} bytes follow an admitted response");
+        // The rarer states (a refusal, a wait, a charge after settling) stay boxed.
+        assert!(size_of::<Throttled>() <= inner + after + size_of::<usize>());
     }
 
     #[tokio::test]

@@ -2,6 +2,7 @@
 //! reads from each request before the engine decides.
 
 use crate::key::MissingKey;
+use crate::remaining::Remaining;
 use crate::throttle::key::{KeyFn, KeyReader};
 
 /// A closure giving a request's cost in tokens.
@@ -15,6 +16,9 @@ pub(crate) struct RequestPolicy<Req, K, R> {
     pub(crate) cost: Option<CostFn<Req>>,
     pub(crate) missing_key: MissingKey<K>,
     pub(crate) on_rejection: R,
+    /// The layer's one limit as the fields describe it, when its quota is one limit the same
+    /// for every key (the throttle's template): admitted responses carry only its state.
+    pub(crate) one_limit: Option<Remaining>,
 }
 
 impl<Req, K, R> RequestPolicy<Req, K, R> {

@@ -18,7 +18,7 @@ use crate::rejection::Rejection;
 use crate::response::{DefaultRejection, OnRejection};
 use crate::stats::ThrottleStats;
 use crate::throttle::key::KeyReader;
-use crate::throttle::{Admission, Admitted, Check, Decision, LimitStates, Throttle, Viewed};
+use crate::throttle::{Admission, Admitted, Check, Decision, Throttle, Viewed};
 
 /// Throttles requests to the inner service per key; made by
 /// [`HierarchicalThrottleLayer`](crate::HierarchicalThrottleLayer).
@@ -168,9 +168,9 @@ where
             _ => None,
         };
         match viewed {
-            Some(Viewed::Admitted(state)) => {
+            Some(Viewed::Admitted(remaining)) => {
                 let admission = Admission {
-                    remaining: LimitStates::One(state),
+                    remaining,
                     settle: None,
                 };
                 self.admitted(request, admission)

@@ -7,12 +7,13 @@ use std::time::Duration;
 mod common;
 
 use axum::Router;
+use axum::body::Body;
 use common::levels::{call, router, tenant, user};
 use hierarchical_throttle::clock::ManualClock;
 use hierarchical_throttle::{
-    HierarchicalThrottleLayer, Limit, MemoryGlobalStore, Quota, RateLimitFields,
+    HierarchicalThrottleLayer, Limit, MemoryGlobalStore, Quota, RateLimitFields, key,
 };
-use http::StatusCode;
+use http::{Request, StatusCode};
 
 fn ten_per_second() -> Limit {
     Limit::per_second(10).burst(10).unwrap()
@@ -311,22 +312,29 @@ async fn the_fields_are_valid_structured_fields_for_any_limit() {
 }
 
 /// While the store is down and the host decides alone with its share of the limit, the fields
-/// of admitted responses tell what that share holds, not a full bucket.
+/// of admitted responses tell what that share holds, not a full bucket: with the key made per
+/// request, and borrowed from the request (whose admitted state is read in the lease's take).
 #[tokio::test]
 async fn fields_follow_the_fallback_share_while_the_store_is_down() {
     let clock = ManualClock::new();
     let store = common::FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
     store.set(common::Fault::Error);
-    let layer = HierarchicalThrottleLayer::builder()
-        .cold_start(hierarchical_throttle::ColdStart::Exact)
-        .key(user)
-        .clock(clock.clone())
-        .limit(Limit::per_second(10).burst(200).unwrap())
-        .failure_policy(hierarchical_throttle::FailurePolicy::local_fallback(2).unwrap())
-        .global_store(store)
-        .build()
-        .unwrap();
-    let app = router().layer(layer);
+    let builder = || {
+        HierarchicalThrottleLayer::builder()
+            .cold_start(hierarchical_throttle::ColdStart::Exact)
+            .clock(clock.clone())
+            .limit(Limit::per_second(10).burst(200).unwrap())
+            .failure_policy(hierarchical_throttle::FailurePolicy::local_fallback(2).unwrap())
+    };
+    let owned = builder().key(user).global_store(store.clone());
+    fallback_share_in_the_fields(router().layer(owned.build().unwrap())).await;
+    let borrowed = builder()
+        .key_ref(|req: &Request<Body>| key::header_str(req, "x-user"))
+        .global_store(store);
+    fallback_share_in_the_fields(router().layer(borrowed.build().unwrap())).await;
+}
+
+async fn fallback_share_in_the_fields(app: Router) {
     let mut left = Vec::new();
     for _ in 0..101 {
         let response = call(&app, "/", "u1", None).await;

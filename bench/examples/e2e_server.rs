@@ -13,6 +13,10 @@
 //! - `redis-per-request`: a Redis Lua token bucket asked on every request, as a plain axum
 //!   middleware (what the usual Redis rate limiters do).
 //!
+//! Two knobs of the crate's modes, to compare with their defaults: `E2E_LINGER_US` (another
+//! `global_batch_linger`) and `E2E_FIELDS=0` (admitted responses without the `RateLimit`
+//! fields).
+//!
 //! Each key's limit is `LIMIT` per second with a burst of `LIMIT` (default: far above the load,
 //! to measure what throttling costs, not what it refuses).
 
@@ -117,7 +121,12 @@ where
         Some(us) => builder.global_batch_linger(std::time::Duration::from_micros(us)),
         None => builder,
     };
-    builder.global_store(global).build()
+    // E2E_FIELDS=0: admitted responses without the RateLimit fields, to compare.
+    let fields = std::env::var("E2E_FIELDS").map_or(true, |v| v != "0");
+    builder
+        .ratelimit_fields(fields)
+        .global_store(global)
+        .build()
 }
 
 /// tower_governor keyed by the same header.

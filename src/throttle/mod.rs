@@ -51,7 +51,7 @@ use refusal::Jitter;
 use sweeper::Return;
 pub(crate) mod key;
 mod settle;
-pub(crate) use settle::{Admission, Corrected, LimitStates};
+pub(crate) use settle::{Admission, Corrected, LimitStates, OneLimitState};
 pub(crate) use views::Viewed;
 pub(crate) mod shaping;
 mod views;
@@ -368,6 +368,12 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         };
         throttle.one_limit = throttle.one_limit_template();
         throttle
+    }
+
+    /// The state of the first level's one limit as the fields describe it, when every key
+    /// has that one limit.
+    pub(crate) fn one_limit(&self) -> Option<&crate::remaining::Remaining> {
+        self.one_limit.as_ref()
     }
 
     /// The index of the further level called `name`.

@@ -184,7 +184,7 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
             })
             .flatten();
         Admission {
-            remaining: remaining.map_or(super::LimitStates::None, super::LimitStates::One),
+            remaining: remaining.into(),
             settle: None,
         }
     }

@@ -29,27 +29,68 @@ pub(crate) struct Admission {
     pub(crate) settle: Option<Settling>,
 }
 
-/// The state of a request's limits, for its response: one limit's kept inline (most quotas
-/// have one), so that it costs no allocation of its own.
+/// The state of a request's limits, for its response. It travels in the response future, so
+/// the common case is small: the layer's one limit (the same for every key, see
+/// [`RequestPolicy::one_limit`](crate::policy::RequestPolicy)) as three numbers, filled into
+/// the layer's description of that limit only when the response is annotated.
 #[derive(Default)]
 pub(crate) enum LimitStates {
     #[default]
     None,
-    One(Remaining),
+    /// The state of the layer's one limit.
+    OfTheOneLimit(OneLimitState),
+    One(Box<Remaining>),
     Many(Vec<Remaining>),
 }
 
+/// What the lease told of the layer's one limit for a request: the rest of its description is
+/// the same for every request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OneLimitState {
+    pub(crate) tokens: u64,
+    /// Microseconds until the bucket holds more (zero when full).
+    pub(crate) next_in: u64,
+    /// Microseconds until the bucket is full again (zero when it is).
+    pub(crate) full_in: u64,
+}
+
+impl OneLimitState {
+    /// `template` (the layer's one limit, described as its fields describe it) in this state.
+    pub(crate) fn filled_in(self, template: &Remaining) -> Remaining {
+        Remaining {
+            tokens: self.tokens,
+            next_in: Duration::from_micros(self.next_in),
+            full_in: Duration::from_micros(self.full_in),
+            ..template.clone()
+        }
+    }
+}
+
 impl LimitStates {
-    pub(crate) fn as_slice(&self) -> &[Remaining] {
+    /// The states, with the layer's one limit described by `one_limit`: `f` sees them as a
+    /// slice.
+    pub(crate) fn with_slice<T>(
+        &self,
+        one_limit: Option<&Remaining>,
+        f: impl FnOnce(&[Remaining]) -> T,
+    ) -> T {
         match self {
-            Self::None => &[],
-            Self::One(one) => std::slice::from_ref(one),
-            Self::Many(many) => many,
+            Self::None => f(&[]),
+            Self::OfTheOneLimit(state) => match one_limit {
+                Some(template) => f(std::slice::from_ref(&state.filled_in(template))),
+                None => f(&[]),
+            },
+            Self::One(one) => f(std::slice::from_ref(one)),
+            Self::Many(many) => f(many),
         }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.as_slice().is_empty()
+        match self {
+            Self::None => true,
+            Self::Many(many) => many.is_empty(),
+            Self::OfTheOneLimit(_) | Self::One(_) => false,
+        }
     }
 }
 
@@ -57,9 +98,17 @@ impl From<Vec<Remaining>> for LimitStates {
     fn from(mut states: Vec<Remaining>) -> Self {
         match states.len() {
             0 => Self::None,
-            1 => states.pop().map_or(Self::None, Self::One),
+            1 => states
+                .pop()
+                .map_or(Self::None, |one| Self::One(Box::new(one))),
             _ => Self::Many(states),
         }
+    }
+}
+
+impl From<Option<Remaining>> for LimitStates {
+    fn from(state: Option<Remaining>) -> Self {
+        state.map_or(Self::None, |one| Self::One(Box::new(one)))
     }
 }
 

@@ -12,12 +12,14 @@ use crate::local::View;
 use crate::quota::{BucketKey, LeaseKey, Name};
 use crate::remaining::Remaining;
 use crate::throttle::key::{ReadBorrowed, ViewAt};
-use crate::throttle::{Check, Global, Key, Local, QuotaSource, Throttle};
+use crate::throttle::{
+    Check, Global, Key, LimitStates, Local, OneLimitState, QuotaSource, Throttle,
+};
 
 /// A request's decision from [`check_borrowed_viewed`](Throttle::check_borrowed_viewed).
 pub(crate) enum Viewed<K> {
     /// Admitted by the lease: the state of its limit, for its response.
-    Admitted(Remaining),
+    Admitted(LimitStates),
     /// Anything else: the decision, and the request's first bucket for what follows it.
     Decided(Check<K>, LeaseKey<K>),
     /// The request has no key.
@@ -88,7 +90,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             return Some(Viewed::NoKey);
         };
         if let (true, Some(view)) = (hit.is_plain_admission(), view) {
-            return Some(Viewed::Admitted(filled_in(template, view)));
+            return Some(Viewed::Admitted(state_of_the_one_limit(template, view)));
         }
         // Read again only now: the closure borrows from the request, so it finds the same key.
         let Some(key) = reader.owned(request) else {
@@ -184,14 +186,71 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     }
 }
 
-/// `template` (the state of a limit, [`Throttle::one_limit_template`]) with `view` filled in.
-fn filled_in(template: &Remaining, view: View) -> Remaining {
-    Remaining {
-        // While the host decides alone, its share is the limit it holds to.
-        limit: view.share.unwrap_or(template.limit),
+/// The state of the layer's one limit ([`Throttle::one_limit_template`]) as `view` tells it:
+/// three numbers, filled into the template when the response is annotated; in full while the
+/// host decides alone (its share is then the limit it holds to).
+fn state_of_the_one_limit(template: &Remaining, view: View) -> LimitStates {
+    let state = OneLimitState {
         tokens: view.tokens,
-        next_in: Duration::from_micros(view.next_in),
-        full_in: Duration::from_micros(view.full_in),
-        ..template.clone()
+        next_in: view.next_in,
+        full_in: view.full_in,
+    };
+    match view.share {
+        None => LimitStates::OfTheOneLimit(state),
+        Some(share) => LimitStates::One(Box::new(Remaining {
+            limit: share,
+            ..state.filled_in(template)
+        })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn template() -> Remaining {
+        let limit = Limit::per_second(10).burst(200).unwrap();
+        let mut template =
+            Remaining::new("default", None, limit, 200, Duration::ZERO, Duration::ZERO);
+        template.layer = Some("api");
+        template
+    }
+
+    #[test]
+    fn the_one_limit_travels_as_its_numbers_and_is_filled_in_as_before() {
+        let view = View {
+            tokens: 150,
+            next_in: 100_000,
+            full_in: 5_000_000,
+            share: None,
+        };
+        let LimitStates::OfTheOneLimit(state) = state_of_the_one_limit(&template(), view) else {
+            panic!("the three numbers alone");
+        };
+        let filled = state.filled_in(&template());
+        let expected = Remaining {
+            tokens: 150,
+            next_in: Duration::from_millis(100),
+            full_in: Duration::from_secs(5),
+            ..template()
+        };
+        assert_eq!(filled, expected);
+    }
+
+    #[test]
+    fn while_the_host_decides_alone_its_share_is_the_limit_told() {
+        let share = Limit::per_second(5).burst(100).unwrap();
+        let view = View {
+            tokens: 40,
+            next_in: 200_000,
+            full_in: 12_000_000,
+            share: Some(share),
+        };
+        let LimitStates::One(state) = state_of_the_one_limit(&template(), view) else {
+            panic!("the share is told in full");
+        };
+        assert_eq!(state.limit, share);
+        assert_eq!(state.tokens, 40);
+        assert_eq!(state.layer, Some("api"));
     }
 }
