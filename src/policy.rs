@@ -17,7 +17,8 @@ pub(crate) struct RequestPolicy<Req, K, R> {
     pub(crate) missing_key: MissingKey<K>,
     pub(crate) on_rejection: R,
     /// The layer's one limit as the fields describe it, when its quota is one limit the same
-    /// for every key (the throttle's template): admitted responses carry only its state.
+    /// for every key (made once by the throttle, at build): a request on it reads its state in
+    /// the lease's take, and its admitted response carries only that state.
     pub(crate) one_limit: Option<Remaining>,
 }
 

@@ -162,8 +162,9 @@ where
             KeyReader::Borrowed(reader)
                 if self.policy.levels.is_empty() && !self.settles() && !self.throttle.shapes() =>
             {
+                let one_limit = self.policy.one_limit.as_ref();
                 self.throttle
-                    .check_borrowed_viewed(&**reader, &request, cost)
+                    .check_borrowed_viewed(&**reader, &request, cost, one_limit)
             }
             _ => None,
         };

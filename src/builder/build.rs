@@ -89,7 +89,7 @@ where
             cost: self.cost,
             missing_key: self.missing_key,
             on_rejection: self.on_rejection,
-            one_limit: throttle.one_limit().cloned(),
+            one_limit: throttle.one_limit_template(),
         };
         Ok(HierarchicalThrottleLayer {
             throttle: Arc::new(throttle),

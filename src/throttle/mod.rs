@@ -314,9 +314,6 @@ pub(crate) struct Throttle<K, G, L, C> {
     /// Whether this host has leased a calendar quota's tokens: admissions then carry their
     /// time.
     leases_calendar_quotas: AtomicBool,
-    /// The state of the first level's one limit as the fields describe it, when every key has
-    /// that one limit (see `check_borrowed_viewed`).
-    one_limit: Option<crate::remaining::Remaining>,
     jitter: Jitter,
     pub(crate) refusals: crate::stats::RefusalsByLimit,
     /// Requests waiting for a batch at the last sweep.
@@ -343,7 +340,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         batch: Box<dyn BatchPolicy>,
         config: Config,
     ) -> Self {
-        let mut throttle = Self {
+        Self {
             local,
             clock,
             levels,
@@ -354,7 +351,6 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             health: StoreHealth::default(),
             sweeper_running: AtomicBool::new(false),
             leases_calendar_quotas: AtomicBool::new(false),
-            one_limit: None,
             jitter: Jitter::default(),
             refusals: crate::stats::RefusalsByLimit::default(),
             waiting_for_batches: AtomicU64::new(0),
@@ -365,15 +361,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             store_location: global.location(),
             registration: None,
             global,
-        };
-        throttle.one_limit = throttle.one_limit_template();
-        throttle
-    }
-
-    /// The state of the first level's one limit as the fields describe it, when every key
-    /// has that one limit.
-    pub(crate) fn one_limit(&self) -> Option<&crate::remaining::Remaining> {
-        self.one_limit.as_ref()
+        }
     }
 
     /// The index of the further level called `name`.

@@ -71,14 +71,16 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// tells that limit's state: [`check_borrowed`](Self::check_borrowed) with the state read
     /// in the same lookup, and no key made while the lease admits it. `None` when this does
     /// not apply: another local store, a quota per key or of several limits, partition keys
-    /// in the fields (they hash the key made).
+    /// in the fields (they hash the key made). `one_limit` is that limit's
+    /// [template](Self::one_limit_template), when there is one.
     pub(crate) fn check_borrowed_viewed<Req>(
         self: &Arc<Self>,
         reader: &dyn ReadBorrowed<Req, K>,
         request: &Req,
         cost: u64,
+        one_limit: Option<&Remaining>,
     ) -> Option<Viewed<K>> {
-        let template = self.one_limit.as_ref()?;
+        let template = one_limit?;
         let memory = self.memory_store()?;
         let now = self.now();
         let at = ViewAt {
@@ -104,7 +106,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// in, when [`check_borrowed_viewed`](Self::check_borrowed_viewed) applies: the quota is
     /// one limit, the same for every key, and the fields carry no partition keys (they hash
     /// the key made). Worked out once, when the throttle is made.
-    pub(super) fn one_limit_template(&self) -> Option<Remaining> {
+    pub(crate) fn one_limit_template(&self) -> Option<Remaining> {
         if self.config.fields.has_partition_keys() {
             return None;
         }
