@@ -379,50 +379,16 @@ mod one_host {
     }
 }
 
-/// A slot store that publishes what the store last said its host holds, so that a test can
-/// wait for a hand-back to land.
-#[derive(Clone)]
-struct Watched<S> {
-    inner: S,
-    held: Arc<tokio::sync::watch::Sender<Option<u64>>>,
-}
-
-impl<S> Watched<S> {
-    fn new(inner: S) -> (Self, Arc<tokio::sync::watch::Sender<Option<u64>>>) {
-        let held = Arc::new(tokio::sync::watch::Sender::new(None));
-        let store = Self {
-            inner,
-            held: held.clone(),
-        };
-        (store, held)
-    }
-}
-
-impl<S: SlotStore<BucketKey<String>>> SlotStore<BucketKey<String>> for Watched<S> {
-    type Error = S::Error;
-
-    async fn hold(
-        &self,
-        key: &BucketKey<String>,
-        max: u64,
-        hold: SlotHold,
-    ) -> Result<Holding, S::Error> {
-        let answer = self.inner.hold(key, max, hold).await;
-        if let Ok(holding) = &answer {
-            self.held.send_replace(Some(holding.held));
-        }
-        answer
-    }
-}
-
 /// A slot store whose answers take `delay` (applied by the inner store when sent, answered
-/// after the delay), or that fails every call while `down`.
+/// after the delay), or that fails every call while `down`; it publishes what the store last
+/// said its host holds (`held`), so that a test can wait for a hand-back to land.
 #[derive(Clone)]
 struct SlowStore<S> {
     inner: S,
     delay: Arc<AtomicU64>,
     down: Arc<std::sync::atomic::AtomicBool>,
     calls: Arc<AtomicU64>,
+    held: Arc<tokio::sync::watch::Sender<Option<u64>>>,
 }
 
 impl<S> SlowStore<S> {
@@ -432,6 +398,7 @@ impl<S> SlowStore<S> {
             delay: Arc::new(AtomicU64::new(delay.as_micros() as u64)),
             down: Default::default(),
             calls: Default::default(),
+            held: Arc::new(tokio::sync::watch::Sender::new(None)),
         }
     }
 }
@@ -454,6 +421,9 @@ impl<S: SlotStore<BucketKey<String>>> SlotStore<BucketKey<String>> for SlowStore
             .hold(key, max, hold)
             .await
             .map_err(|_| common::StoreDown);
+        if let Ok(holding) = &answer {
+            self.held.send_replace(Some(holding.held));
+        }
         tokio::time::sleep(Duration::from_micros(self.delay.load(Ordering::SeqCst))).await;
         answer
     }
@@ -721,7 +691,8 @@ async fn fleet_holds_the_limit<S>(store: S)
 where
     S: SlotStore<BucketKey<String>> + Clone,
 {
-    let (first, first_holds) = Watched::new(store.clone());
+    let first = SlowStore::new(store.clone(), Duration::ZERO);
+    let first_holds = first.held.clone();
     let mut hosts = vec![Host::new(layer(first, 5))];
     hosts.extend((1..3).map(|_| Host::new(layer(store.clone(), 5))));
     let on_first: Vec<_> = (0..4).map(|_| hosts[0].send("tenant")).collect();
