@@ -1152,14 +1152,23 @@ mod admitted_fields {
             first.acquire("k".to_owned()).await.unwrap(),
             first.acquire("k".to_owned()).await.unwrap(),
         ];
-        let response = app(second).oneshot(request("k")).await.unwrap();
+        let response = app(second.clone()).oneshot(request("k")).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(
             fields(&response, "ratelimit"),
             [r#""concurrency";r=1"#],
             "4, less the first host's 2 and this request"
         );
-        drop(held);
+        // Its body ended, its slot is free again; the same view for slots held by hand.
+        drop(response);
+        let key = "k".to_owned();
+        let mine = second.acquire(key.clone()).await.unwrap();
+        assert_eq!(second.free_slots(&key, &mine), 1);
+        let another = second.acquire(key.clone()).await.unwrap();
+        assert_eq!(second.free_slots(&key, &mine), 0);
+        drop(another);
+        assert_eq!(second.free_slots(&key, &mine), 1);
+        drop((held, mine));
     }
 
     #[tokio::test(start_paused = true)]

@@ -175,6 +175,15 @@ where
         self.shared.engine.max_for(key)
     }
 
+    /// The slots of `key` this host sees free now, `permit` (one of `key`'s) counted as taken:
+    /// [`max_in_flight`](Self::max_in_flight) less what the other hosts held at the store's
+    /// last answer and this host's requests in flight; while the store is failing, what the
+    /// failure policy's share leaves. What the `RateLimit` field of an admitted response says
+    /// (`r`), for slots held outside a tower service.
+    pub fn free_slots(&self, key: &K, permit: &SlotPermit) -> u64 {
+        permit.free(self.max_in_flight(key))
+    }
+
     /// Requests in flight on this host now, over all keys (an O(keys) walk: for tests and
     /// diagnostics).
     pub fn in_flight(&self) -> u64 {

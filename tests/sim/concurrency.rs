@@ -13,6 +13,9 @@
 //!   linger and a round trip (still held by their host); refusals while a dead host's holding
 //!   may last are not checked;
 //! - **bounded waits**: every decision within two store time-outs and a little more;
+//! - **the slots seen free** (what an admitted response's `RateLimit` field says; drawn per
+//!   seed): never more than the limit less the host's own requests of the key in flight, and
+//!   exactly that for a host alone with one key and a store that never fails;
 //! - **nothing lost**: once every request has ended and the holdings have expired, no host
 //!   holds a slot or keeps a key, and the store holds nothing.
 
@@ -63,6 +66,9 @@ pub struct Scenario {
     pub herd: Option<(Duration, usize)>,
     /// Requests wait up to this for a slot instead of being refused at once.
     pub max_wait: Duration,
+    /// Each admitted request reads the slots its host sees free (what its `RateLimit` field
+    /// says).
+    pub read_free: bool,
 }
 
 impl Scenario {
@@ -131,6 +137,8 @@ impl Scenario {
                     rng.range(50, 1_000) as usize,
                 )
             }),
+            // A stream of its own, so that the draws above keep their values per seed.
+            read_free: Rng::new(seed ^ 0xF2EE).chance(0.5),
         }
     }
 
@@ -226,6 +234,8 @@ impl SlotStore<BucketKey<String>> for SimStore {
 struct Oracle {
     /// Per key: requests in flight on live hosts.
     in_flight: HashMap<usize, u64>,
+    /// Per host and key: requests in flight.
+    on_host: HashMap<(usize, usize), u64>,
     /// Per key: (start, end) of every admitted request; end `None` while it runs, or the
     /// time its host died plus the holding's life for a dead host's.
     spans: HashMap<usize, Vec<(Duration, Option<Duration>)>>,
@@ -333,6 +343,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 &hosts_failed,
                 &failed_before,
                 Decision {
+                    host,
                     key,
                     came,
                     decided,
@@ -347,6 +358,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             let ended = {
                 let mut o = oracle.lock().expect("oracle");
                 *o.in_flight.entry(key).or_default() -= 1;
+                *o.on_host.entry((host, key)).or_default() -= 1;
                 if dead.load(Ordering::SeqCst) {
                     false
                 } else {
@@ -419,6 +431,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
 }
 
 struct Decision {
+    host: usize,
     key: usize,
     came: Duration,
     decided: Duration,
@@ -437,6 +450,7 @@ fn decide(
     d: Decision,
 ) -> Option<(hierarchical_throttle::SlotPermit, usize)> {
     let Decision {
+        host,
         key,
         came,
         decided,
@@ -468,6 +482,12 @@ fn decide(
                 o.failures
                     .push(format!("k{key}: {n} in flight of {max} at {decided:?}"));
             }
+            let here = o.on_host.entry((host, key)).or_default();
+            *here += 1;
+            let here = *here;
+            if s.read_free {
+                check_free(&mut o, s, &hosts[host], &permit, (host, key, here), decided);
+            }
             // Its slot may have been taken at the store any time after it came (the answer
             // that brings it takes a round trip).
             let spans = o.spans.entry(key).or_default();
@@ -485,6 +505,33 @@ fn decide(
             }
             None
         }
+    }
+}
+
+/// The slots an admitted request's host sees free (its `RateLimit` field): never more than
+/// the key's limit less the host's requests of the key in flight as the oracle counts them
+/// (this one included; the host counts a request from its admission to its end, the oracle
+/// from its decision, which one answer for many waiters can put later); and, for a host
+/// alone with one key and a store that never fails, exactly the limit less what it has in
+/// flight.
+fn check_free(
+    o: &mut Oracle,
+    s: &Scenario,
+    layer: &Layer,
+    permit: &hierarchical_throttle::SlotPermit,
+    (host, key, here): (usize, usize, u64),
+    decided: Duration,
+) {
+    let name = format!("k{key}");
+    let max = layer.max_in_flight(&name);
+    let free = layer.free_slots(&name, permit);
+    let alone = s.hosts == 1 && s.keys == 1 && !s.faulty() && s.death.is_none();
+    if free > max.saturating_sub(here) || (alone && free != max.saturating_sub(layer.in_flight())) {
+        o.failures.push(format!(
+            "k{key} on host {host}: {free} slots seen free of {max} with {here} in flight \
+             there ({} by its own count), at {decided:?}",
+            layer.in_flight()
+        ));
     }
 }
 
