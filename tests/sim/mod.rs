@@ -1574,8 +1574,11 @@ async fn check_liveness(
             .unwrap_or_default();
         tokio::time::sleep(full + s.max_reservation).await;
         for (h, host) in hosts.iter().enumerate() {
-            // The other hosts' leases expire and go back; then the bucket refills a token.
-            tokio::time::sleep(s.max_reservation + s.lease_ttl).await;
+            // The other hosts' leases expire and go back, and the calls a host's request may
+            // have left lingering (the fetch that pays a credit it was served on) land; then
+            // the bucket refills a token.
+            let lingering = s.global_batch_linger + s.store_timeout;
+            tokio::time::sleep(s.max_reservation + s.lease_ttl + lingering).await;
             for layer in layers.iter().flatten() {
                 layer.return_unused_leases().await;
             }
