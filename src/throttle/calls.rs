@@ -115,11 +115,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let (sender, receiver) = oneshot::channel();
         let now = Instant::now();
         let at = match due {
-            Due::Behind { since, within }
-                if self.calls.expedites.load(Ordering::SeqCst) == since =>
-            {
-                now + within
-            }
+            Due::Behind { since, within } if self.calls.expedites() == since => now + within,
             _ => now,
         };
         let (window, at) = {
