@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use hashbrown::HashTable;
 
-use crate::clock::{Clock, micros};
+use crate::clock::{Clock, Now, micros};
 use crate::global::slots::SlotStore;
 use crate::quota::{BucketKey, Name};
 use crate::slots::{SlotLease, TryTake};
@@ -184,7 +184,7 @@ where
     pub(crate) fn try_acquire(&self, key: &K) -> Acquired {
         self.shared.ensure_sweeper();
         let shared = &self.shared;
-        let now = shared.now();
+        let mut now = shared.recent();
         let hash = shared.hasher.hash_one(key);
         let mut shard = shared.shards[shard_index(hash, SHARD_BITS)].lock();
         let entry = match shard.keys.find(hash, |(k, _)| k == key) {
@@ -204,7 +204,7 @@ where
         // The shard stays locked while the key's lease is, so the sweeper never forgets a
         // lease a request is about to use.
         let mut lease = entry.lease.lock();
-        let taken = lease.try_take(now);
+        let taken = lease.try_take(&mut now);
         let (sender, receiver) = match taken {
             TryTake::Taken | TryTake::Fallback { admitted: true } => {
                 drop(lease);
@@ -221,7 +221,8 @@ where
             }
             TryTake::MustWait => tokio::sync::oneshot::channel(),
         };
-        let call = lease.wait(sender, now, || shared.next_seq());
+        // A waiter's arrival is ordered against the call's sending: the time read exactly.
+        let call = lease.wait(sender, now.exact(), || shared.next_seq());
         drop(lease);
         drop(shard);
         if let Some(call) = call {
@@ -266,6 +267,13 @@ where
 {
     fn now(&self) -> u64 {
         micros(self.clock.now())
+    }
+
+    /// The time for a request's questions: the clock's recent reading, read again exactly
+    /// only near an edge.
+    fn recent(&self) -> Now<impl FnMut() -> u64 + '_> {
+        let lag = micros(self.clock.recent_lag());
+        Now::new(micros(self.clock.recent()), lag, || self.now())
     }
 
     fn next_seq(&self) -> u64 {

@@ -86,7 +86,9 @@ where
     /// without taking anything or calling the global store: the host's lease plus the global
     /// bucket's level at its last answer and what has refilled since. Other hosts may have
     /// taken some of that since, so this is an estimate; a limit this host has not used yet
-    /// shows full. [`remaining_global`](Self::remaining_global) asks the store.
+    /// shows full. It is read at the clock's [recent](crate::clock::Clock::recent) time, as
+    /// the `RateLimit` fields are (on Linux at most a few milliseconds behind).
+    /// [`remaining_global`](Self::remaining_global) asks the store.
     ///
     /// ```
     /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore};

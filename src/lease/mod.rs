@@ -483,6 +483,9 @@ impl LocalBucket {
     pub(crate) fn view(&self, now: u64, limit: &Limit, store_up: bool) -> View {
         let capacity = limit.capacity();
         let cold = self.cold();
+        // A recent reading of the clock may come before the last answer: the view is never of
+        // a time before what the bucket knows.
+        let now = now.max(cold.global_seen_at);
         let lease = self.tokens.saturating_add(cold.reserved.due_by(now));
         if let (false, Some(fallback)) = (store_up, &cold.fallback) {
             return fallback.view(lease, now);
@@ -699,3 +702,5 @@ fn global_full_at(left: u64, next_token_at: u64, seen_at: u64, limit: &Limit) ->
 mod tests;
 #[cfg(test)]
 mod tests_by_hand;
+#[cfg(test)]
+mod tests_views;

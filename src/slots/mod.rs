@@ -19,6 +19,8 @@
 
 use std::collections::VecDeque;
 
+use crate::clock::Now;
+
 #[cfg(test)]
 mod tests;
 
@@ -166,19 +168,29 @@ impl<W> SlotLease<W> {
         if now >= self.usable_until {
             return 0;
         }
+        self.usable_while_held()
+    }
+
+    /// How many requests may be in flight on what the store holds, while it holds it.
+    fn usable_while_held(&self) -> u64 {
         match self.call {
             Some(call) => self.held.min(call.want),
             None => self.held,
         }
     }
 
-    /// Takes a free slot if there is one and no earlier request waits for one.
-    pub(crate) fn try_take(&mut self, now: u64) -> TryTake {
-        if self.waiters.is_empty() && self.in_use < self.usable(now) {
+    /// Takes a free slot if there is one and no earlier request waits for one. The time is
+    /// asked only whether the holding is still valid or the store still left alone, so a
+    /// recent reading answers (see [`Now`]).
+    pub(crate) fn try_take(&mut self, now: &mut Now<impl FnMut() -> u64>) -> TryTake {
+        if self.waiters.is_empty()
+            && self.in_use < self.usable_while_held()
+            && now.is_before(self.usable_until)
+        {
             self.take_one();
             return TryTake::Taken;
         }
-        if now < self.down_until {
+        if now.is_before(self.down_until) {
             let admitted = self.in_use < self.fallback_cap;
             if admitted {
                 self.take_one();

@@ -1,4 +1,5 @@
 use super::*;
+use crate::clock::exactly;
 
 type Lease = SlotLease<&'static str>;
 
@@ -25,7 +26,7 @@ fn holding(granted: u64) -> Lease {
 #[test]
 fn a_cold_key_waits_for_the_store_and_asks_for_what_waits() {
     let mut lease = Lease::new(0, false);
-    assert_eq!(lease.try_take(0), TryTake::MustWait);
+    assert_eq!(lease.try_take(&mut exactly(0)), TryTake::MustWait);
     let call = lease.wait("a", 0, seq(7));
     assert_eq!(
         call,
@@ -36,7 +37,7 @@ fn a_cold_key_waits_for_the_store_and_asks_for_what_waits() {
         })
     );
     // A second request while the call is out waits for it without a call of its own.
-    assert_eq!(lease.try_take(1), TryTake::MustWait);
+    assert_eq!(lease.try_take(&mut exactly(1)), TryTake::MustWait);
     assert_eq!(lease.wait("b", 1, seq(8)), None);
     let decided = lease.answered(7, 1, 1_000, 2, seq(9));
     assert_eq!(decided.admitted, ["a"]);
@@ -62,18 +63,18 @@ fn a_cold_key_waits_for_the_store_and_asks_for_what_waits() {
 #[test]
 fn free_slots_are_taken_without_a_call_until_the_holding_ends() {
     let mut lease = holding(3);
-    assert_eq!(lease.try_take(10), TryTake::Taken);
-    assert_eq!(lease.try_take(10), TryTake::Taken);
+    assert_eq!(lease.try_take(&mut exactly(10)), TryTake::Taken);
+    assert_eq!(lease.try_take(&mut exactly(10)), TryTake::Taken);
     assert_eq!(
-        lease.try_take(10),
+        lease.try_take(&mut exactly(10)),
         TryTake::MustWait,
         "three of three in use"
     );
     assert_eq!(lease.release(|| 11), None);
-    assert_eq!(lease.try_take(999), TryTake::Taken);
+    assert_eq!(lease.try_take(&mut exactly(999)), TryTake::Taken);
     lease.release(|| 999);
     assert_eq!(
-        lease.try_take(1_000),
+        lease.try_take(&mut exactly(1_000)),
         TryTake::MustWait,
         "the holding has ended"
     );
@@ -82,14 +83,14 @@ fn free_slots_are_taken_without_a_call_until_the_holding_ends() {
 #[test]
 fn a_released_slot_goes_to_the_first_waiter() {
     let mut lease = holding(1);
-    assert_eq!(lease.try_take(5), TryTake::MustWait);
+    assert_eq!(lease.try_take(&mut exactly(5)), TryTake::MustWait);
     assert!(lease.wait("x", 5, seq(2)).is_some());
     assert_eq!(lease.wait("y", 6, seq(3)), None);
     assert_eq!(lease.release(|| 7), Some("x"));
     assert_eq!(lease.in_use(), 1);
     // Nobody may jump the queue while "y" waits, even on a slot freed for it.
     assert_eq!(lease.release(|| 8), Some("y"));
-    assert_eq!(lease.try_take(8), TryTake::MustWait);
+    assert_eq!(lease.try_take(&mut exactly(8)), TryTake::MustWait);
 }
 
 #[test]
@@ -106,8 +107,8 @@ fn a_request_that_came_after_a_full_answer_was_asked_is_not_refused_by_it() {
 #[test]
 fn while_a_give_back_is_out_the_host_uses_the_smaller_holding() {
     let mut lease = holding(3);
-    assert_eq!(lease.try_take(1), TryTake::Taken);
-    assert_eq!(lease.try_take(1), TryTake::Taken);
+    assert_eq!(lease.try_take(&mut exactly(1)), TryTake::Taken);
+    assert_eq!(lease.try_take(&mut exactly(1)), TryTake::Taken);
     for _ in 0..3 {
         lease.release(|| 2);
     }
@@ -117,7 +118,7 @@ fn while_a_give_back_is_out_the_host_uses_the_smaller_holding() {
     let give_back = lease.sweep(5, 0, seq(2));
     assert_eq!(give_back.map(|c| c.want), Some(0));
     assert_eq!(
-        lease.try_take(6),
+        lease.try_take(&mut exactly(6)),
         TryTake::MustWait,
         "the store may have applied it"
     );
@@ -187,12 +188,18 @@ fn a_failed_call_decides_its_waiters_by_the_fallback_cap_and_so_do_later_request
     let decided = lease.failed(1, 500);
     assert_eq!(decided.admitted, ["a", "b"]);
     assert_eq!(decided.unavailable, ["c"]);
-    assert_eq!(lease.try_take(10), TryTake::Fallback { admitted: false });
+    assert_eq!(
+        lease.try_take(&mut exactly(10)),
+        TryTake::Fallback { admitted: false }
+    );
     lease.release(|| 11);
-    assert_eq!(lease.try_take(12), TryTake::Fallback { admitted: true });
+    assert_eq!(
+        lease.try_take(&mut exactly(12)),
+        TryTake::Fallback { admitted: true }
+    );
     // After the back-off, a request asks the store again.
     lease.release(|| 13);
-    assert_eq!(lease.try_take(500), TryTake::MustWait);
+    assert_eq!(lease.try_take(&mut exactly(500)), TryTake::MustWait);
 }
 
 #[test]
@@ -238,7 +245,7 @@ fn a_key_in_steady_use_gives_back_what_it_no_longer_needs() {
     let mut lease = holding(4);
     lease.release(|| 1);
     for pass in 0..3u64 {
-        assert_eq!(lease.try_take(10 + pass), TryTake::Taken);
+        assert_eq!(lease.try_take(&mut exactly(10 + pass)), TryTake::Taken);
         lease.release(|| 11 + pass);
         if let Some(call) = lease.sweep(12 + pass, 0, seq(2 + pass)) {
             assert_eq!(call.want, 1, "pass {pass}");
@@ -252,21 +259,41 @@ fn a_key_in_steady_use_gives_back_what_it_no_longer_needs() {
 fn requests_running_past_their_holding_are_renewed_and_block_new_ones_until_confirmed() {
     let mut lease = holding(1);
     // The holding ran out (the store was unreachable) with one request still running.
-    assert_eq!(lease.try_take(1_500), TryTake::MustWait);
+    assert_eq!(lease.try_take(&mut exactly(1_500)), TryTake::MustWait);
     let renewal = lease.sweep(1_500, 2_000, seq(2));
     assert_eq!(renewal.map(|c| c.want), Some(1));
     // Meanwhile another host took the slot: the store confirms none.
     lease.answered(2, 0, 2_500, 1_510, seq(3));
     lease.release(|| 1_600);
     assert_eq!(lease.in_use(), 0);
-    assert_eq!(lease.try_take(1_700), TryTake::MustWait);
+    assert_eq!(lease.try_take(&mut exactly(1_700)), TryTake::MustWait);
+}
+
+/// The time `now` as a recent reading trailing it by some of `lag` tells it.
+fn lagging(now: u64, lag: u64, next: &mut impl FnMut(u64) -> u64) -> Now<impl FnMut() -> u64> {
+    Now::new(now.saturating_sub(next(lag + 1)), lag, move || now)
+}
+
+#[test]
+fn a_recent_reading_within_its_lag_of_the_holdings_end_does_not_admit_past_it() {
+    let mut lease = holding(2);
+    // The reading says 990, but it trails by up to 50: the time is read, and it is 1,000.
+    assert_eq!(
+        lease.try_take(&mut Now::new(990, 50, || 1_000)),
+        TryTake::MustWait
+    );
+    assert_eq!(
+        lease.try_take(&mut Now::new(990, 50, || 999)),
+        TryTake::Taken
+    );
 }
 
 #[test]
 fn no_admission_on_the_store_goes_past_the_usable_holding_over_random_steps() {
     // A seeded walk over every operation: a request admitted on the store's holding (not by
     // the failure policy) leaves at most the smaller of what the store confirmed and what a
-    // call out asks in use, and only while the holding is current.
+    // call out asks in use, and only while the holding is current, though the time it is
+    // asked at is a recent reading that trails the time.
     let mut state = 0x9E37_79B9_7F4A_7C15_u64;
     let mut next = move |n: u64| {
         state ^= state << 13;
@@ -284,7 +311,7 @@ fn no_admission_on_the_store_goes_past_the_usable_holding_over_random_steps() {
         for step in 0..200u64 {
             now += next(50);
             match next(6) {
-                0 => match lease.try_take(now) {
+                0 => match lease.try_take(&mut lagging(now, next(100), &mut next)) {
                     TryTake::Taken => {
                         running += 1;
                         admissions += 1;
@@ -348,7 +375,7 @@ fn no_admission_on_the_store_goes_past_the_usable_holding_over_random_steps() {
 fn free_slots_are_what_the_others_and_this_hosts_requests_leave() {
     // Two in flight here, of a limit of 5, the others holding 2 at the last answer.
     let mut lease = holding(2);
-    lease.try_take(10);
+    lease.try_take(&mut exactly(10));
     lease.note_others(2);
     assert_eq!(lease.in_use(), 2);
     assert_eq!(lease.free(5, || 10), 1);

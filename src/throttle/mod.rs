@@ -416,6 +416,11 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         crate::clock::unix_micros(&self.clock)
     }
 
+    /// The clock's recent time on the calendar: what a response tells is read at it.
+    pub(crate) fn recent(&self) -> u64 {
+        crate::clock::unix_recent_micros(&self.clock)
+    }
+
     fn interval(&self, now: u64) -> u64 {
         now / micros(self.config.demand_interval).max(1)
     }

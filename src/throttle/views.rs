@@ -82,7 +82,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     ) -> Option<Viewed<K>> {
         let template = one_limit?;
         let memory = self.memory_store()?;
-        let now = self.now();
+        let now = self.recent();
         let at = ViewAt {
             now,
             limit: template.limit,
@@ -141,9 +141,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         id.slot = 0;
     }
 
-    /// This host's view of every limit of `keys` (first buckets of their levels).
+    /// This host's view of every limit of `keys` (first buckets of their levels), as of the
+    /// clock's recent time (what a response tells needs no more).
     pub(crate) fn remaining_of(&self, keys: &mut [LeaseKey<K>]) -> Vec<Remaining> {
-        let now = self.now();
+        let now = self.recent();
         let mut out = Vec::new();
         for id in keys {
             self.remaining_local(id, now, &mut out);

@@ -18,6 +18,10 @@
 //!   exactly that for a host alone with one key and a store that never fails;
 //! - **nothing lost**: once every request has ended and the holdings have expired, no host
 //!   holds a slot or keeps a key, and the store holds nothing.
+//!
+//! The hosts' clocks may have a coarse reading (drawn per seed: none, or one that trails by
+//! up to a tick of 4 ms to a whole second, past a holding's renewal margin), as the default
+//! clock has on Linux: every check above holds whatever the tick.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,6 +35,7 @@ use hierarchical_throttle::{
     FailurePolicy, HierarchicalConcurrencyLayer, MemoryGlobalStore, RejectionReason,
 };
 
+use super::TickedClock;
 use super::rng::Rng;
 
 /// One run's draw.
@@ -69,6 +74,8 @@ pub struct Scenario {
     /// Each admitted request reads the slots its host sees free (what its `RateLimit` field
     /// says).
     pub read_free: bool,
+    /// The hosts' clocks' coarse reading trails by up to this (zero: they have none).
+    pub tick: Duration,
 }
 
 impl Scenario {
@@ -139,6 +146,9 @@ impl Scenario {
             }),
             // A stream of its own, so that the draws above keep their values per seed.
             read_free: Rng::new(seed ^ 0xF2EE).chance(0.5),
+            tick: Duration::from_millis(
+                [0, 0, 4, 50, 300, 1_000][Rng::new(seed ^ 0x71C4).below(6) as usize],
+            ),
         }
     }
 
@@ -247,7 +257,7 @@ struct Oracle {
     refused_full: u64,
 }
 
-type Layer = HierarchicalConcurrencyLayer<(), String, SimStore, TokioClock>;
+type Layer = HierarchicalConcurrencyLayer<(), String, SimStore, TickedClock>;
 
 pub fn run(seed: u64) -> Result<String, String> {
     super::paused_runtime().block_on(simulate(Scenario::draw(seed)))
@@ -287,7 +297,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                     limits.get(index).map_or(0, |m| m.load(Ordering::SeqCst))
                 })
                 .store(store)
-                .clock(clock)
+                .clock(TickedClock::new(clock, s.tick))
                 .slot_ttl(s.slot_ttl)
                 .linger(s.linger)
                 .store_timeout(s.store_timeout)

@@ -78,9 +78,45 @@ type Host = HierarchicalThrottleLayer<
     String,
     FaultyGlobal,
     MemoryLocalStore<String>,
-    TokioClock,
+    TickedClock,
     Recorder,
 >;
+
+/// Tokio's clock with a coarse reading: the time at the last whole `tick` (none when zero),
+/// as a kernel's coarse clock reads it, trailing by up to a tick.
+#[derive(Debug, Clone, Copy)]
+pub struct TickedClock {
+    clock: TokioClock,
+    tick: Duration,
+}
+
+impl TickedClock {
+    pub fn new(clock: TokioClock, tick: Duration) -> Self {
+        Self { clock, tick }
+    }
+}
+
+impl Clock for TickedClock {
+    fn now(&self) -> Duration {
+        self.clock.now()
+    }
+
+    fn recent(&self) -> Duration {
+        let now = self.clock.now();
+        match self.tick.as_nanos() {
+            0 => now,
+            tick => now - Duration::from_nanos((now.as_nanos() % tick) as u64),
+        }
+    }
+
+    fn recent_lag(&self) -> Duration {
+        self.tick
+    }
+
+    fn unix_origin(&self) -> Duration {
+        self.clock.unix_origin()
+    }
+}
 
 /// One key's limit in a run.
 #[derive(Debug, Clone, Copy)]
@@ -178,6 +214,9 @@ pub struct Scenario {
     /// Admitted responses get the state of their limits (`RateLimit` fields); with a fixed
     /// quota, hosts that borrow the key read it inside the take's lookup.
     pub annotate: bool,
+    /// The hosts' clocks' coarse reading (what responses tell is read at) trails by up to
+    /// this (zero: they have none).
+    pub tick: Duration,
 }
 
 /// A run-time change of hot-0's quota, at `at`.
@@ -289,6 +328,7 @@ impl Scenario {
             unix_origin: Duration::ZERO,
             fixed_quota: false,
             annotate: false,
+            tick: Duration::ZERO,
         }
         .draw_more(&mut rng)
     }
@@ -407,6 +447,9 @@ impl Scenario {
             && self.other_scale.is_none()
             && self.change.is_none();
         self.fixed_quota = uniform && rng.chance(0.7);
+        // A stream of its own, so that earlier seeds keep their other draws.
+        let ticks = [0, 0, 4, 50, 1_000];
+        self.tick = Duration::from_millis(ticks[Rng::new(self.seed ^ 0x71C4).below(5) as usize]);
         self
     }
 
@@ -957,7 +1000,10 @@ fn build_host(
         false => builder.limit_per_key(move |key: &String| quotas.lock().unwrap()[key].clone()),
     };
     builder
-        .clock(TokioClock::at_unix_time(s.unix_origin))
+        .clock(TickedClock::new(
+            TokioClock::at_unix_time(s.unix_origin),
+            s.tick,
+        ))
         .store_timeout(s.store_timeout)
         .lease_ttl(s.lease_ttl)
         .demand_window(10, s.demand_interval)
