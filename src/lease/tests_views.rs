@@ -6,6 +6,22 @@ use super::*;
 use crate::lease::fetch::*;
 use std::time::Duration;
 
+/// An answer sent and received at `at`: 4 tokens granted, 3 left in the global bucket.
+fn four_of_seven_left_at(at: u64) -> FetchOutcome {
+    FetchOutcome::Granted {
+        grant: Grant {
+            granted: 4,
+            reserved: 0,
+            ready_in: Duration::ZERO,
+            remaining: 3,
+            refill_in: Duration::ZERO,
+        },
+        sent_at: at,
+        from: Name::intern("default"),
+        shape: 0,
+    }
+}
+
 #[test]
 fn a_view_adds_the_lease_to_the_global_level_and_its_refill_since() {
     let limit = limit(); // 10 per second, burst 10
@@ -15,19 +31,7 @@ fn a_view_adds_the_lease_to_the_global_level_and_its_refill_since() {
         View::full(&limit),
         "never asked: full"
     );
-    let answer = FetchOutcome::Granted {
-        grant: Grant {
-            granted: 4,
-            reserved: 0,
-            ready_in: Duration::ZERO,
-            remaining: 3,
-            refill_in: Duration::ZERO,
-        },
-        sent_at: 0,
-        from: Name::intern("default"),
-        shape: 0,
-    };
-    b.settle(&answer, 0, 0, &limit);
+    b.settle(&four_of_seven_left_at(0), 0, 0, &limit);
     b.take_leased(2);
     let view = b.view(0, &limit, true);
     assert_eq!(view.tokens, 2 + 3);
@@ -42,19 +46,7 @@ fn a_view_adds_the_lease_to_the_global_level_and_its_refill_since() {
 fn a_view_read_at_a_recent_time_before_the_last_answer_is_of_that_answer() {
     let limit = limit(); // 10 per second, burst 10
     let mut b = LocalBucket::default();
-    let answer = FetchOutcome::Granted {
-        grant: Grant {
-            granted: 4,
-            reserved: 0,
-            ready_in: Duration::ZERO,
-            remaining: 3,
-            refill_in: Duration::ZERO,
-        },
-        sent_at: 1_000,
-        from: Name::intern("default"),
-        shape: 0,
-    };
-    b.settle(&answer, 1_000, 0, &limit);
+    b.settle(&four_of_seven_left_at(1_000), 1_000, 0, &limit);
     b.take_leased(2);
     // A coarse clock's reading, 10 ms behind the answer: not "short" (its next token due at
     // the time the call was sent), but the lease and the level the answer told.
