@@ -502,6 +502,68 @@ mod waiting_and_failing {
         });
     }
 
+    /// A manual clock whose coarse reading stays where it was made (allowed: it trails the
+    /// time by at most its lag, an hour).
+    #[derive(Clone)]
+    struct StuckCoarseReading(ManualClock);
+
+    impl Clock for StuckCoarseReading {
+        fn now(&self) -> Duration {
+            self.0.now()
+        }
+
+        fn recent(&self) -> Duration {
+            Duration::ZERO
+        }
+
+        fn recent_lag(&self) -> Duration {
+            Duration::from_secs(3_600)
+        }
+    }
+
+    #[test]
+    fn a_holding_past_its_end_admits_nothing_whatever_the_coarse_clock_says() {
+        let clock = ManualClock::new();
+        let memory = MemoryGlobalStore::with_clock(clock.clone());
+        type Memory = MemoryGlobalStore<String, ManualClock>;
+        fn host<C: Clock>(memory: &Memory, clock: C) -> Layer<Memory, C> {
+            HierarchicalConcurrencyLayer::builder()
+                .key(api_key)
+                .max_in_flight(2)
+                .store(memory.clone())
+                .clock(clock)
+                .build()
+                .unwrap()
+        }
+        let stale = host(&memory, StuckCoarseReading(clock.clone()));
+        let other = host(&memory, clock.clone());
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        // Two slots held and freed; the runtime ends (with the sweeper) before they are given
+        // back, so the host still counts on its holding.
+        runtime().block_on(async {
+            let first = stale.acquire("k".to_owned()).await.unwrap();
+            let second = stale.acquire("k".to_owned()).await.unwrap();
+            drop((first, second));
+        });
+        // Past the holding's time to live: the store gives both slots to the other host.
+        clock.advance(Duration::from_secs(11));
+        runtime().block_on(async {
+            let taken = [
+                other.acquire("k".to_owned()).await.unwrap(),
+                other.acquire("k".to_owned()).await.unwrap(),
+            ];
+            // The coarse reading (zero) says the holding is current; the time says it ended.
+            let refused = stale.acquire("k".to_owned()).await.expect_err("full");
+            assert_eq!(refused.reason, RejectionReason::TooManyInFlight { max: 2 });
+            drop(taken);
+        });
+    }
+
     /// `layer`'s slot for `k`, on a task of its own, with the time it took since `start`.
     fn timed_acquire<S: SlotStore<BucketKey<String>>>(
         layer: &Layer<S>,
