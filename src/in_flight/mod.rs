@@ -184,7 +184,7 @@ where
     pub(crate) fn try_acquire(&self, key: &K) -> Acquired {
         self.shared.ensure_sweeper();
         let shared = &self.shared;
-        let mut now = shared.recent();
+        let mut now = shared.now_to_ask();
         let hash = shared.hasher.hash_one(key);
         let mut shard = shared.shards[shard_index(hash, SHARD_BITS)].lock();
         let entry = match shard.keys.find(hash, |(k, _)| k == key) {
@@ -271,7 +271,7 @@ where
 
     /// The time for a request's questions: the clock's recent reading, read again exactly
     /// only near an edge.
-    fn recent(&self) -> Now<impl FnMut() -> u64 + '_> {
+    fn now_to_ask(&self) -> Now<impl FnMut() -> u64 + '_> {
         let lag = micros(self.clock.recent_lag());
         Now::new(micros(self.clock.recent()), lag, || self.now())
     }
