@@ -19,6 +19,10 @@ use crate::limit::Limit;
 /// [`FailurePolicy`](crate::FailurePolicy) decides. Credit whose charge fails (the store went
 /// down while it was under way) is counted in
 /// [`tokens_uncharged`](crate::ThrottleStats::tokens_uncharged).
+///
+/// A concurrency layer takes the same setting
+/// ([`ConcurrencyBuilder::cold_start`](crate::ConcurrencyBuilder::cold_start), exact by
+/// default there): the share is of a key's limit of requests in flight.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub enum ColdStart {
@@ -43,10 +47,16 @@ impl Default for ColdStart {
 impl ColdStart {
     /// The tokens a bucket of `limit` may owe on one host.
     pub fn credit(&self, limit: &Limit) -> u64 {
+        self.credit_of(limit.capacity())
+    }
+
+    /// The share of `capacity` (a bucket's, or a concurrency limit's slots) a host may owe,
+    /// at least one (none of nothing); none when exact.
+    pub(crate) fn credit_of(&self, capacity: u64) -> u64 {
         match *self {
             Self::Exact => 0,
             // The share is checked at build; the product is at most the capacity.
-            Self::Credit { share } => ((limit.capacity() as f64 * share) as u64).max(1),
+            Self::Credit { share } => ((capacity as f64 * share) as u64).clamp(1, capacity),
         }
     }
 

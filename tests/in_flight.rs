@@ -1246,3 +1246,130 @@ mod admitted_fields {
         a_host_sees_what_the_others_hold(store).await;
     }
 }
+
+/// `ColdStart::Credit`: a key not known to be full admits at once beyond its holding, up to
+/// its credit, while a call asks the store to hold what runs; once an answer says the fleet is
+/// full, no more credit.
+mod credit {
+    use super::*;
+    use hierarchical_throttle::ColdStart;
+
+    /// Half of a limit of 4: two requests of credit per host.
+    const HALF: ColdStart = ColdStart::Credit { share: 0.5 };
+    /// A store's answer time, within the default time-out of 50 ms.
+    const ROUND_TRIP: Duration = Duration::from_millis(30);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cold_keys_first_requests_run_before_the_store_answers() {
+        let store = SlowStore::new(MemoryGlobalStore::with_clock(TokioClock::new()), ROUND_TRIP);
+        let layer = host(store, 4).cold_start(HALF).build().unwrap();
+        let mut host = Host::new(layer.clone());
+        let start = tokio::time::Instant::now();
+        let (a, b) = (host.send("k"), host.send("k"));
+        host.running(2).await;
+        assert_eq!(start.elapsed(), Duration::ZERO, "both on credit, at once");
+        // The credit is spent: the third waits. The call out when it came asks for one slot;
+        // its answer sends the next, for all three.
+        let c = host.send("k");
+        host.running(1).await;
+        assert_eq!(start.elapsed(), ROUND_TRIP * 2);
+        let stats = layer.stats();
+        assert_eq!((stats.admitted, stats.admitted_on_credit), (3, 2));
+        host.gate.add_permits(3);
+        for done in [a, b, c] {
+            assert_eq!(done.await.unwrap(), StatusCode::OK);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn by_default_a_cold_key_waits_for_the_store() {
+        let store = SlowStore::new(MemoryGlobalStore::with_clock(TokioClock::new()), ROUND_TRIP);
+        let mut host = Host::new(layer(store, 4));
+        let start = tokio::time::Instant::now();
+        let a = host.send("k");
+        host.running(1).await;
+        assert_eq!(start.elapsed(), ROUND_TRIP);
+        host.gate.add_permits(1);
+        assert_eq!(a.await.unwrap(), StatusCode::OK);
+    }
+
+    #[test]
+    fn a_share_outside_zero_to_one_is_refused_at_build() {
+        let built = host(MemoryGlobalStore::new(), 4)
+            .cold_start(ColdStart::Credit { share: 1.5 })
+            .build();
+        assert!(matches!(
+            built,
+            Err(ConfigError::InvalidSetting {
+                setting: "cold_start",
+                ..
+            })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_memory() {
+        credit_stops_where_the_fleet_is_full(MemoryGlobalStore::with_clock(TokioClock::new()))
+            .await;
+    }
+
+    #[tokio::test]
+    async fn on_redis() {
+        let server = RedisServer::start();
+        let store: RedisGlobalStore<String> =
+            RedisGlobalStore::connect(&server.url()).await.unwrap();
+        credit_stops_where_the_fleet_is_full(store).await;
+    }
+
+    /// Two hosts, a limit of 2 and one request of credit each: the first host fills the
+    /// limit; the second, which knows nothing of the key, admits one on credit (the bound,
+    /// `max + hosts x credit`, reached by a key full elsewhere), learns from the answer that
+    /// the fleet is full, and refuses the next.
+    async fn credit_stops_where_the_fleet_is_full<S>(store: S)
+    where
+        S: SlotStore<BucketKey<String>> + Clone,
+    {
+        let on = |store: SlowStore<S>| {
+            // A time-out no loaded machine reaches on real time: this test is about answers.
+            let built = host(store, 2)
+                .cold_start(ColdStart::Credit { share: 0.5 })
+                .store_timeout(Duration::from_secs(1))
+                .build();
+            built.unwrap()
+        };
+        let (first, second) = (
+            SlowStore::new(store.clone(), Duration::ZERO),
+            SlowStore::new(store, Duration::ZERO),
+        );
+        let (first_holds, second_holds) = (first.held.subscribe(), second.held.subscribe());
+        let (a, b) = (on(first), on(second));
+        let key = || "tenant".to_owned();
+        // The store's answer, seen by the store's wrapper (the host notes it just after).
+        let settled = |mut holds: tokio::sync::watch::Receiver<Option<u64>>, n: u64| async move {
+            let answered = holds.wait_for(|held| *held == Some(n));
+            tokio::time::timeout(Duration::from_secs(5), answered)
+                .await
+                .expect("the store answers")
+                .map(|_| ())
+                .expect("the store lives");
+        };
+        let a1 = a.acquire(key()).await.expect("on credit");
+        settled(first_holds.clone(), 1).await;
+        // On credit too, or after waiting for the store, depending on whether the host had
+        // noted the answer: either way the store then holds both.
+        let a2 = a.acquire(key()).await.expect("a second slot");
+        settled(first_holds, 2).await;
+        let b1 = b
+            .acquire(key())
+            .await
+            .expect("on credit: the key is not known full here");
+        // The store held nothing for the second host: the fleet was full.
+        settled(second_holds, 0).await;
+        let refused = b.acquire(key()).await.unwrap_err();
+        assert_eq!(refused.reason, RejectionReason::TooManyInFlight { max: 2 });
+        assert!((1..=2).contains(&a.stats().admitted_on_credit));
+        assert_eq!(b.stats().admitted_on_credit, 1);
+        assert_eq!(b.free_slots(&key(), &b1), 0);
+        drop((a1, a2, b1));
+    }
+}

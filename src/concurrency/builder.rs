@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::builder::Unset;
 use crate::clock::{Clock, MonotonicClock};
 use crate::concurrency::{FieldsOf, HierarchicalConcurrencyLayer, KeyFn, Shared};
+use crate::credit::ColdStart;
 use crate::error::ConfigError;
 use crate::failure::FailurePolicy;
 use crate::global::slots::SlotStore;
@@ -43,6 +44,7 @@ struct Tuning {
     host: Option<u64>,
     max_wait: Duration,
     fields: bool,
+    cold_start: ColdStart,
 }
 
 impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
@@ -70,6 +72,7 @@ impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
                 host: None,
                 max_wait: Duration::ZERO,
                 fields: true,
+                cold_start: ColdStart::Exact,
             },
         }
     }
@@ -225,6 +228,25 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
         self
     }
 
+    /// Whether a request this host's holding cannot cover waits for the store
+    /// ([`ColdStart::Exact`], the default) or is admitted at once on credit
+    /// ([`ColdStart::Credit`]): then each key not known to be full may have up to `share` of
+    /// its limit (at least one request) in flight on this host beyond what the store holds
+    /// for it, while a call asks the store to hold them. A key's first request on a host, and
+    /// the next one after its idle slots went back, then waits for no round trip. The bound
+    /// becomes `max + hosts × credit` requests in flight per key, reached only by a key
+    /// already full elsewhere; once an answer says the key is full, no more credit until one
+    /// leaves a slot free.
+    ///
+    /// Exact by default, unlike the throttle layer's tokens: a slot taken beyond the limit is
+    /// held as long as its request runs, and a concurrency limit usually guards a resource
+    /// with little room to spare (a limit of 2 on 8 hosts with one request of credit each
+    /// could have 10 in flight).
+    pub fn cold_start(mut self, cold_start: ColdStart) -> Self {
+        self.tuning.cold_start = cold_start;
+        self
+    }
+
     /// This host's identity at the store (default: drawn at random when built). Two hosts
     /// must never share one.
     pub fn host_id(mut self, host: u64) -> Self {
@@ -272,6 +294,9 @@ where
         if t.max_wait > Duration::from_secs(3600) {
             return Err(invalid("wait_for_slot", "at most an hour"));
         }
+        if !t.cold_start.is_valid() {
+            return Err(invalid("cold_start", "a credit share in (0, 1]"));
+        }
         if t.retry_after < Duration::from_secs(1) {
             return Err(invalid("retry_after", "at least one second"));
         }
@@ -290,6 +315,7 @@ where
             layer,
             name,
             fallback,
+            cold_start: t.cold_start,
             slot_ttl: t.slot_ttl,
             linger: t.linger,
             store_timeout: t.store_timeout,

@@ -141,6 +141,9 @@ impl<Req, K, S, C> std::fmt::Debug for HierarchicalConcurrencyLayer<Req, K, S, C
 pub struct ConcurrencyStats {
     /// Requests given a slot (or admitted by the failure policy).
     pub admitted: u64,
+    /// Of the admitted, those admitted at once on credit
+    /// ([`cold_start`](crate::ConcurrencyBuilder::cold_start)).
+    pub admitted_on_credit: u64,
     /// Requests refused because their key's slots were all in use, fleet-wide.
     pub refused_full: u64,
     /// Requests refused because the store failed and the failure policy refused them.
@@ -200,6 +203,7 @@ where
         let c = self.shared.engine.counters();
         ConcurrencyStats {
             admitted: self.shared.engine.admitted(),
+            admitted_on_credit: c.on_credit.load(Ordering::Relaxed),
             refused_full: c.refused_full.load(Ordering::Relaxed),
             refused_unavailable: c.refused_unavailable.load(Ordering::Relaxed),
             store_calls: c.store_calls.load(Ordering::Relaxed),

@@ -80,18 +80,19 @@ where
         };
         shared.counters.store_calls.fetch_add(1, Ordering::Relaxed);
         let max = (shared.max)(bucket.key());
-        // The failure policy's share follows the limit as it is now.
-        let cap = shared.settings.fallback.cap(max);
+        // The failure policy's share and the credit follow the limit as it is now.
+        let (cap, credit) = (shared.settings.fallback.cap(max), shared.credit(max));
         let timeout = shared.settings.store_timeout;
         let answer = tokio::time::timeout(timeout, shared.store.hold(&bucket, max, hold)).await;
         let now = shared.now();
         let mut lease = guard.entry.lease.lock();
-        lease.set_fallback_cap(cap);
+        lease.set_caps(cap, credit);
         let decided = match answer {
             Ok(Ok(holding)) => {
                 let until = shared.usable_until(call.sent_at);
                 let next_seq = || shared.next_seq();
-                lease.note_others(holding.others);
+                let full = holding.others.saturating_add(holding.held) >= max;
+                lease.note_others(holding.others, full);
                 lease.answered(call.seq, holding.held, until, now, next_seq)
             }
             Ok(Err(_)) | Err(_) => {

@@ -14,6 +14,7 @@ use std::time::Duration;
 use hashbrown::HashTable;
 
 use crate::clock::{Clock, Now, micros};
+use crate::credit::ColdStart;
 use crate::global::slots::SlotStore;
 use crate::quota::{BucketKey, Name};
 use crate::slots::{SlotLease, TryTake};
@@ -79,6 +80,8 @@ pub(crate) struct Settings {
     pub(crate) layer: Name,
     pub(crate) name: Name,
     pub(crate) fallback: Fallback,
+    /// What a key not known to be full may have in flight beyond its holding, per host.
+    pub(crate) cold_start: ColdStart,
     pub(crate) slot_ttl: Duration,
     pub(crate) linger: Duration,
     pub(crate) store_timeout: Duration,
@@ -94,6 +97,8 @@ pub(crate) struct Settings {
 pub(crate) struct Counters {
     /// Admitted after waiting for the store.
     pub(crate) admitted: AtomicU64,
+    /// Admitted at once on credit (counted in the admitted by shard too).
+    pub(crate) on_credit: AtomicU64,
     pub(crate) refused_full: AtomicU64,
     pub(crate) refused_unavailable: AtomicU64,
     pub(crate) store_calls: AtomicU64,
@@ -190,8 +195,9 @@ where
         let entry = match shard.keys.find(hash, |(k, _)| k == key) {
             Some((_, entry)) => entry.clone(),
             None => {
-                let cap = shared.settings.fallback.cap((shared.max)(key));
-                let lease = SlotLease::new(cap, shared.settings.max_wait.is_some());
+                let max = (shared.max)(key);
+                let mut lease = SlotLease::new(shared.settings.max_wait.is_some());
+                lease.set_caps(shared.settings.fallback.cap(max), shared.credit(max));
                 let engine: std::sync::Weak<dyn Engine> = Arc::downgrade(shared) as _;
                 let entry = Arc::new(Entry::new(lease, engine));
                 let rehash = |(k, _): &(K, Arc<Entry>)| shared.hasher.hash_one(k);
@@ -210,6 +216,17 @@ where
                 drop(lease);
                 shard.admitted += 1;
                 drop(shard);
+                return Acquired::Now(SlotPermit::new(entry));
+            }
+            TryTake::OnCredit => {
+                let call = lease.ask(now.exact(), || shared.next_seq());
+                drop(lease);
+                shard.admitted += 1;
+                drop(shard);
+                shared.counters.on_credit.fetch_add(1, Ordering::Relaxed);
+                if let Some(call) = call {
+                    calls::spawn(shared.clone(), key.clone(), entry.clone(), call);
+                }
                 return Acquired::Now(SlotPermit::new(entry));
             }
             TryTake::Fallback { admitted: false } => {
@@ -274,6 +291,11 @@ where
     fn now_to_ask(&self) -> Now<impl FnMut() -> u64 + '_> {
         let lag = micros(self.clock.recent_lag());
         Now::new(micros(self.clock.recent()), lag, || self.now())
+    }
+
+    /// The requests a key of limit `max` may have in flight beyond its holding on this host.
+    fn credit(&self, max: u64) -> u64 {
+        self.settings.cold_start.credit_of(max)
     }
 
     fn next_seq(&self) -> u64 {

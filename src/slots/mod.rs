@@ -14,6 +14,12 @@
 //!   and what the call asks for, so the store may apply it at any moment.
 //! - One call per key is out at a time. A request that finds no free slot waits for the next
 //!   answer; it is refused only when an answer sent after it arrived says the fleet is full.
+//! - The one exception, when the layer gives credit ([`ColdStart::Credit`]): a key not known
+//!   to be full may have up to `credit` requests in flight beyond what its holding covers,
+//!   each admitted at once while a call asks the store to hold them. So a key has at most
+//!   its limit plus each host's credit in flight fleet-wide, and only while it is full.
+//!
+//! [`ColdStart::Credit`]: crate::ColdStart::Credit
 //!
 //! It holds a oneshot sender per waiting request (`W`) and nothing else asynchronous.
 
@@ -40,6 +46,8 @@ pub(crate) struct SlotCall {
 pub(crate) enum TryTake {
     /// A free slot is its own.
     Taken,
+    /// Admitted on credit, beyond what the holding covers: [`SlotLease::ask`] for it.
+    OnCredit,
     /// The store failed a moment ago: the failure policy's cap on this host decided.
     Fallback {
         /// Whether it is admitted (it then holds a slot of `in_use`).
@@ -102,11 +110,17 @@ pub(crate) struct SlotLease<W> {
     /// Requests wait for a slot (up to their own deadline) instead of being refused when the
     /// fleet is full: the sweep asks again for them every pass.
     patient: bool,
+    /// How many requests may be in flight beyond what the holding covers (see the ground
+    /// rules), while the key is not known to be full.
+    credit: u64,
+    /// The store's last answer left no slot free in the fleet: no credit until one does.
+    full: bool,
 }
 
 impl<W> SlotLease<W> {
-    /// No slots held, none in use; `fallback_cap` is the failure policy's share for one host.
-    pub(crate) fn new(fallback_cap: u64, patient: bool) -> Self {
+    /// No slots held, none in use, no fallback share and no credit until
+    /// [`set_caps`](Self::set_caps).
+    pub(crate) fn new(patient: bool) -> Self {
         Self {
             in_use: 0,
             held: 0,
@@ -115,17 +129,21 @@ impl<W> SlotLease<W> {
             call: None,
             waiters: VecDeque::new(),
             down_until: 0,
-            fallback_cap,
+            fallback_cap: 0,
             peak: 0,
             last_peak: 0,
             uncertain: false,
             patient,
+            credit: 0,
+            full: false,
         }
     }
 
-    /// The failure policy's share of the key's limit as it is now.
-    pub(crate) fn set_fallback_cap(&mut self, cap: u64) {
-        self.fallback_cap = cap;
+    /// The failure policy's share of the key's limit as it is now, and the credit the key has
+    /// on this host.
+    pub(crate) fn set_caps(&mut self, fallback_cap: u64, credit: u64) {
+        self.fallback_cap = fallback_cap;
+        self.credit = credit;
     }
 
     /// Requests in flight on this host.
@@ -134,9 +152,11 @@ impl<W> SlotLease<W> {
     }
 
     /// Notes what the other hosts held at an answer of the store (any answer, even to a call
-    /// superseded since: it is the latest word on them).
-    pub(crate) fn note_others(&mut self, others: u64) {
+    /// superseded since: it is the latest word on them), and whether it left a slot free in
+    /// the fleet.
+    pub(crate) fn note_others(&mut self, others: u64, full: bool) {
         self.others = others;
+        self.full = full;
     }
 
     /// Slots of `max` this host sees free: what the other hosts held at the store's last
@@ -179,9 +199,9 @@ impl<W> SlotLease<W> {
         }
     }
 
-    /// Takes a free slot if there is one and no earlier request waits for one. The time is
-    /// asked only whether the holding is still valid or the store still left alone, so a
-    /// recent reading answers (see [`Now`]).
+    /// Takes a free slot if there is one and no earlier request waits for one, else one on
+    /// credit if the key has some left. The time is asked only whether the holding is still
+    /// valid or the store still left alone, so a recent reading answers (see [`Now`]).
     pub(crate) fn try_take(&mut self, now: &mut Now<impl FnMut() -> u64>) -> TryTake {
         if self.waiters.is_empty()
             && self.in_use < self.usable_while_held()
@@ -197,7 +217,30 @@ impl<W> SlotLease<W> {
             }
             return TryTake::Fallback { admitted };
         }
+        if self.credit_covers(now) {
+            self.take_one();
+            return TryTake::OnCredit;
+        }
         TryTake::MustWait
+    }
+
+    /// Whether one more request may go in flight on credit: the key is not known to be full,
+    /// no earlier request waits, and fewer than `credit` run beyond what the holding covers.
+    fn credit_covers(&self, now: &mut Now<impl FnMut() -> u64>) -> bool {
+        if self.credit == 0 || self.full || !self.waiters.is_empty() {
+            return false;
+        }
+        let covered = match now.is_before(self.usable_until) {
+            true => self.usable_while_held(),
+            false => 0,
+        };
+        self.in_use < covered.saturating_add(self.credit)
+    }
+
+    /// A request was admitted on credit at `now`: the call that asks the store to hold what
+    /// is in flight, when none is out (the answer to the one out asks again if it held less).
+    pub(crate) fn ask(&mut self, now: u64, seq: impl FnOnce() -> u64) -> Option<SlotCall> {
+        self.start_call(self.in_use + self.waiters.len() as u64, now, seq)
     }
 
     fn take_one(&mut self) {
@@ -286,7 +329,10 @@ impl<W> SlotLease<W> {
                 }
             }
         }
-        if !self.waiters.is_empty() {
+        // Waiters, or requests admitted on credit while a call for fewer was out (and the
+        // store, not full, held what it was asked): the store is asked to hold them all.
+        let beyond_holding = granted >= call.want && self.in_use > granted;
+        if !self.waiters.is_empty() || beyond_holding {
             let want = self.in_use + self.waiters.len() as u64;
             decided.next = self.start_call(want, now, next_seq);
         }

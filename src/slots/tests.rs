@@ -7,11 +7,18 @@ fn seq(n: u64) -> impl FnOnce() -> u64 {
     move || n
 }
 
+/// A lease of the failure policy's share `fallback_cap` and `credit` requests of credit.
+fn lease_of<W>(fallback_cap: u64, credit: u64, patient: bool) -> SlotLease<W> {
+    let mut lease = SlotLease::new(patient);
+    lease.set_caps(fallback_cap, credit);
+    lease
+}
+
 /// A lease holding `granted` slots until 1,000 (asked for at time 0 by as many requests, all
 /// but the first of which have ended), so one request is in flight.
 fn holding(granted: u64) -> Lease {
     const NAMES: [&str; 4] = ["w0", "w1", "w2", "w3"];
-    let mut lease = Lease::new(0, false);
+    let mut lease: Lease = lease_of(0, 0, false);
     for name in &NAMES[..granted as usize] {
         lease.wait(name, 0, seq(1));
     }
@@ -25,7 +32,7 @@ fn holding(granted: u64) -> Lease {
 
 #[test]
 fn a_cold_key_waits_for_the_store_and_asks_for_what_waits() {
-    let mut lease = Lease::new(0, false);
+    let mut lease: Lease = lease_of(0, 0, false);
     assert_eq!(lease.try_take(&mut exactly(0)), TryTake::MustWait);
     let call = lease.wait("a", 0, seq(7));
     assert_eq!(
@@ -131,7 +138,7 @@ fn while_a_give_back_is_out_the_host_uses_the_smaller_holding() {
 #[test]
 fn after_a_failed_call_the_holding_is_set_again_once_the_back_off_is_over() {
     // A request's call for a slot times out; the store may have applied it.
-    let mut lease = Lease::new(0, false);
+    let mut lease: Lease = lease_of(0, 0, false);
     assert!(lease.wait("a", 0, seq(1)).is_some());
     let decided = lease.failed(1, 100);
     assert_eq!(decided.unavailable, ["a"]);
@@ -149,7 +156,7 @@ fn after_a_failed_call_the_holding_is_set_again_once_the_back_off_is_over() {
 
 #[test]
 fn patient_requests_wait_through_a_full_answer_for_the_sweep_to_ask_again() {
-    let mut lease = Lease::new(0, true);
+    let mut lease: Lease = lease_of(0, 0, true);
     assert!(lease.wait("a", 0, seq(1)).is_some());
     let decided = lease.answered(1, 0, 1_000, 5, seq(2));
     assert!(
@@ -181,7 +188,7 @@ fn an_answer_to_an_older_call_changes_nothing() {
 
 #[test]
 fn a_failed_call_decides_its_waiters_by_the_fallback_cap_and_so_do_later_requests() {
-    let mut lease = Lease::new(2, false);
+    let mut lease: Lease = lease_of(2, 0, false);
     assert!(lease.wait("a", 0, seq(1)).is_some());
     lease.wait("b", 0, seq(2));
     lease.wait("c", 0, seq(3));
@@ -303,7 +310,8 @@ fn no_admission_on_the_store_goes_past_the_usable_holding_over_random_steps() {
     };
     let mut admissions = 0;
     for _ in 0..300 {
-        let mut lease = SlotLease::<u64>::new(next(3), next(2) == 0);
+        let credit = next(3);
+        let mut lease = lease_of::<u64>(next(3), credit, next(2) == 0);
         let mut now = 0;
         let mut seq_no = 0;
         let mut running = 0u64;
@@ -318,6 +326,13 @@ fn no_admission_on_the_store_goes_past_the_usable_holding_over_random_steps() {
                         assert!(lease.in_use() <= lease.usable(now), "step {step}");
                     }
                     TryTake::Fallback { admitted } => running += u64::from(admitted),
+                    TryTake::OnCredit => {
+                        running += 1;
+                        seq_no += 1;
+                        lease.ask(now, || seq_no);
+                        let beyond = lease.in_use().saturating_sub(lease.usable(now));
+                        assert!(beyond <= credit, "step {step}: {beyond} beyond the holding");
+                    }
                     TryTake::MustWait => {
                         seq_no += 1;
                         lease.wait(step, now, || seq_no);
@@ -359,7 +374,7 @@ fn no_admission_on_the_store_goes_past_the_usable_holding_over_random_steps() {
                     seq_no += 1;
                     lease.sweep(now, now + 100, || seq_no);
                 }
-                _ => {}
+                _ => lease.note_others(next(3), next(3) == 0),
             }
             assert_eq!(lease.in_use(), running, "step {step}");
             assert_eq!(lease.waiting(), waiting.len(), "step {step}");
@@ -376,14 +391,14 @@ fn free_slots_are_what_the_others_and_this_hosts_requests_leave() {
     // Two in flight here, of a limit of 5, the others holding 2 at the last answer.
     let mut lease = holding(2);
     lease.try_take(&mut exactly(10));
-    lease.note_others(2);
+    lease.note_others(2, false);
     assert_eq!(lease.in_use(), 2);
     assert_eq!(lease.free(5, || 10), 1);
     // The others took more than the limit leaves (it was lowered): none free, not a wrap.
-    lease.note_others(4);
+    lease.note_others(4, true);
     assert_eq!(lease.free(5, || 10), 0);
     // While the store fails, the failure policy's share counts, whatever the others held.
-    let mut failing = Lease::new(3, false);
+    let mut failing: Lease = lease_of(3, 0, false);
     failing.wait("a", 0, seq(1));
     let decided = failing.failed(1, 500);
     assert_eq!(decided.admitted, ["a"]);
@@ -393,5 +408,79 @@ fn free_slots_are_what_the_others_and_this_hosts_requests_leave() {
         failing.free(5, || 500),
         4,
         "the store is asked again: the limit counts"
+    );
+}
+
+#[test]
+fn a_key_not_known_full_is_admitted_on_credit_and_the_store_asked_to_hold_it() {
+    let mut lease: Lease = lease_of(0, 2, false);
+    // A cold key: two requests at once on credit, one call out for the first.
+    assert_eq!(lease.try_take(&mut exactly(0)), TryTake::OnCredit);
+    let call = lease
+        .ask(0, seq(1))
+        .expect("a call for the credited request");
+    assert_eq!((call.seq, call.want), (1, 1));
+    assert_eq!(lease.try_take(&mut exactly(1)), TryTake::OnCredit);
+    assert_eq!(lease.ask(1, seq(2)), None, "one call out at a time");
+    // The credit is spent: the third waits.
+    assert_eq!(lease.try_take(&mut exactly(2)), TryTake::MustWait);
+    assert_eq!(lease.in_use(), 2);
+    // The store held what it was asked, one: the second request is still beyond the
+    // holding, so the store is asked to hold both.
+    let decided = lease.answered(1, 1, 1_000, 3, seq(3));
+    assert!(decided.admitted.is_empty() && decided.full.is_empty());
+    let next = decided
+        .next
+        .expect("a call for what runs beyond the holding");
+    assert_eq!((next.seq, next.want), (3, 2));
+}
+
+#[test]
+fn credit_counts_what_runs_beyond_the_holding() {
+    // One slot held and in use; one request of credit.
+    let mut lease = holding(1);
+    lease.set_caps(0, 1);
+    assert_eq!(lease.try_take(&mut exactly(10)), TryTake::OnCredit);
+    assert_eq!(lease.try_take(&mut exactly(10)), TryTake::MustWait);
+    // Once the holding expires, it covers nothing: the two in flight are beyond it, which
+    // is more than the credit.
+    lease.release(|| 1_000);
+    assert_eq!(lease.try_take(&mut exactly(1_000)), TryTake::MustWait);
+}
+
+#[test]
+fn a_key_known_full_gets_no_credit_and_a_full_answer_is_not_asked_again() {
+    let mut lease: Lease = lease_of(0, 1, false);
+    assert_eq!(lease.try_take(&mut exactly(0)), TryTake::OnCredit);
+    let call = lease.ask(0, seq(1)).expect("a call");
+    // The fleet was full: the store held nothing for this host. The request runs on (it is
+    // the credit's overshoot) and the store is not asked again in a loop.
+    let decided = lease.answered(call.seq, 0, 1_000, 5, seq(2));
+    assert!(decided.next.is_none());
+    lease.note_others(3, true);
+    assert_eq!(lease.try_take(&mut exactly(6)), TryTake::MustWait);
+    // An answer that leaves a slot free gives credit again.
+    lease.note_others(1, false);
+    lease.forget_gone(|_| true);
+    lease.release(|| 7);
+    assert_eq!(lease.try_take(&mut exactly(8)), TryTake::OnCredit);
+}
+
+#[test]
+fn no_credit_while_an_earlier_request_waits_or_the_store_fails() {
+    let mut lease: Lease = lease_of(0, 1, false);
+    assert_eq!(lease.try_take(&mut exactly(0)), TryTake::OnCredit);
+    let call = lease.ask(0, seq(1)).expect("a call");
+    assert_eq!(lease.try_take(&mut exactly(1)), TryTake::MustWait);
+    assert_eq!(lease.wait("w", 1, seq(2)), None, "the call out serves it");
+    // The credited request ends: the credit is free again, but the waiter came first.
+    assert_eq!(lease.release(|| 2), None);
+    assert_eq!(lease.try_take(&mut exactly(3)), TryTake::MustWait);
+    // The call fails: the failure policy (a share of nothing) decides, not the credit.
+    let decided = lease.failed(call.seq, 500);
+    assert_eq!(decided.unavailable, ["w"]);
+    assert_eq!(
+        lease.try_take(&mut exactly(4)),
+        TryTake::Fallback { admitted: false }
     );
 }

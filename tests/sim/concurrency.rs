@@ -4,10 +4,11 @@
 //!
 //! - **the limit**: no admission leaves more than the key's limit (its tier's; for a limit
 //!   changed at run time, the larger of the two until the change has settled: a slot
-//!   time-to-live and the longest request) in flight over the live hosts, until the first
-//!   failed call; after it, `max` plus each host's fallback share
-//!   under `LocalFallback`, `max` still under `Reject` (storms are shorter than a holding's
-//!   renewal margin, so no holding expires under running requests);
+//!   time-to-live and the longest request) in flight over the live hosts, plus each host's
+//!   credit when the seed draws `ColdStart::Credit` (a share of 1 %, half or all of the
+//!   limit), until the first failed call; after it, each host's fallback share in place of
+//!   its credit when larger under `LocalFallback`, nothing more under `Reject` (storms are
+//!   shorter than a holding's renewal margin, so no holding expires under running requests);
 //! - **exact refusals** (runs without faults): a request refused as full arrived at a moment
 //!   from which, before its refusal, the key's slots were all in use or freed within the
 //!   linger and a round trip (still held by their host); refusals while a dead host's holding
@@ -32,7 +33,7 @@ use hierarchical_throttle::clock::TokioClock;
 use hierarchical_throttle::global::slots::{Holding, SlotHold, SlotStore};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
-    FailurePolicy, HierarchicalConcurrencyLayer, MemoryGlobalStore, RejectionReason,
+    ColdStart, FailurePolicy, HierarchicalConcurrencyLayer, MemoryGlobalStore, RejectionReason,
 };
 
 use super::TickedClock;
@@ -76,6 +77,8 @@ pub struct Scenario {
     pub read_free: bool,
     /// The hosts' clocks' coarse reading trails by up to this (zero: they have none).
     pub tick: Duration,
+    /// Whether a request beyond a key's holding waits for the store or goes on credit.
+    pub cold_start: ColdStart,
 }
 
 impl Scenario {
@@ -149,6 +152,21 @@ impl Scenario {
             tick: Duration::from_millis(
                 [0, 0, 4, 50, 300, 1_000][Rng::new(seed ^ 0x71C4).below(6) as usize],
             ),
+            cold_start: match Rng::new(seed ^ 0xC4ED).below(5) {
+                0 | 1 => ColdStart::Exact,
+                2 => ColdStart::Credit { share: 0.01 },
+                3 => ColdStart::Credit { share: 0.5 },
+                _ => ColdStart::Credit { share: 1.0 },
+            },
+        }
+    }
+
+    /// The requests of credit a key of limit `max` has on each host (as the layer counts
+    /// them: a share of the limit, at least one, none when exact).
+    fn credit(&self, max: u64) -> u64 {
+        match self.cold_start {
+            ColdStart::Credit { share } => ((max as f64 * share) as u64).clamp(1, max.max(1)),
+            _ => 0,
         }
     }
 
@@ -305,6 +323,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 .failure_policy(s.policy)
                 .wait_for_slot(s.max_wait)
                 .host_id(h as u64 + 1)
+                .cold_start(s.cold_start)
                 .build()
                 .expect("valid settings")
         })
@@ -545,15 +564,19 @@ fn check_free(
     }
 }
 
-/// The most requests of a key in flight the oracle accepts.
+/// The most requests of a key in flight the oracle accepts: the limit, and each host's
+/// credit when there is some; after a failed call, each host's fallback share instead when
+/// it is larger.
 fn bound(s: &Scenario, max: u64, failed: bool) -> u64 {
+    let beyond = |share: u64| max + s.hosts as u64 * share;
+    let credit = s.credit(max);
     if !failed {
-        return max;
+        return beyond(credit);
     }
     match s.policy {
-        FailurePolicy::Reject => max,
+        FailurePolicy::Reject => beyond(credit),
         FailurePolicy::LocalFallback { expected_hosts } => {
-            max + s.hosts as u64 * max.div_ceil(expected_hosts.get())
+            beyond(credit.max(max.div_ceil(expected_hosts.get())))
         }
         _ => u64::MAX,
     }
