@@ -17,6 +17,7 @@
 //! | `throttle_local_keys` | gauge | `layer` |
 //! | `throttle_waiting` | gauge | `layer`: requests waiting for a batch or (shaping) for their tokens |
 //! | `throttle_concurrency_requests_total` | counter | `layer`, `outcome` (`admitted`, `refused_full`, `refused_unavailable`) of a [concurrency layer](crate::HierarchicalConcurrencyLayer) |
+//! | `throttle_concurrency_admitted_on_credit_total` | counter | `layer`: of the admitted, those admitted at once on [credit](crate::ConcurrencyBuilder::cold_start) |
 //! | `throttle_concurrency_store_calls_total` | counter | `layer`, `result` (`ok`, `failed`: errors and time-outs) |
 //! | `throttle_concurrency_in_flight` | gauge | `layer`: requests holding a slot on this host |
 //! | `throttle_concurrency_keys` | gauge | `layer`: keys this host keeps slots for |
@@ -199,6 +200,7 @@ pub(crate) fn publish(snapshot: &Snapshot<'_>) {
 pub(crate) struct ConcurrencySnapshot<'a> {
     pub(crate) layer: &'a str,
     pub(crate) admitted: u64,
+    pub(crate) admitted_on_credit: u64,
     pub(crate) refused_full: u64,
     pub(crate) refused_unavailable: u64,
     pub(crate) store_calls: u64,
@@ -223,6 +225,11 @@ pub(crate) fn publish_concurrency(s: &ConcurrencySnapshot<'_>) {
         )
         .absolute(value);
     }
+    ::metrics::counter!(
+        "throttle_concurrency_admitted_on_credit_total",
+        "layer" => layer.clone()
+    )
+    .absolute(s.admitted_on_credit);
     for (result, value) in [
         ("ok", s.store_calls.saturating_sub(s.store_failures)),
         ("failed", s.store_failures),
@@ -245,6 +252,10 @@ fn describe_concurrency() {
         ::metrics::describe_counter!(
             "throttle_concurrency_requests_total",
             "Requests decided by a concurrency limit, by outcome"
+        );
+        ::metrics::describe_counter!(
+            "throttle_concurrency_admitted_on_credit_total",
+            "Requests a concurrency limit admitted at once on credit, beyond the host's holding"
         );
         ::metrics::describe_counter!(
             "throttle_concurrency_store_calls_total",

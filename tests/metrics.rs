@@ -213,5 +213,32 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
         sample(&scrape, "throttle_concurrency_keys", &["layer=\"reports\""]),
         Some(1.0)
     );
+    let on_credit = "throttle_concurrency_admitted_on_credit_total";
+    assert_eq!(
+        sample(&scrape, on_credit, &["layer=\"reports\""]),
+        Some(0.0)
+    );
     drop(running);
+
+    // With credit, a cold key's request is admitted at once, and counted so.
+    let uploads = hierarchical_throttle::HierarchicalConcurrencyLayer::builder()
+        .key(|req: &Request<Body>| hierarchical_throttle::key::header_value(req, "x-api-key"))
+        .max_in_flight(4)
+        .layer_name("uploads")
+        .cold_start(hierarchical_throttle::ColdStart::Credit { share: 0.25 })
+        .store(hierarchical_throttle::MemoryGlobalStore::with_clock(
+            TokioClock::new(),
+        ))
+        .clock(TokioClock::new())
+        .build()
+        .unwrap();
+    let uploading = uploads.acquire("k1".to_owned()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let scrape = handle.render();
+    assert_eq!(
+        sample(&scrape, on_credit, &["layer=\"uploads\""]),
+        Some(1.0),
+        "{scrape}"
+    );
+    drop(uploading);
 }

@@ -79,6 +79,7 @@ where
         crate::metrics::publish_concurrency(&crate::metrics::ConcurrencySnapshot {
             layer: self.settings.layer.as_str(),
             admitted: admitted_at_once + c.admitted.load(Ordering::Relaxed),
+            admitted_on_credit: c.on_credit.load(Ordering::Relaxed),
             refused_full: c.refused_full.load(Ordering::Relaxed),
             refused_unavailable: c.refused_unavailable.load(Ordering::Relaxed),
             store_calls: c.store_calls.load(Ordering::Relaxed),
