@@ -1150,3 +1150,80 @@ async fn metered_bodies_on_two_hosts_share_one_redis_quota() {
         "the burst of 1,000 bytes, fleet-wide: {on_a} + {on_b}"
     );
 }
+
+/// One script over many buckets defines the bucket arithmetic once and loads each bucket's
+/// state in turn: a batch mixing plain, warming-up and calendar buckets (in UTC, at an
+/// offset, and in a zone whose offset changes) answers each exactly as a script of its own
+/// does, round after round on the same clock, through reservations, debts and releases.
+#[tokio::test]
+async fn one_script_over_buckets_of_every_kind_answers_each_as_its_own_script_would() {
+    use futures_util::StreamExt;
+    use hierarchical_throttle::calendar::Period;
+    use hierarchical_throttle::global::{Answer, Call};
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = server.store_on(&clock).await;
+    let limits = [
+        Limit::per_second(100).burst(100).unwrap(),
+        Limit::per_second(10)
+            .burst(50)
+            .unwrap()
+            .warm_up(Duration::from_secs(3))
+            .unwrap(),
+        Limit::per_calendar(40, Period::Day).build().unwrap(),
+        Limit::per_calendar(30, Period::Week)
+            .utc_offset_minutes(330)
+            .build()
+            .unwrap(),
+        Limit::per_calendar(20, Period::Month)
+            .time_zone("Europe/Paris")
+            .build()
+            .unwrap(),
+        Limit::per_hour(7).burst(3).unwrap(),
+    ];
+    // Round r asks bucket i for a batch that grows with r, reserving up to 2 s ahead, and
+    // every third call gives tokens back instead.
+    let call = |prefix: &str, round: u64, i: usize, limit: Limit| {
+        let key = bucket(&format!("{prefix}-{i}"));
+        match (round + i as u64) % 3 {
+            2 => Call::Release {
+                key,
+                limit,
+                tokens: round % 4,
+            },
+            _ => Call::Acquire {
+                key,
+                limit,
+                request: TokenRequest {
+                    min: 1,
+                    want: 1 + (round * 7 + i as u64) % 25,
+                    max_delay: Duration::from_secs(2),
+                },
+            },
+        }
+    };
+    for round in 0..12 {
+        let batch: Vec<_> = (limits.iter().enumerate())
+            .map(|(i, limit)| call("many", round, i, *limit))
+            .collect();
+        let mut batched: Vec<_> = redis.call_many(batch).collect().await;
+        batched.sort_by_key(|(i, _)| *i);
+        for (i, limit) in limits.iter().enumerate() {
+            let alone = match call("one", round, i, *limit) {
+                Call::Acquire {
+                    key,
+                    limit,
+                    request,
+                } => Answer::Granted(redis.acquire(&key, &limit, request).await.unwrap()),
+                Call::Release { key, limit, tokens } => {
+                    redis.release(&key, &limit, tokens).await.unwrap();
+                    Answer::Released
+                }
+            };
+            let in_batch = batched[i].1.as_ref().expect("the batch's script answers");
+            assert_eq!(*in_batch, alone, "round {round}, bucket {i} ({limit:?})");
+        }
+        // On past the hour, the days and, at the end, a month's end.
+        clock.advance(Duration::from_secs(1_500 + round * 9_000));
+    }
+}

@@ -186,18 +186,22 @@ impl LuaScript {
 
 const ACQUIRE: &str = concat!(
     include_str!("redis/bucket.lua"),
+    "load(KEYS, ARGV)\n",
     include_str!("redis/acquire.lua")
 );
 const LEVEL: &str = concat!(
     include_str!("redis/bucket.lua"),
+    "load(KEYS, ARGV)\n",
     include_str!("redis/level.lua")
 );
 const ADJUST: &str = concat!(
     include_str!("redis/bucket.lua"),
+    "load(KEYS, ARGV)\n",
     include_str!("redis/adjust.lua")
 );
 const RELEASE: &str = concat!(
     include_str!("redis/bucket.lua"),
+    "load(KEYS, ARGV)\n",
     include_str!("redis/release.lua")
 );
 

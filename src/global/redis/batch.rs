@@ -9,14 +9,14 @@ use crate::clock::micros;
 use crate::global::{Answer, Call, Grant};
 use crate::quota::BucketKey;
 
-/// The script: the bucket arithmetic wrapped as an acquire and a release function (their
-/// parameters shadow the script's `KEYS` and `ARGV`), and the loop over the buckets.
+/// The script: the bucket arithmetic, defined once, with an acquire and a release function
+/// around it (their parameters shadow the script's `KEYS` and `ARGV`), and the loop over the
+/// buckets, which reads Redis's time once for all.
 pub(super) const MANY: &str = concat!(
-    "local function acquire(KEYS, ARGV)\n",
     include_str!("bucket.lua"),
+    "local function acquire(KEYS, ARGV, redis_now)\nload(KEYS, ARGV, redis_now)\n",
     include_str!("acquire.lua"),
-    "\nend\nlocal function release(KEYS, ARGV)\n",
-    include_str!("bucket.lua"),
+    "\nend\nlocal function release(KEYS, ARGV, redis_now)\nload(KEYS, ARGV, redis_now)\n",
     include_str!("release.lua"),
     "\nend\n",
     include_str!("many.lua"),

@@ -9,21 +9,14 @@
 -- resets' distance from midnight UTC in us; in a zone whose offset changes, `before,change,after`:
 -- that distance before the change nearest to the call, the change (Unix us), and after it.
 -- ARGV[7] to ARGV[9]: the operation's arguments, ARGV[10]: now in us (tests only; else TIME).
+-- An operation's script follows this one and starts with `load(KEYS, ARGV)`.
 
-local capacity = tonumber(ARGV[1])
-local a = tonumber(ARGV[2])
-local p = tonumber(ARGV[3])
-local cold_max = tonumber(ARGV[4])
-local period = tonumber(ARGV[5])
-local shift_before, change, shift_after = string.match(ARGV[6], '^(-?%d+),(-?%d+),(-?%d+)$')
-local zoned = shift_before ~= nil
-if zoned then
-  shift_before, change, shift_after = tonumber(shift_before), tonumber(change), tonumber(shift_after)
-else
-  shift_before = tonumber(ARGV[6])
-  shift_after = shift_before
-  change = 0
-end
+-- One bucket's state, set by `load` for each bucket a script serves: a script over many
+-- buckets defines the functions below once.
+local capacity, a, p, cold_max, period
+local shift_before, change, shift_after, zoned
+local simulated, now, key, state
+local tokens, remainder, updated, cold, as_of
 
 -- Floor division and remainder, exact for integers below 2^53 (one correction step).
 local function divmod(x, d)
@@ -38,32 +31,6 @@ local function divmod(x, d)
   end
   return q, r
 end
-
--- A caller-supplied time (tests only) is simulated: Redis's real-time expiry would cut it short.
-local simulated = ARGV[10] ~= nil
-local now
-if simulated then
-  now = tonumber(ARGV[10])
-else
-  -- Redis's clock, never the hosts': theirs drift.
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
-
-local state = redis.call('HMGET', KEYS[1], 't', 'r', 'u', 'c')
-local tokens, remainder, updated, cold = capacity, 0, now, cold_max
-if state[1] then
-  tokens = tonumber(state[1])
-  remainder = tonumber(state[2])
-  updated = tonumber(state[3])
-  -- Cold permits of another limit (one the key moved from) count up to this one's store.
-  cold = math.min(tonumber(state[4] or 0), cold_max)
-  -- A clock that stepped back (a failover) must not count the same time twice.
-  now = math.max(now, updated)
-end
-
--- The time (tokens, remainder) are as of: the last update's, then now's once refilled.
-local as_of = updated
 
 -- A calendar quota's windows (src/calendar.rs): days since 1970-01-01 of a civil date, the
 -- civil year and month of such a day, the window holding a time, and the start of a window.
@@ -184,15 +151,6 @@ local function micros_until(n)
   return qa * p + q
 end
 
--- Time spent full stores cold permits (warm-up only), at the refill rate, for at most the
--- warm-up period (cold_max / a microseconds).
-if cold_max > 0 then
-  local idle_full = math.min(math.max(now - updated - micros_until(capacity), 0), cold_max / a)
-  cold = math.min(cold + idle_full * a, cold_max)
-end
-tokens, remainder = level_after(now - updated)
-as_of = now
-
 -- The warm-up's pricing (TokenBucket::price and its helpers); used only when cold_max > 0,
 -- where every level in 1/p tokens stays exact.
 local function units()
@@ -269,18 +227,73 @@ local function store()
     to_full = to_full + q
   end
   if to_full == 0 then
-    redis.call('DEL', KEYS[1])
+    redis.call('DEL', key)
     return
   end
   local ms = math.min(math.ceil(to_full / 1000), 2 ^ 52)
-  redis.call('HSET', KEYS[1], 't', string.format('%.0f', tokens), 'r', string.format('%.0f', remainder),
+  redis.call('HSET', key, 't', string.format('%.0f', tokens), 'r', string.format('%.0f', remainder),
     'u', string.format('%.0f', now))
   if cold_max > 0 then
-    redis.call('HSET', KEYS[1], 'c', string.format('%.0f', cold))
+    redis.call('HSET', key, 'c', string.format('%.0f', cold))
   elseif state[4] then
-    redis.call('HDEL', KEYS[1], 'c')
+    redis.call('HDEL', key, 'c')
   end
   if not simulated then
-    redis.call('PEXPIRE', KEYS[1], string.format('%.0f', ms))
+    redis.call('PEXPIRE', key, string.format('%.0f', ms))
   end
+end
+
+-- Reads bucket KEYS[1] under the limit of ARGV[1] to ARGV[6] at ARGV[10] (tests only), else at
+-- `redis_now` (Redis's time, read once by a script over many buckets), else at Redis's time
+-- read now; refills it to that time.
+local function load(KEYS, ARGV, redis_now)
+  capacity = tonumber(ARGV[1])
+  a = tonumber(ARGV[2])
+  p = tonumber(ARGV[3])
+  cold_max = tonumber(ARGV[4])
+  period = tonumber(ARGV[5])
+  shift_before, change, shift_after = string.match(ARGV[6], '^(-?%d+),(-?%d+),(-?%d+)$')
+  zoned = shift_before ~= nil
+  if zoned then
+    shift_before, change, shift_after = tonumber(shift_before), tonumber(change), tonumber(shift_after)
+  else
+    shift_before = tonumber(ARGV[6])
+    shift_after = shift_before
+    change = 0
+  end
+
+  -- A caller-supplied time (tests only) is simulated: Redis's real-time expiry would cut it short.
+  simulated = ARGV[10] ~= nil
+  if simulated then
+    now = tonumber(ARGV[10])
+  elseif redis_now then
+    now = redis_now
+  else
+    -- Redis's clock, never the hosts': theirs drift.
+    local time = redis.call('TIME')
+    now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  end
+
+  key = KEYS[1]
+  state = redis.call('HMGET', key, 't', 'r', 'u', 'c')
+  tokens, remainder, updated, cold = capacity, 0, now, cold_max
+  if state[1] then
+    tokens = tonumber(state[1])
+    remainder = tonumber(state[2])
+    updated = tonumber(state[3])
+    -- Cold permits of another limit (one the key moved from) count up to this one's store.
+    cold = math.min(tonumber(state[4] or 0), cold_max)
+    -- A clock that stepped back (a failover) must not count the same time twice.
+    now = math.max(now, updated)
+  end
+  -- The time (tokens, remainder) are as of: the last update's, then now's once refilled.
+  as_of = updated
+  -- Time spent full stores cold permits (warm-up only), at the refill rate, for at most the
+  -- warm-up period (cold_max / a microseconds).
+  if cold_max > 0 then
+    local idle_full = math.min(math.max(now - updated - micros_until(capacity), 0), cold_max / a)
+    cold = math.min(cold + idle_full * a, cold_max)
+  end
+  tokens, remainder = level_after(now - updated)
+  as_of = now
 end
