@@ -1373,3 +1373,100 @@ mod credit {
         drop((a1, a2, b1));
     }
 }
+
+/// Slot calls of all keys made together go to the store as one batch (on Redis, one script
+/// per node), each answered on its own.
+mod batching {
+    use super::*;
+
+    /// A hundred keys' first requests at once: a hundred calls, in one round trip (at most
+    /// 128 calls go in one).
+    async fn many_cold_keys_share_a_round_trip<S: SlotStore<BucketKey<String>>>(store: S) {
+        let layer = host(store, 2)
+            .store_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let tries = (0..100).map(|k| layer.acquire(format!("tenant-{k}")));
+        let permits = futures_util::future::join_all(tries).await;
+        assert!(permits.iter().all(Result::is_ok), "every key has room");
+        let stats = layer.stats();
+        assert_eq!(stats.store_calls, 100);
+        assert_eq!(stats.store_round_trips, 1, "{stats:?}");
+        assert_eq!(stats.store_failures, 0);
+        drop(permits);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_memory() {
+        many_cold_keys_share_a_round_trip(MemoryGlobalStore::with_clock(TokioClock::new())).await;
+    }
+
+    #[tokio::test]
+    async fn on_redis() {
+        let server = RedisServer::start();
+        let store: RedisGlobalStore<String> =
+            RedisGlobalStore::connect(&server.url()).await.unwrap();
+        many_cold_keys_share_a_round_trip(store).await;
+    }
+
+    /// On a Cluster, one round trip holds a script per hash tag, each answered from its own
+    /// node: every key gets its own holding, and a key full on one node is refused there.
+    #[tokio::test]
+    async fn on_a_redis_cluster_each_key_is_answered_from_its_own_node() {
+        let cluster = RedisCluster::start();
+        let store: RedisGlobalStore<String> = RedisGlobalStore::connect_cluster(cluster.urls())
+            .await
+            .unwrap();
+        let layer = host(store, 1)
+            .store_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let tries = (0..60).map(|k| layer.acquire(format!("tenant-{}", k % 30)));
+        let outcomes = futures_util::future::join_all(tries).await;
+        let admitted = outcomes.iter().filter(|o| o.is_ok()).count();
+        assert_eq!(admitted, 30, "one of each key's two requests");
+        for refused in outcomes.iter().filter_map(|o| o.as_ref().err()) {
+            assert_eq!(refused.reason, RejectionReason::TooManyInFlight { max: 1 });
+        }
+        assert_eq!(layer.stats().store_failures, 0);
+    }
+
+    /// A runtime that ends while a batch is queued and its flush not yet run leaves nothing
+    /// stuck: on the next runtime, calls go to the store again.
+    #[test]
+    fn a_batch_whose_runtime_ends_before_it_is_sent_does_not_stall_the_next() {
+        let clock = ManualClock::new();
+        let memory = MemoryGlobalStore::with_clock(clock.clone());
+        let layer: Layer<_, ManualClock> = HierarchicalConcurrencyLayer::builder()
+            .key(api_key)
+            .max_in_flight(2)
+            .store(memory)
+            .clock(clock)
+            .build()
+            .unwrap();
+        let paused = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap()
+        };
+        paused().block_on(async {
+            // The request's call task queues its call and schedules the flush; the runtime
+            // ends with both pending.
+            let waiting = layer.acquire("k".to_owned());
+            tokio::select! {
+                biased;
+                _ = waiting => panic!("no answer can come before the flush runs"),
+                () = tokio::task::yield_now() => {}
+            }
+        });
+        paused().block_on(async {
+            let permit = layer.acquire("j".to_owned()).await;
+            assert!(permit.is_ok());
+            let stats = layer.stats();
+            assert_eq!(stats.store_failures, 0, "{stats:?}");
+            assert!(stats.store_round_trips >= 1, "{stats:?}");
+        });
+    }
+}

@@ -150,6 +150,9 @@ pub struct ConcurrencyStats {
     pub refused_unavailable: u64,
     /// Calls made to the slot store.
     pub store_calls: u64,
+    /// Round trips to the slot store: the calls of all keys made together go as one batch
+    /// (on Redis, one script per node).
+    pub store_round_trips: u64,
     /// Calls to the slot store that failed or timed out.
     pub store_failures: u64,
 }
@@ -207,6 +210,7 @@ where
             refused_full: c.refused_full.load(Ordering::Relaxed),
             refused_unavailable: c.refused_unavailable.load(Ordering::Relaxed),
             store_calls: c.store_calls.load(Ordering::Relaxed),
+            store_round_trips: c.store_round_trips.load(Ordering::Relaxed),
             store_failures: c.store_failures.load(Ordering::Relaxed),
         }
     }

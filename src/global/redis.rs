@@ -166,6 +166,7 @@ struct Scripts {
     level: LuaScript,
     adjust: LuaScript,
     slots: LuaScript,
+    slots_many: LuaScript,
 }
 
 /// A script's source and SHA-1: called by its hash, and sent whole only to a node that does
@@ -373,6 +374,7 @@ impl<K> RedisGlobalStore<K> {
                 level: LuaScript::new(LEVEL),
                 adjust: LuaScript::new(ADJUST),
                 slots: LuaScript::new(include_str!("redis/slots.lua")),
+                slots_many: LuaScript::new(slots::SLOTS_MANY),
             }),
             prefix: Arc::from(&b"throttle:"[..]),
             now_override: None,

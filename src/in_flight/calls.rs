@@ -1,5 +1,6 @@
 //! The slot store's calls: one task per key with a call out, which delivers each answer to
-//! the requests waiting for it and makes the next call the answer calls for.
+//! the requests waiting for it and makes the next call the answer calls for. The calls of all
+//! keys go to the store in batches ([`batch`](super::batch)).
 
 use std::hash::Hash;
 use std::sync::Arc;
@@ -83,19 +84,19 @@ where
         // The failure policy's share and the credit follow the limit as it is now.
         let (cap, credit) = (shared.settings.fallback.cap(max), shared.credit(max));
         let timeout = shared.settings.store_timeout;
-        let answer = tokio::time::timeout(timeout, shared.store.hold(&bucket, max, hold)).await;
+        let answer = tokio::time::timeout(timeout, shared.hold(bucket.clone(), max, hold)).await;
         let now = shared.now();
         let mut lease = guard.entry.lease.lock();
         lease.set_caps(cap, credit);
         let decided = match answer {
-            Ok(Ok(holding)) => {
+            Ok(Some(holding)) => {
                 let until = shared.usable_until(call.sent_at);
                 let next_seq = || shared.next_seq();
                 let full = holding.others.saturating_add(holding.held) >= max;
                 lease.note_others(holding.others, full);
                 lease.answered(call.seq, holding.held, until, now, next_seq)
             }
-            Ok(Err(_)) | Err(_) => {
+            Ok(None) | Err(_) => {
                 shared
                     .counters
                     .store_failures

@@ -2,6 +2,7 @@
 //! calls around them, and the sweeper that renews holdings and gives idle slots back. Plain
 //! decisions, no HTTP: [`HierarchicalConcurrency`](crate::HierarchicalConcurrency) sits on it.
 
+mod batch;
 mod calls;
 mod permit;
 mod sweeper;
@@ -102,6 +103,8 @@ pub(crate) struct Counters {
     pub(crate) refused_full: AtomicU64,
     pub(crate) refused_unavailable: AtomicU64,
     pub(crate) store_calls: AtomicU64,
+    /// Batches of calls sent to the store (one round trip each).
+    pub(crate) store_round_trips: AtomicU64,
     pub(crate) store_failures: AtomicU64,
 }
 
@@ -122,6 +125,7 @@ pub(crate) struct Shared<K, S, C> {
     shards: Box<[ShardLock<Shard<K>>]>,
     hasher: foldhash::fast::RandomState,
     store: S,
+    batch: batch::SlotCalls<K>,
     clock: C,
     settings: Settings,
     max: MaxFn<K>,
@@ -160,6 +164,7 @@ where
                 shards,
                 hasher: foldhash::fast::RandomState::default(),
                 store,
+                batch: batch::SlotCalls::default(),
                 clock,
                 settings,
                 max,

@@ -24,6 +24,7 @@ pub(super) const MANY: &str = concat!(
 
 /// The calls of one script: their indexes in the batch, whether each acquires, and the
 /// script's keys and arguments.
+#[derive(Default)]
 struct Group {
     indexes: Vec<usize>,
     acquires: Vec<bool>,
@@ -66,24 +67,7 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
                 Call::Release { key, limit, tokens } => (key, limit, "r", [tokens, 0, 0]),
             };
             let redis_key = self.redis_key(&key);
-            let tag = match self.is_cluster() {
-                true => hash_tag(&redis_key).to_vec(),
-                false => Vec::new(),
-            };
-            let at = match groups.iter().position(|(t, _)| *t == tag) {
-                Some(at) => at,
-                None => {
-                    let group = Group {
-                        indexes: Vec::new(),
-                        acquires: Vec::new(),
-                        keys: Vec::new(),
-                        args: Vec::new(),
-                    };
-                    groups.push((tag, group));
-                    groups.len() - 1
-                }
-            };
-            let group = &mut groups[at].1;
+            let group = self.group_of(&mut groups, &redis_key);
             group.indexes.push(i);
             group.acquires.push(op == "a");
             group.keys.push(redis_key);
@@ -107,6 +91,27 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
             }
         }
         groups.into_iter().map(|(_, group)| group).collect()
+    }
+
+    /// The group of the script `redis_key` goes in, added if it is the first of its script:
+    /// on a single node there is one; on a Cluster, one per hash tag.
+    pub(super) fn group_of<'a, G: Default>(
+        &self,
+        groups: &'a mut Vec<(Vec<u8>, G)>,
+        redis_key: &[u8],
+    ) -> &'a mut G {
+        let tag = match self.is_cluster() {
+            true => hash_tag(redis_key),
+            false => &[],
+        };
+        let at = match groups.iter().position(|(t, _)| t.as_slice() == tag) {
+            Some(at) => at,
+            None => {
+                groups.push((tag.to_vec(), G::default()));
+                groups.len() - 1
+            }
+        };
+        &mut groups[at].1
     }
 
     /// Runs one group's script: `EVALSHA`, and `EVAL` when the node does not know it.

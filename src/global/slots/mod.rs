@@ -12,6 +12,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, Stream};
+
 mod memory;
 
 pub(crate) use memory::SlotTable;
@@ -66,4 +68,22 @@ pub trait SlotStore<K>: Send + Sync + 'static {
         max: u64,
         hold: SlotHold,
     ) -> impl Future<Output = Result<Holding, Self::Error>> + Send;
+
+    /// Sets several holdings, of any keys, in one go, each answered with its index in `holds`
+    /// as its answer comes: on Redis, one script per node for all of them, so that a node
+    /// that stalls delays only its own keys. By default, each [`hold`](Self::hold) side by
+    /// side, so a store that implements only `hold` keeps working.
+    fn hold_many(
+        &self,
+        holds: Vec<(K, u64, SlotHold)>,
+    ) -> impl Stream<Item = (usize, Result<Holding, Self::Error>)> + Send
+    where
+        K: Send + Sync,
+    {
+        holds
+            .into_iter()
+            .enumerate()
+            .map(|(i, (key, max, hold))| async move { (i, self.hold(&key, max, hold).await) })
+            .collect::<FuturesUnordered<_>>()
+    }
 }

@@ -1,0 +1,16 @@
+-- Many keys' slot holdings of one node in one script. KEYS[i] is a key's hash of holdings;
+-- ARGV holds five values per key, slots.lua's ARGV[1] to ARGV[5]; in tests, one more closes
+-- ARGV: the simulated time. Returns slots.lua's reply per key, in order, all at one time.
+local per = 5
+local now = ARGV[#KEYS * per + 1]
+if now == nil then
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+local replies = {}
+for i = 1, #KEYS do
+  local base = (i - 1) * per
+  replies[i] = hold({ KEYS[i] }, { ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4],
+    ARGV[base + 5], now })
+end
+return replies
