@@ -1227,3 +1227,71 @@ async fn one_script_over_buckets_of_every_kind_answers_each_as_its_own_script_wo
         clock.advance(Duration::from_secs(1_500 + round * 9_000));
     }
 }
+
+/// Slot holds of many keys in one go on a Cluster: one script per node, each node's keys
+/// answered as they come, so a stalled primary delays only its own keys; scripts the nodes
+/// forgot are sent again where they run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_holds_on_a_stalled_primary_delay_only_its_own_keys() {
+    use futures_util::StreamExt;
+    use hierarchical_throttle::global::slots::{SlotHold, SlotStore};
+    let cluster = RedisCluster::start();
+    let redis: RedisGlobalStore<String> = RedisGlobalStore::connect_cluster(cluster.urls())
+        .await
+        .expect("connect to the test's cluster");
+    let owner = |key: &BucketKey<String>| {
+        let redis_key = String::from_utf8(redis.redis_key(key)).unwrap();
+        cluster
+            .nodes
+            .iter()
+            .position(|n| !n.cli(&["exists", &redis_key]).contains("MOVED"))
+            .expect("some node owns every slot")
+    };
+    let mut keys: Vec<Option<BucketKey<String>>> = vec![None; 3];
+    for k in 0.. {
+        let key = bucket(&format!("slot-key-{k}"));
+        let node = owner(&key);
+        keys[node].get_or_insert(key);
+        if keys.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    let keys: Vec<BucketKey<String>> = keys.into_iter().map(Option::unwrap).collect();
+    let holds = |want: u64| {
+        let hold = |seq| SlotHold {
+            host: 7,
+            seq,
+            want,
+            ttl: Duration::from_secs(10),
+        };
+        (keys.iter().enumerate())
+            .map(|(i, key)| (key.clone(), 2, hold(want * 10 + i as u64)))
+            .collect::<Vec<_>>()
+    };
+    let mut answers: Vec<_> = redis.hold_many(holds(1)).collect().await;
+    answers.sort_by_key(|(i, _)| *i);
+    for (i, answer) in &answers {
+        let holding = answer.as_ref().expect("a healthy cluster answers");
+        assert_eq!((holding.held, holding.others), (1, 0), "key {i}");
+    }
+    for node in &cluster.nodes {
+        assert!(node.cli(&["script", "flush"]).contains("OK"));
+    }
+    cluster.nodes[0].pause();
+    let mut answers = std::pin::pin!(redis.hold_many(holds(3)));
+    let mut answered = Vec::new();
+    for _ in 0..2 {
+        let next = tokio::time::timeout(Duration::from_secs(2), answers.next()).await;
+        let (i, answer) = next
+            .expect("the healthy primaries answer while another is stalled")
+            .expect("an answer per key");
+        let holding = answer.expect("the script is loaded where it runs");
+        assert_eq!(holding.held, 2, "three asked of two: key {i}");
+        answered.push(i);
+    }
+    answered.sort();
+    assert_eq!(answered, [1, 2]);
+    let stalled = tokio::time::timeout(Duration::from_millis(200), answers.next()).await;
+    assert!(stalled.is_err(), "the stalled primary's own key waits");
+    cluster.nodes[0].resume();
+}
