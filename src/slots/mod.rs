@@ -210,6 +210,13 @@ impl<W> SlotLease<W> {
             self.take_one();
             return TryTake::Taken;
         }
+        self.take_beyond_holding(now)
+    }
+
+    /// No free slot on the holding: the failure policy decides while the store is left
+    /// alone, else the credit, else the request must wait. Kept off the hot path.
+    #[cold]
+    fn take_beyond_holding(&mut self, now: &mut Now<impl FnMut() -> u64>) -> TryTake {
         if now.is_before(self.down_until) {
             let admitted = self.in_use < self.fallback_cap;
             if admitted {
