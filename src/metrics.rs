@@ -18,6 +18,7 @@
 //! | `throttle_waiting` | gauge | `layer`: requests waiting for a batch or (shaping) for their tokens |
 //! | `throttle_concurrency_requests_total` | counter | `layer`, `outcome` (`admitted`, `refused_full`, `refused_unavailable`) of a [concurrency layer](crate::HierarchicalConcurrencyLayer) |
 //! | `throttle_concurrency_admitted_on_credit_total` | counter | `layer`: of the admitted, those admitted at once on [credit](crate::ConcurrencyBuilder::cold_start) |
+//! | `throttle_concurrency_store_round_trips_total` | counter | `layer`: batches of slot calls sent to the store (one round trip each) |
 //! | `throttle_concurrency_store_calls_total` | counter | `layer`, `result` (`ok`, `failed`: errors and time-outs) |
 //! | `throttle_concurrency_in_flight` | gauge | `layer`: requests holding a slot on this host |
 //! | `throttle_concurrency_keys` | gauge | `layer`: keys this host keeps slots for |
@@ -204,6 +205,7 @@ pub(crate) struct ConcurrencySnapshot<'a> {
     pub(crate) refused_full: u64,
     pub(crate) refused_unavailable: u64,
     pub(crate) store_calls: u64,
+    pub(crate) store_round_trips: u64,
     pub(crate) store_failures: u64,
     pub(crate) in_flight: u64,
     pub(crate) keys: usize,
@@ -230,6 +232,11 @@ pub(crate) fn publish_concurrency(s: &ConcurrencySnapshot<'_>) {
         "layer" => layer.clone()
     )
     .absolute(s.admitted_on_credit);
+    ::metrics::counter!(
+        "throttle_concurrency_store_round_trips_total",
+        "layer" => layer.clone()
+    )
+    .absolute(s.store_round_trips);
     for (result, value) in [
         ("ok", s.store_calls.saturating_sub(s.store_failures)),
         ("failed", s.store_failures),
@@ -256,6 +263,10 @@ fn describe_concurrency() {
         ::metrics::describe_counter!(
             "throttle_concurrency_admitted_on_credit_total",
             "Requests a concurrency limit admitted at once on credit, beyond the host's holding"
+        );
+        ::metrics::describe_counter!(
+            "throttle_concurrency_store_round_trips_total",
+            "Batches of calls a concurrency limit sent to the store for slots, one round trip each"
         );
         ::metrics::describe_counter!(
             "throttle_concurrency_store_calls_total",

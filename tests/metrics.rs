@@ -201,6 +201,12 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
     );
     let calls = "throttle_concurrency_store_calls_total";
     assert_eq!(concurrency(calls, "result=\"ok\""), Some(2.0), "{scrape}");
+    let round_trips = "throttle_concurrency_store_round_trips_total";
+    assert_eq!(
+        sample(&scrape, round_trips, &["layer=\"reports\""]),
+        Some(2.0),
+        "{scrape}"
+    );
     assert_eq!(
         sample(
             &scrape,

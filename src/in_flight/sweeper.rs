@@ -83,6 +83,7 @@ where
             refused_full: c.refused_full.load(Ordering::Relaxed),
             refused_unavailable: c.refused_unavailable.load(Ordering::Relaxed),
             store_calls: c.store_calls.load(Ordering::Relaxed),
+            store_round_trips: c.store_round_trips.load(Ordering::Relaxed),
             store_failures: c.store_failures.load(Ordering::Relaxed),
             in_flight,
             keys,
