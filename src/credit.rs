@@ -56,7 +56,7 @@ impl ColdStart {
         match *self {
             Self::Exact => 0,
             // The share is checked at build; the product is at most the capacity.
-            Self::Credit { share } => ((capacity as f64 * share) as u64).clamp(1, capacity),
+            Self::Credit { share } => ((capacity as f64 * share) as u64).max(1).min(capacity),
         }
     }
 
@@ -83,6 +83,9 @@ mod tests {
         let small = Limit::per(3, Duration::from_secs(1)).burst(3).unwrap();
         assert_eq!(ColdStart::Credit { share: 0.01 }.credit(&small), 1);
         assert_eq!(ColdStart::Exact.credit(&limit), 0);
+        // A concurrency limit of nothing (a key refused outright) has no credit either.
+        assert_eq!(ColdStart::Credit { share: 1.0 }.credit_of(0), 0);
+        assert_eq!(ColdStart::Credit { share: 0.01 }.credit_of(3), 1);
     }
 
     #[test]

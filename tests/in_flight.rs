@@ -1293,6 +1293,28 @@ mod credit {
         assert_eq!(a.await.unwrap(), StatusCode::OK);
     }
 
+    /// A key whose limit is 0 is refused outright: credit is a share of nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_key_limited_to_nothing_gets_no_credit() {
+        let layer: Layer<_> = HierarchicalConcurrencyLayer::builder()
+            .key(api_key)
+            .max_in_flight_per_key(|key: &String| if key == "banned" { 0 } else { 4 })
+            .cold_start(ColdStart::Credit { share: 1.0 })
+            .store(MemoryGlobalStore::with_clock(TokioClock::new()))
+            .clock(TokioClock::new())
+            .build()
+            .unwrap();
+        let refused = layer.acquire("banned".to_owned()).await.unwrap_err();
+        assert_eq!(refused.reason, RejectionReason::TooManyInFlight { max: 0 });
+        let admitted = layer.acquire("member".to_owned()).await;
+        assert!(admitted.is_ok());
+        assert_eq!(
+            layer.stats().admitted_on_credit,
+            1,
+            "the member's, not the banned key's"
+        );
+    }
+
     #[test]
     fn a_share_outside_zero_to_one_is_refused_at_build() {
         let built = host(MemoryGlobalStore::new(), 4)

@@ -47,7 +47,7 @@ pub struct Scenario {
     pub max: u64,
     /// Each key's limit (a tier); key 0's is `max`.
     pub key_max: Vec<u64>,
-    /// Key 0's limit changed at run time: when, and to what.
+    /// Key 0's limit changed at run time: when, and to what (0: the key is shut out).
     pub change: Option<(Duration, u64)>,
     pub keys: usize,
     pub requests: usize,
@@ -115,6 +115,12 @@ impl Scenario {
                 Duration::from_millis(rng.range(100, 2_000)),
                 rng.range(1, 8),
             )
+        });
+        // Now and then the key is shut out (a limit of 0), on a stream of its own so that the
+        // draws above keep their values per seed.
+        let change = change.map(|(at, new)| match Rng::new(seed ^ 0x2E20).chance(0.2) {
+            true => (at, 0),
+            false => (at, new),
         });
         Self {
             seed,
