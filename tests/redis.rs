@@ -523,14 +523,13 @@ async fn a_frozen_redis_trips_the_time_out() {
     assert_eq!(layers[0].stats().global_timeouts, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_primary_delays_only_the_keys_it_serves() {
-    let cluster = RedisCluster::start();
-    let redis: RedisGlobalStore<String> = RedisGlobalStore::connect_cluster(cluster.urls())
-        .await
-        .expect("connect to the test's cluster");
-    let limit = Limit::per_hour(100).burst(100).unwrap();
-    // One key per primary: a node owns a key when it answers for it without a redirection.
+/// A key named `<prefix>-<n>` for each of the cluster's three primaries, in the primaries'
+/// order: a node owns a key when it answers for it without a redirection.
+fn one_key_per_primary(
+    cluster: &RedisCluster,
+    redis: &RedisGlobalStore<String>,
+    prefix: &str,
+) -> Vec<BucketKey<String>> {
     let owner = |key: &BucketKey<String>| {
         let redis_key = String::from_utf8(redis.redis_key(key)).unwrap();
         cluster
@@ -541,14 +540,24 @@ async fn a_stalled_primary_delays_only_the_keys_it_serves() {
     };
     let mut keys: Vec<Option<BucketKey<String>>> = vec![None; 3];
     for k in 0.. {
-        let key = bucket(&format!("node-key-{k}"));
+        let key = bucket(&format!("{prefix}-{k}"));
         let node = owner(&key);
         keys[node].get_or_insert(key);
         if keys.iter().all(Option::is_some) {
             break;
         }
     }
-    let keys: Vec<BucketKey<String>> = keys.into_iter().map(Option::unwrap).collect();
+    keys.into_iter().map(Option::unwrap).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_primary_delays_only_the_keys_it_serves() {
+    let cluster = RedisCluster::start();
+    let redis: RedisGlobalStore<String> = RedisGlobalStore::connect_cluster(cluster.urls())
+        .await
+        .expect("connect to the test's cluster");
+    let limit = Limit::per_hour(100).burst(100).unwrap();
+    let keys = one_key_per_primary(&cluster, &redis, "node-key");
     for key in &keys {
         let grant = redis.acquire(key, &limit, TokenRequest::now(1, 1)).await;
         assert_eq!(grant.expect("a healthy cluster answers").granted, 1);
@@ -1239,24 +1248,7 @@ async fn slot_holds_on_a_stalled_primary_delay_only_its_own_keys() {
     let redis: RedisGlobalStore<String> = RedisGlobalStore::connect_cluster(cluster.urls())
         .await
         .expect("connect to the test's cluster");
-    let owner = |key: &BucketKey<String>| {
-        let redis_key = String::from_utf8(redis.redis_key(key)).unwrap();
-        cluster
-            .nodes
-            .iter()
-            .position(|n| !n.cli(&["exists", &redis_key]).contains("MOVED"))
-            .expect("some node owns every slot")
-    };
-    let mut keys: Vec<Option<BucketKey<String>>> = vec![None; 3];
-    for k in 0.. {
-        let key = bucket(&format!("slot-key-{k}"));
-        let node = owner(&key);
-        keys[node].get_or_insert(key);
-        if keys.iter().all(Option::is_some) {
-            break;
-        }
-    }
-    let keys: Vec<BucketKey<String>> = keys.into_iter().map(Option::unwrap).collect();
+    let keys = one_key_per_primary(&cluster, &redis, "slot-key");
     let holds = |want: u64| {
         let hold = |seq| SlotHold {
             host: 7,
