@@ -16,7 +16,7 @@ use crate::quota::BucketKey;
 use crate::sync::lock;
 
 /// The most slot calls sent in one round trip.
-pub(crate) const MAX_BATCH: usize = 128;
+const MAX_BATCH: usize = 128;
 
 /// A queued call, and where its answer goes (dropped unanswered: the call failed).
 type Pending<K> = (BucketKey<K>, u64, SlotHold, oneshot::Sender<Holding>);

@@ -201,8 +201,8 @@ where
             Some((_, entry)) => entry.clone(),
             None => {
                 let max = (shared.max)(key);
-                let mut lease = SlotLease::new(shared.settings.max_wait.is_some());
-                lease.set_caps(shared.settings.fallback.cap(max), shared.credit(max));
+                let (cap, credit) = (shared.settings.fallback.cap(max), shared.credit(max));
+                let lease = SlotLease::new(cap, credit, shared.settings.max_wait.is_some());
                 let engine: std::sync::Weak<dyn Engine> = Arc::downgrade(shared) as _;
                 let entry = Arc::new(Entry::new(lease, engine));
                 let rehash = |(k, _): &(K, Arc<Entry>)| shared.hasher.hash_one(k);

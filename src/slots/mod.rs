@@ -118,9 +118,9 @@ pub(crate) struct SlotLease<W> {
 }
 
 impl<W> SlotLease<W> {
-    /// No slots held, none in use, no fallback share and no credit until
-    /// [`set_caps`](Self::set_caps).
-    pub(crate) fn new(patient: bool) -> Self {
+    /// No slots held, none in use; `fallback_cap` is the failure policy's share for one host
+    /// and `credit` what the key may run beyond its holding (see [`set_caps`](Self::set_caps)).
+    pub(crate) fn new(fallback_cap: u64, credit: u64, patient: bool) -> Self {
         Self {
             in_use: 0,
             held: 0,
@@ -129,12 +129,12 @@ impl<W> SlotLease<W> {
             call: None,
             waiters: VecDeque::new(),
             down_until: 0,
-            fallback_cap: 0,
+            fallback_cap,
             peak: 0,
             last_peak: 0,
             uncertain: false,
             patient,
-            credit: 0,
+            credit,
             full: false,
         }
     }

@@ -7,18 +7,11 @@ fn seq(n: u64) -> impl FnOnce() -> u64 {
     move || n
 }
 
-/// A lease of the failure policy's share `fallback_cap` and `credit` requests of credit.
-fn lease_of<W>(fallback_cap: u64, credit: u64, patient: bool) -> SlotLease<W> {
-    let mut lease = SlotLease::new(patient);
-    lease.set_caps(fallback_cap, credit);
-    lease
-}
-
 /// A lease holding `granted` slots until 1,000 (asked for at time 0 by as many requests, all
 /// but the first of which have ended), so one request is in flight.
 fn holding(granted: u64) -> Lease {
     const NAMES: [&str; 4] = ["w0", "w1", "w2", "w3"];
-    let mut lease: Lease = lease_of(0, 0, false);
+    let mut lease = Lease::new(0, 0, false);
     for name in &NAMES[..granted as usize] {
         lease.wait(name, 0, seq(1));
     }
@@ -32,7 +25,7 @@ fn holding(granted: u64) -> Lease {
 
 #[test]
 fn a_cold_key_waits_for_the_store_and_asks_for_what_waits() {
-    let mut lease: Lease = lease_of(0, 0, false);
+    let mut lease = Lease::new(0, 0, false);
     assert_eq!(lease.try_take(&mut exactly(0)), TryTake::MustWait);
     let call = lease.wait("a", 0, seq(7));
     assert_eq!(
@@ -138,7 +131,7 @@ fn while_a_give_back_is_out_the_host_uses_the_smaller_holding() {
 #[test]
 fn after_a_failed_call_the_holding_is_set_again_once_the_back_off_is_over() {
     // A request's call for a slot times out; the store may have applied it.
-    let mut lease: Lease = lease_of(0, 0, false);
+    let mut lease = Lease::new(0, 0, false);
     assert!(lease.wait("a", 0, seq(1)).is_some());
     let decided = lease.failed(1, 100);
     assert_eq!(decided.unavailable, ["a"]);
@@ -156,7 +149,7 @@ fn after_a_failed_call_the_holding_is_set_again_once_the_back_off_is_over() {
 
 #[test]
 fn patient_requests_wait_through_a_full_answer_for_the_sweep_to_ask_again() {
-    let mut lease: Lease = lease_of(0, 0, true);
+    let mut lease = Lease::new(0, 0, true);
     assert!(lease.wait("a", 0, seq(1)).is_some());
     let decided = lease.answered(1, 0, 1_000, 5, seq(2));
     assert!(
@@ -188,7 +181,7 @@ fn an_answer_to_an_older_call_changes_nothing() {
 
 #[test]
 fn a_failed_call_decides_its_waiters_by_the_fallback_cap_and_so_do_later_requests() {
-    let mut lease: Lease = lease_of(2, 0, false);
+    let mut lease = Lease::new(2, 0, false);
     assert!(lease.wait("a", 0, seq(1)).is_some());
     lease.wait("b", 0, seq(2));
     lease.wait("c", 0, seq(3));
@@ -311,7 +304,7 @@ fn no_admission_on_the_store_goes_past_the_usable_holding_over_random_steps() {
     let mut admissions = 0;
     for _ in 0..300 {
         let credit = next(3);
-        let mut lease = lease_of::<u64>(next(3), credit, next(2) == 0);
+        let mut lease = SlotLease::<u64>::new(next(3), credit, next(2) == 0);
         let mut now = 0;
         let mut seq_no = 0;
         let mut running = 0u64;
@@ -398,7 +391,7 @@ fn free_slots_are_what_the_others_and_this_hosts_requests_leave() {
     lease.note_others(4, true);
     assert_eq!(lease.free(5, || 10), 0);
     // While the store fails, the failure policy's share counts, whatever the others held.
-    let mut failing: Lease = lease_of(3, 0, false);
+    let mut failing = Lease::new(3, 0, false);
     failing.wait("a", 0, seq(1));
     let decided = failing.failed(1, 500);
     assert_eq!(decided.admitted, ["a"]);
@@ -413,7 +406,7 @@ fn free_slots_are_what_the_others_and_this_hosts_requests_leave() {
 
 #[test]
 fn a_key_not_known_full_is_admitted_on_credit_and_the_store_asked_to_hold_it() {
-    let mut lease: Lease = lease_of(0, 2, false);
+    let mut lease = Lease::new(0, 2, false);
     // A cold key: two requests at once on credit, one call out for the first.
     assert_eq!(lease.try_take(&mut exactly(0)), TryTake::OnCredit);
     let call = lease
@@ -450,7 +443,7 @@ fn credit_counts_what_runs_beyond_the_holding() {
 
 #[test]
 fn a_key_known_full_gets_no_credit_and_a_full_answer_is_not_asked_again() {
-    let mut lease: Lease = lease_of(0, 1, false);
+    let mut lease = Lease::new(0, 1, false);
     assert_eq!(lease.try_take(&mut exactly(0)), TryTake::OnCredit);
     let call = lease.ask(0, seq(1)).expect("a call");
     // The fleet was full: the store held nothing for this host. The request runs on (it is
@@ -468,7 +461,7 @@ fn a_key_known_full_gets_no_credit_and_a_full_answer_is_not_asked_again() {
 
 #[test]
 fn no_credit_while_an_earlier_request_waits_or_the_store_fails() {
-    let mut lease: Lease = lease_of(0, 1, false);
+    let mut lease = Lease::new(0, 1, false);
     assert_eq!(lease.try_take(&mut exactly(0)), TryTake::OnCredit);
     let call = lease.ask(0, seq(1)).expect("a call");
     assert_eq!(lease.try_take(&mut exactly(1)), TryTake::MustWait);
