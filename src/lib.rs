@@ -118,6 +118,7 @@ pub mod batch;
 pub mod bucket;
 mod builder;
 pub mod calendar;
+mod call_queue;
 pub mod clock;
 pub mod concurrency;
 mod credit;

@@ -29,7 +29,7 @@ const FLOORS: &[(&str, &[&str])] = &[
     ),
     ("pure state machines", &["bucket", "lease", "slots"]),
     ("stores", &["local", "global"]),
-    ("engine", &["throttle", "in_flight"]),
+    ("engine", &["call_queue", "throttle", "in_flight"]),
     ("answers", &["response"]),
     (
         "tower surface",

@@ -355,6 +355,11 @@ mod one_host {
             ),
             "retry_after"
         );
+        for calls in [0, 4_097] {
+            let batch = base().max_in_flight(1).store_batch(calls).build();
+            assert_eq!(setting(batch), "store_batch", "{calls} calls a round trip");
+        }
+        assert!(base().max_in_flight(1).store_batch(4_096).build().is_ok());
         let forever = base()
             .max_in_flight(1)
             .store_timeout(Duration::MAX)
@@ -1421,6 +1426,27 @@ mod batching {
     #[tokio::test(start_paused = true)]
     async fn on_memory() {
         many_cold_keys_share_a_round_trip(MemoryGlobalStore::with_clock(TokioClock::new())).await;
+    }
+
+    /// `store_batch` bounds a round trip: a hundred cold keys at 32 calls a round trip take
+    /// four (32, 32, 32 and 4), at one call each a hundred; every key is answered either way.
+    #[tokio::test(start_paused = true)]
+    async fn a_round_trip_carries_at_most_the_store_batch() {
+        for (store_batch, round_trips) in [(32, 4), (1, 100), (100, 1)] {
+            let layer = host(MemoryGlobalStore::with_clock(TokioClock::new()), 2)
+                .store_batch(store_batch)
+                .build()
+                .unwrap();
+            let tries = (0..100).map(|k| layer.acquire(format!("tenant-{k}")));
+            let permits = futures_util::future::join_all(tries).await;
+            assert!(permits.iter().all(Result::is_ok), "every key has room");
+            let stats = layer.stats();
+            assert_eq!(
+                (stats.store_calls, stats.store_round_trips),
+                (100, round_trips),
+                "store_batch {store_batch}: {stats:?}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -38,6 +38,7 @@ struct Tuning {
     slot_ttl: Duration,
     linger: Duration,
     store_timeout: Duration,
+    store_batch: usize,
     back_off: Duration,
     failure_policy: FailurePolicy,
     retry_after: Duration,
@@ -49,9 +50,9 @@ struct Tuning {
 
 impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
     /// A builder with the defaults: slots held 10 s unless renewed, idle slots given back
-    /// after 50 ms, a store time-out of 50 ms, a `Retry-After` of 1 s, and while the store
-    /// fails each host admitting up to the whole limit on its own
-    /// ([`FailurePolicy::LocalFallback`] with one host).
+    /// after 50 ms, a store time-out of 50 ms, up to 128 slot calls in a round trip, a
+    /// `Retry-After` of 1 s, and while the store fails each host admitting up to the whole
+    /// limit on its own ([`FailurePolicy::LocalFallback`] with one host).
     pub fn builder() -> ConcurrencyBuilder<Unset, Unset, Unset> {
         ConcurrencyBuilder {
             key: None,
@@ -66,6 +67,7 @@ impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
                 slot_ttl: Duration::from_secs(10),
                 linger: Duration::from_millis(50),
                 store_timeout: Duration::from_millis(50),
+                store_batch: 128,
                 back_off: Duration::from_secs(1),
                 failure_policy: FailurePolicy::default(),
                 retry_after: Duration::from_secs(1),
@@ -195,6 +197,18 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
         self
     }
 
+    /// The most slot calls sent to the store in one round trip (default 128; 1 sends every
+    /// call on its own; at most 4,096). The calls of all keys made within one scheduler turn
+    /// go together as one [`hold_many`](crate::global::slots::SlotStore::hold_many) (on Redis,
+    /// one script per node); a queue longer than this goes in several. Each call keeps its own
+    /// answer and failure; a round trip has the store time-out. Larger batches save round
+    /// trips when many cold keys arrive at once; smaller ones keep each script short, so that
+    /// one batch holds a Redis node for less time.
+    pub fn store_batch(mut self, max_calls: usize) -> Self {
+        self.tuning.store_batch = max_calls;
+        self
+    }
+
     /// How long a key's requests are decided by the failure policy, without calls, after a
     /// call for it failed (default 1 s).
     pub fn back_off(mut self, back_off: Duration) -> Self {
@@ -291,6 +305,9 @@ where
         if t.store_timeout.is_zero() {
             return Err(invalid("store_timeout", "a time-out above zero"));
         }
+        if !(1..=4_096).contains(&t.store_batch) {
+            return Err(invalid("store_batch", "1 to 4,096 calls"));
+        }
         if t.max_wait > Duration::from_secs(3600) {
             return Err(invalid("wait_for_slot", "at most an hour"));
         }
@@ -319,6 +336,7 @@ where
             slot_ttl: t.slot_ttl,
             linger: t.linger,
             store_timeout: t.store_timeout,
+            store_batch: t.store_batch,
             back_off: t.back_off,
             host: t.host.unwrap_or_else(random_host),
             max_wait: Some(t.max_wait).filter(|wait| !wait.is_zero()),

@@ -86,6 +86,8 @@ pub(crate) struct Settings {
     pub(crate) slot_ttl: Duration,
     pub(crate) linger: Duration,
     pub(crate) store_timeout: Duration,
+    /// The most slot calls in one round trip.
+    pub(crate) store_batch: usize,
     pub(crate) back_off: Duration,
     pub(crate) host: u64,
     /// How long a request may wait for a slot when the fleet is full (`None`: refused).
@@ -125,7 +127,7 @@ pub(crate) struct Shared<K, S, C> {
     shards: Box<[ShardLock<Shard<K>>]>,
     hasher: foldhash::fast::RandomState,
     store: S,
-    batch: batch::SlotCalls<K>,
+    calls: batch::SlotCalls<K>,
     clock: C,
     settings: Settings,
     max: MaxFn<K>,
@@ -164,7 +166,7 @@ where
                 shards,
                 hasher: foldhash::fast::RandomState::default(),
                 store,
-                batch: batch::SlotCalls::default(),
+                calls: batch::SlotCalls::default(),
                 clock,
                 settings,
                 max,

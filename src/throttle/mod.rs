@@ -320,7 +320,7 @@ pub(crate) struct Throttle<K, G, L, C> {
     pub(crate) waiting_for_batches: AtomicU64,
     pub(crate) shaper: Arc<shaping::Shaper<K>>,
     /// Global calls waiting for the next batch.
-    calls: calls::CallQueue<K>,
+    calls: calls::GlobalCalls<K>,
     /// Tokens to hand back: evicted leases, and hand-backs the store did not take.
     returns: Mutex<Vec<Return<K>>>,
     /// When a request without a key was last logged at warn (clock micros; 0: never).
@@ -355,7 +355,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             refusals: crate::stats::RefusalsByLimit::default(),
             waiting_for_batches: AtomicU64::new(0),
             shaper: Arc::default(),
-            calls: calls::CallQueue::default(),
+            calls: calls::GlobalCalls::default(),
             returns: Mutex::default(),
             missing_key_warned_at: AtomicU64::new(0),
             store_location: global.location(),

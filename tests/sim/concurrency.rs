@@ -20,6 +20,9 @@
 //! - **nothing lost**: once every request has ended and the holdings have expired, no host
 //!   holds a slot or keeps a key, and the store holds nothing.
 //!
+//! Each seed draws how many slot calls go in one round trip (`store_batch`: 1, 2 or 128), so
+//! that the calls of several keys and hosts queue behind one another or go together.
+//!
 //! The hosts' clocks may have a coarse reading (drawn per seed: none, or one that trails by
 //! up to a tick of 4 ms to a whole second, past a holding's renewal margin), as the default
 //! clock has on Linux: every check above holds whatever the tick.
@@ -79,6 +82,8 @@ pub struct Scenario {
     pub tick: Duration,
     /// Whether a request beyond a key's holding waits for the store or goes on credit.
     pub cold_start: ColdStart,
+    /// The most slot calls in one round trip (1: the keys' calls go in turn).
+    pub store_batch: usize,
 }
 
 impl Scenario {
@@ -164,6 +169,7 @@ impl Scenario {
                 3 => ColdStart::Credit { share: 0.5 },
                 _ => ColdStart::Credit { share: 1.0 },
             },
+            store_batch: [1, 2, 128][Rng::new(seed ^ 0xBA7C).below(3) as usize],
         }
     }
 
@@ -330,6 +336,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 .wait_for_slot(s.max_wait)
                 .host_id(h as u64 + 1)
                 .cold_start(s.cold_start)
+                .store_batch(s.store_batch)
                 .build()
                 .expect("valid settings")
         })
