@@ -309,9 +309,11 @@ where
 }
 
 /// A decision whose local bucket is always empty: every request waits for a batch of one token
-/// from a `MemoryGlobalStore` (the slow path, with its task spawn and wake-ups).
+/// from a `MemoryGlobalStore` (the slow path, with its task spawn and wake-ups; exact, so that
+/// no request is admitted on credit before its fetch).
 fn global_fetch(c: &mut Criterion, runtime: &tokio::runtime::Runtime) {
     let layer = builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
         .batch_policy(|_: &BatchContext<'_>| 0)
         .global_store(MemoryGlobalStore::new())
         .build()
