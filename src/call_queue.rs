@@ -106,13 +106,17 @@ impl<C, A> CallQueue<C, A> {
 
     /// Drops every queued call unanswered.
     fn clear(&self) {
-        let mut queue = lock(&self.state);
-        queue.pending.clear();
-        queue.due_at = None;
+        lock(&self.state).drop_all();
     }
 }
 
 impl<C, A> Queue<C, A> {
+    /// Drops every queued call unanswered: their callers see their senders go.
+    fn drop_all(&mut self) {
+        self.pending.clear();
+        self.due_at = None;
+    }
+
     /// Makes `at` the time the queued calls go if it is sooner than the one set; returns the
     /// window a flush must be scheduled for.
     fn due(&mut self, at: Instant) -> Option<u64> {
@@ -276,8 +280,7 @@ impl<C, A> Drop for Unflushed<'_, C, A> {
         };
         let mut state = lock(&self.queue.state);
         if state.window == window {
-            state.pending.clear();
-            state.due_at = None;
+            state.drop_all();
         }
     }
 }

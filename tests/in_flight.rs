@@ -21,7 +21,7 @@ use hierarchical_throttle::global::redis::RedisGlobalStore;
 use hierarchical_throttle::global::slots::{Holding, SlotHold, SlotStore};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
-    ConcurrencyBuilder, ConfigError, FailurePolicy, HierarchicalConcurrencyLayer,
+    ConcurrencyBuilder, ConcurrencyStats, ConfigError, FailurePolicy, HierarchicalConcurrencyLayer,
     MemoryGlobalStore, MissingKey, RejectionReason, SlotPermit, key,
 };
 use http::{Request, StatusCode};
@@ -1413,14 +1413,20 @@ mod batching {
             .store_timeout(Duration::from_secs(1))
             .build()
             .unwrap();
-        let tries = (0..100).map(|k| layer.acquire(format!("tenant-{k}")));
-        let permits = futures_util::future::join_all(tries).await;
-        assert!(permits.iter().all(Result::is_ok), "every key has room");
-        let stats = layer.stats();
+        let stats = hundred_cold_keys(&layer).await;
         assert_eq!(stats.store_calls, 100);
         assert_eq!(stats.store_round_trips, 1, "{stats:?}");
         assert_eq!(stats.store_failures, 0);
-        drop(permits);
+    }
+
+    /// A hundred keys' first requests at once, every one admitted; the stats once all are.
+    async fn hundred_cold_keys<S: SlotStore<BucketKey<String>>>(
+        layer: &Layer<S>,
+    ) -> ConcurrencyStats {
+        let tries = (0..100).map(|k| layer.acquire(format!("tenant-{k}")));
+        let permits = futures_util::future::join_all(tries).await;
+        assert!(permits.iter().all(Result::is_ok), "every key has room");
+        layer.stats()
     }
 
     #[tokio::test(start_paused = true)]
@@ -1437,10 +1443,7 @@ mod batching {
                 .store_batch(store_batch)
                 .build()
                 .unwrap();
-            let tries = (0..100).map(|k| layer.acquire(format!("tenant-{k}")));
-            let permits = futures_util::future::join_all(tries).await;
-            assert!(permits.iter().all(Result::is_ok), "every key has room");
-            let stats = layer.stats();
+            let stats = hundred_cold_keys(&layer).await;
             assert_eq!(
                 (stats.store_calls, stats.store_round_trips),
                 (100, round_trips),
