@@ -25,7 +25,8 @@
 //! limit for every key as a fixed quota, admitted responses told their limits' state (never
 //! more tokens than a bucket holds), beside the traffic
 //! and through the store's latency and faults, and how long hosts
-//! refuse a key from one answer; the oracle's bounds
+//! refuse a key from one answer, how hosts size their batches (the default, fixed fractions,
+//! a policy that asks for nothing and one that asks for everything); the oracle's bounds
 //! follow (see `check_allowance`: tokens a change adds are allowed on top, and count as
 //! tokens that reappeared for exactness).
 #![allow(dead_code)]
@@ -39,6 +40,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hierarchical_throttle::batch::{BatchContext, FractionOfCapacity, WeightedDemand};
 use hierarchical_throttle::calendar::Period;
 use hierarchical_throttle::clock::{Clock, TokioClock};
 use hierarchical_throttle::global::Adjustment;
@@ -217,6 +219,19 @@ pub struct Scenario {
     /// The hosts' clocks' coarse reading (what responses tell is read at) trails by up to
     /// this (zero: they have none).
     pub tick: Duration,
+    /// How the hosts size the batches they ask for.
+    pub batch_policy: BatchDraw,
+}
+
+/// A [`BatchPolicy`](hierarchical_throttle::batch::BatchPolicy) drawn by a seed: the default,
+/// fixed fractions of the capacity, and the two ends the throttle clamps (a policy that asks
+/// for nothing gets what its waiters need, one that asks for everything gets the capacity).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BatchDraw {
+    WeightedDemand,
+    Fraction(f64),
+    Nothing,
+    Everything,
 }
 
 /// A run-time change of hot-0's quota, at `at`.
@@ -329,6 +344,7 @@ impl Scenario {
             fixed_quota: false,
             annotate: false,
             tick: Duration::ZERO,
+            batch_policy: BatchDraw::WeightedDemand,
         }
         .draw_more(&mut rng)
     }
@@ -450,6 +466,16 @@ impl Scenario {
         // A stream of its own, so that earlier seeds keep their other draws.
         let ticks = [0, 0, 4, 50, 1_000];
         self.tick = Duration::from_millis(ticks[Rng::new(self.seed ^ 0x71C4).below(5) as usize]);
+        // A stream of its own too.
+        let policies = [
+            BatchDraw::WeightedDemand,
+            BatchDraw::WeightedDemand,
+            BatchDraw::Fraction(0.25),
+            BatchDraw::Fraction(1.0),
+            BatchDraw::Nothing,
+            BatchDraw::Everything,
+        ];
+        self.batch_policy = policies[Rng::new(self.seed ^ 0xBA7C_4011).below(6) as usize];
         self
     }
 
@@ -998,6 +1024,14 @@ fn build_host(
     let builder = match s.fixed_quota {
         true => builder.quota(s.quota(0, group)),
         false => builder.limit_per_key(move |key: &String| quotas.lock().unwrap()[key].clone()),
+    };
+    let builder = match s.batch_policy {
+        BatchDraw::WeightedDemand => builder.batch_policy(WeightedDemand),
+        BatchDraw::Fraction(f) => {
+            builder.batch_policy(FractionOfCapacity::new(f).expect("in (0, 1]"))
+        }
+        BatchDraw::Nothing => builder.batch_policy(|_: &BatchContext<'_>| 0),
+        BatchDraw::Everything => builder.batch_policy(|_: &BatchContext<'_>| u64::MAX),
     };
     builder
         .clock(TickedClock::new(
