@@ -21,7 +21,8 @@
 //!   holds a slot or keeps a key, and the store holds nothing.
 //!
 //! Each seed draws how many slot calls go in one round trip (`store_batch`: 1, 2 or 128), so
-//! that the calls of several keys and hosts queue behind one another or go together.
+//! that the calls of several keys and hosts queue behind one another or go together, and how
+//! long a key's requests go to the failure policy after a failed call (10 ms, 100 ms or 1 s).
 //!
 //! The hosts' clocks may have a coarse reading (drawn per seed: none, or one that trails by
 //! up to a tick of 4 ms to a whole second, past a holding's renewal margin), as the default
@@ -84,6 +85,8 @@ pub struct Scenario {
     pub cold_start: ColdStart,
     /// The most slot calls in one round trip (1: the keys' calls go in turn).
     pub store_batch: usize,
+    /// How long a key's requests go to the failure policy after a call for it failed.
+    pub back_off: Duration,
 }
 
 impl Scenario {
@@ -170,6 +173,9 @@ impl Scenario {
                 _ => ColdStart::Credit { share: 1.0 },
             },
             store_batch: [1, 2, 128][Rng::new(seed ^ 0xBA7C).below(3) as usize],
+            back_off: Duration::from_millis(
+                [10, 100, 1_000][Rng::new(seed ^ 0xBAC0).below(3) as usize],
+            ),
         }
     }
 
@@ -331,7 +337,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 .slot_ttl(s.slot_ttl)
                 .linger(s.linger)
                 .store_timeout(s.store_timeout)
-                .back_off(Duration::from_millis(100))
+                .back_off(s.back_off)
                 .failure_policy(s.policy)
                 .wait_for_slot(s.max_wait)
                 .host_id(h as u64 + 1)

@@ -26,7 +26,8 @@
 //! more tokens than a bucket holds), beside the traffic
 //! and through the store's latency and faults, and how long hosts
 //! refuse a key from one answer, how hosts size their batches (the default, fixed fractions,
-//! a policy that asks for nothing and one that asks for everything); the oracle's bounds
+//! a policy that asks for nothing and one that asks for everything) and how long they leave a
+//! failing store alone; the oracle's bounds
 //! follow (see `check_allowance`: tokens a change adds are allowed on top, and count as
 //! tokens that reappeared for exactness).
 #![allow(dead_code)]
@@ -221,6 +222,8 @@ pub struct Scenario {
     pub tick: Duration,
     /// How the hosts size the batches they ask for.
     pub batch_policy: BatchDraw,
+    /// The longest a host leaves a failing store alone before probing it again.
+    pub max_store_backoff: Duration,
 }
 
 /// A [`BatchPolicy`](hierarchical_throttle::batch::BatchPolicy) drawn by a seed: the default,
@@ -345,6 +348,7 @@ impl Scenario {
             annotate: false,
             tick: Duration::ZERO,
             batch_policy: BatchDraw::WeightedDemand,
+            max_store_backoff: Duration::from_secs(1),
         }
         .draw_more(&mut rng)
     }
@@ -466,7 +470,7 @@ impl Scenario {
         // A stream of its own, so that earlier seeds keep their other draws.
         let ticks = [0, 0, 4, 50, 1_000];
         self.tick = Duration::from_millis(ticks[Rng::new(self.seed ^ 0x71C4).below(5) as usize]);
-        // A stream of its own too.
+        // Streams of their own too.
         let policies = [
             BatchDraw::WeightedDemand,
             BatchDraw::WeightedDemand,
@@ -476,6 +480,9 @@ impl Scenario {
             BatchDraw::Everything,
         ];
         self.batch_policy = policies[Rng::new(self.seed ^ 0xBA7C_4011).below(6) as usize];
+        let backoffs = [50, 1_000, 1_000, 3_000];
+        self.max_store_backoff =
+            Duration::from_millis(backoffs[Rng::new(self.seed ^ 0xB0FF).below(4) as usize]);
         self
     }
 
@@ -904,7 +911,8 @@ async fn simulate(s: Scenario) -> Result<String, String> {
 
     // Quiesce: faults stop; the store's back-off and every lease expire; all is handed back.
     global.heal();
-    let quiet = s.lease_ttl + Duration::from_secs(2);
+    let quiet =
+        s.lease_ttl + s.max_store_backoff.max(Duration::from_secs(1)) + Duration::from_secs(1);
     tokio::time::sleep(quiet).await;
     let every_layer = || layers.iter().flatten();
     for layer in every_layer() {
@@ -914,6 +922,15 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     for layer in every_layer() {
         layer.return_unused_leases().await;
     }
+    // A small lease of a key far from its limit is kept for ten times-to-live, and the hosts'
+    // own sweeps hand it back when that ends, lingering for other calls to join the round
+    // trip: tokens that are neither held nor back yet. So once every lease has ended, sweep,
+    // and let the hand-backs of any sweep before it land (or be lost) before counting.
+    tokio::time::sleep(s.lease_ttl * 10 + Duration::from_millis(1)).await;
+    for layer in every_layer() {
+        layer.return_unused_leases().await;
+    }
+    tokio::time::sleep(s.global_batch_linger + s.store_timeout + Duration::from_millis(1)).await;
 
     // Costs settled from responses can leave debts that hold reserved tokens back for seconds:
     // those fall due (and start their time-to-live) after the quiet time.
@@ -1045,6 +1062,7 @@ fn build_host(
         .cold_start(s.cold_start)
         .global_batch(s.global_batch)
         .global_batch_linger(s.global_batch_linger)
+        .max_store_backoff(s.max_store_backoff)
         .shaping(s.shaping)
         .shadow(s.shadow)
         .failure_policy(if s.faulty {
