@@ -922,15 +922,6 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     for layer in every_layer() {
         layer.return_unused_leases().await;
     }
-    // A small lease of a key far from its limit is kept for ten times-to-live, and the hosts'
-    // own sweeps hand it back when that ends, lingering for other calls to join the round
-    // trip: tokens that are neither held nor back yet. So once every lease has ended, sweep,
-    // and let the hand-backs of any sweep before it land (or be lost) before counting.
-    tokio::time::sleep(s.lease_ttl * 10 + Duration::from_millis(1)).await;
-    for layer in every_layer() {
-        layer.return_unused_leases().await;
-    }
-    tokio::time::sleep(s.global_batch_linger + s.store_timeout + Duration::from_millis(1)).await;
 
     // Costs settled from responses can leave debts that hold reserved tokens back for seconds:
     // those fall due (and start their time-to-live) after the quiet time.
@@ -995,6 +986,17 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         }
     }
     if s.conserves() {
+        // A small lease of a key far from its limit is kept for ten times-to-live (what
+        // `check_stranded` bounds), and the hosts' own sweeps hand it back when that ends,
+        // lingering for other calls to join the round trip: tokens neither held nor back yet.
+        // So once every lease has ended, sweep, and let the hand-backs of any sweep before it
+        // land (or be lost) before counting.
+        tokio::time::sleep(s.lease_ttl * 10 + Duration::from_millis(1)).await;
+        for layer in every_layer() {
+            layer.return_unused_leases().await;
+        }
+        tokio::time::sleep(s.global_batch_linger + s.store_timeout + Duration::from_millis(1))
+            .await;
         let quotas: Vec<HashMap<String, Quota>> =
             quotas.iter().map(|q| q.lock().unwrap().clone()).collect();
         check_conservation(every_layer(), &quotas, &log_now.admitted, &global)?;
