@@ -228,3 +228,53 @@ async fn a_lease_of_a_renamed_limit_is_never_handed_back_to_the_new_one() {
         100 - held(&layer, "k", 0) - 1
     );
 }
+
+/// A request one bucket refuses is told the longest wait its other buckets are known to need;
+/// after a level's limit changed, what the host knew of the limit before says nothing of it.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_refusal_never_tells_a_wait_known_of_a_limit_changed_since() {
+    let every_ten_seconds = |name: &str| {
+        let limit = hierarchical_throttle::Limit::per(1, Duration::from_secs(10))
+            .build()
+            .unwrap();
+        Quota::new(name, limit).unwrap()
+    };
+    let tenant = Arc::new(Mutex::new(every_ten_seconds("per-10s")));
+    let clock = TokioClock::new();
+    let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
+        .key(|job: &(String, String)| Some(job.0.clone()))
+        .limit(hierarchical_throttle::Limit::per_second(1).build().unwrap())
+        .level_per_key("tenant", |job: &(String, String)| Some(job.1.clone()), {
+            let tenant = tenant.clone();
+            move |_: &String| tenant.lock().unwrap().clone()
+        })
+        .clock(clock)
+        .global_store(Global::with_clock(clock))
+        .build()
+        .unwrap();
+    let job = |user: &str| layer.keys(user.to_owned(), [("tenant", "acme")]).unwrap();
+    layer.acquire_keys(job("alice"), 1).await.unwrap();
+    let refused = layer.acquire_keys(job("bob"), 1).await.unwrap_err();
+    assert_eq!(
+        (
+            refused.level,
+            refused.limit_name,
+            refused.retry_after_secs()
+        ),
+        (Some("tenant"), Some("per-10s"), Some(10))
+    );
+    // The tenant's limit renamed: a bucket of its own, full. Alice's own limit refuses her
+    // next request, for a second; the tenant's new bucket would serve it.
+    *tenant.lock().unwrap() = every_ten_seconds("tier2");
+    let refused = layer.acquire_keys(job("alice"), 1).await.unwrap_err();
+    assert_eq!(
+        (
+            refused.level,
+            refused.limit_name,
+            refused.retry_after_secs()
+        ),
+        (None, Some("default"), Some(1)),
+        "{refused:?}"
+    );
+}

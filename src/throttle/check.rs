@@ -165,7 +165,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     }
 
     /// Without taking anything: the refusal bucket `id` would give a request of `cost`, if it
-    /// is known now (cost above capacity, or the global bucket known to be short). For the
+    /// is known now (cost above capacity, or the global bucket known to be short; the bucket
+    /// learns the limit it serves first, as every check makes it). For the
     /// other buckets of a request one bucket has refused, so that the answer names the longest
     /// wait without taking tokens or calling the store.
     /// Also tells how many limits the key's quota has.
@@ -180,9 +181,12 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             return (Some(bucket.cost_rejection(id, cost)), bucket.slots);
         }
         let (now, memory) = (self.now(), self.recheck_after());
-        let until = self
-            .local
-            .with_bucket(id, |b| b.known_short(cost, now, &bucket.limit, memory));
+        // What the lease knows must be of the limit it serves now: after a change of limit,
+        // a wait known of the one before says nothing.
+        let until = self.local.with_bucket(id, |b| {
+            self.serve(id, &bucket, b);
+            b.known_short(cost, now, &bucket.limit, memory)
+        });
         let refusal = until.map(|until| bucket.throttled(id, until.saturating_sub(now)));
         (refusal, bucket.slots)
     }
