@@ -184,6 +184,11 @@ async fn acquire_keys_draws_on_every_level() {
     let refused = layer.acquire_keys(job("bob"), 1).await.unwrap_err();
     assert_eq!(refused.level, Some("tenant"), "the tenant's 15 are used up");
     assert_eq!(refused.key.as_deref(), Some("acme"));
+    // Read without a use: every level's limits of bob's keys, as his requests are told them.
+    let left = layer.remaining_keys(&job("bob"));
+    let levels: Vec<_> = left.iter().map(|r| (r.level, r.tokens)).collect();
+    assert_eq!(levels, [(None, 5), (Some("tenant"), 0)]);
+    assert_eq!(layer.handle().remaining_keys(&job("bob")), left);
     // Without the tenant's key, bob is limited as a user only: 5 of his own are left.
     assert!(layer.acquire(key("bob"), 5).await.is_ok());
     assert!(layer.acquire(key("bob"), 1).await.is_err());

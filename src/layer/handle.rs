@@ -21,7 +21,7 @@ use super::HierarchicalThrottleLayer;
 
 /// A layer's uses outside a service, type-erased: [`acquire`](Self::acquire),
 /// [`acquire_keys`](Self::acquire_keys), [`remaining`](Self::remaining),
-/// [`stats`](Self::stats), [`store_up`](Self::store_up), and changes by hand
+/// [`remaining_keys`](Self::remaining_keys), [`stats`](Self::stats), [`store_up`](Self::store_up), and changes by hand
 /// ([`adjust`](Self::adjust)). Made by
 /// [`HierarchicalThrottleLayer::handle`]; it shares the layer's buckets, counters and store
 /// (cloning it is a reference count). Each call costs one dynamic dispatch more than on the
@@ -80,6 +80,7 @@ trait Uses<K>: Send + Sync + 'static {
     fn keys(&self, first: K, levels: Vec<(&str, K)>) -> Result<Keys<K>, ConfigError>;
     fn acquire_keys(&self, keys: Keys<K>, cost: u64) -> Acquire<K>;
     fn remaining(&self, key: &K) -> Vec<Remaining>;
+    fn remaining_keys(&self, keys: &Keys<K>) -> Vec<Remaining>;
     fn stats(&self) -> ThrottleStats;
     fn store_up(&self) -> bool;
     fn adjust(&self, key: K, adjustment: Adjustment) -> Adjusting<'_>;
@@ -111,6 +112,10 @@ where
 
     fn remaining(&self, key: &K) -> Vec<Remaining> {
         HierarchicalThrottleLayer::remaining(self, key)
+    }
+
+    fn remaining_keys(&self, keys: &Keys<K>) -> Vec<Remaining> {
+        HierarchicalThrottleLayer::remaining_keys(self, keys)
     }
 
     fn stats(&self) -> ThrottleStats {
@@ -150,6 +155,11 @@ impl<K: 'static> ThrottleHandle<K> {
     /// [`HierarchicalThrottleLayer::remaining`].
     pub fn remaining(&self, key: &K) -> Vec<Remaining> {
         self.uses.remaining(key)
+    }
+
+    /// [`HierarchicalThrottleLayer::remaining_keys`].
+    pub fn remaining_keys(&self, keys: &Keys<K>) -> Vec<Remaining> {
+        self.uses.remaining_keys(keys)
     }
 
     /// [`HierarchicalThrottleLayer::stats`].

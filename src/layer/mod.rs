@@ -120,6 +120,34 @@ where
             .remaining_of(&mut [LeaseKey::new(key.to_key(), 0, 0)])
     }
 
+    /// [`remaining`](Self::remaining) for the keys of every level ([`keys`](Self::keys)):
+    /// this host's view of each level's limits of its key, level by level, as a request on
+    /// those keys would be told them.
+    ///
+    /// ```
+    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = HierarchicalThrottleLayer::builder()
+    ///     .key(|job: &(String, String)| Some(job.0.clone()))
+    ///     .limit(Limit::per_second(10).burst(10)?)
+    ///     .level("tenant", |job: &(String, String)| Some(job.1.clone()),
+    ///         Limit::per_second(15).burst(15)?)
+    ///     .global_store(MemoryGlobalStore::new())
+    ///     .build()?;
+    /// let alice = || layer.keys("alice".to_owned(), [("tenant", "acme")]);
+    /// layer.acquire_keys(alice()?, 4).await?;
+    ///
+    /// let left = layer.remaining_keys(&alice()?);
+    /// assert_eq!((left[0].level, left[0].tokens), (None, 6));
+    /// assert_eq!((left[1].level, left[1].tokens), (Some("tenant"), 11));
+    /// # Ok(()) }
+    /// ```
+    pub fn remaining_keys(&self, keys: &crate::Keys<K>) -> Vec<crate::Remaining> {
+        self.throttle.remaining_of(&mut keys.ids().to_vec())
+    }
+
     /// What every limit of `key` (at the layer's first level) holds in the global store: one
     /// read per limit, taking nothing. Tokens leased to hosts are not in it. `key` may be a
     /// borrowed form of the key type, as for [`remaining`](Self::remaining).
