@@ -12,7 +12,9 @@
 //!    host cannot know of), and without injected faults the failure policy decides nothing;
 //! 5. bounded waits: every request and every awaited reservation is answered within its
 //!    shaping `max` plus a few store time-outs (a batch before, one after, a settle's charge),
-//!    whatever other reservations hold their queue's turn without being polled.
+//!    whatever other reservations hold their queue's turn without being polled;
+//! 6. told waits: a throttled refusal tells how long to wait, and no longer than its bucket
+//!    needs to hold the cost again (see `Recorder::wrong_wait`), plus the drawn jitter.
 //!
 //! Seeds also draw run-time limit changes (raised, lowered, a limit added, removed, renamed),
 //! failure policies that admit (their admissions then settled), settled costs up to
@@ -21,13 +23,15 @@
 //! borrowed key, bodies streamed through `meter`, each frame a use), cold starts on credit,
 //! batch sizes, a second layer of other limits on the same store, and an operator's changes by
 //! hand (reset, drain, tokens added or removed) through one host's layer, limits that warm up,
-//! calendar quotas whose day ends during the run (each window held to its own allowance), one
+//! calendar quotas whose day ends during the run (each window held to its own allowance), a
+//! level of tenants above the keys (each tenant's bucket held to the bounds of a key's, its
+//! refusals exact, in shadow by level or by limit, its quota changed at run time), one
 //! limit for every key as a fixed quota, admitted responses told their limits' state (never
 //! more tokens than a bucket holds), beside the traffic
 //! and through the store's latency and faults, and how long hosts
 //! refuse a key from one answer, how hosts size their batches (the default, fixed fractions,
-//! a policy that asks for nothing and one that asks for everything) and how long they leave a
-//! failing store alone; the oracle's bounds
+//! a policy that asks for nothing and one that asks for everything), how long they leave a
+//! failing store alone, and how much jitter lengthens refusals' waits; the oracle's bounds
 //! follow (see `check_allowance`: tokens a change adds are allowed on top, and count as
 //! tokens that reappeared for exactness).
 #![allow(dead_code)]
@@ -224,6 +228,58 @@ pub struct Scenario {
     pub batch_policy: BatchDraw,
     /// The longest a host leaves a failing store alone before probing it again.
     pub max_store_backoff: Duration,
+    /// A second level, `tenant`, above the keys.
+    pub tenants: Option<Tenants>,
+    /// A change of tenant t-0's quota while the fleet runs (with quotas per tenant).
+    pub tenant_change: Option<LimitChange>,
+    /// The most a refusal's wait is lengthened by at random.
+    pub retry_after_jitter: Duration,
+}
+
+/// A level `tenant` above the keys: hot key `hot-i` belongs to tenant `t-{i % count}`; of the
+/// sprayed keys, two in three belong to `t-spray` (a flood of keys under one tenant) and the
+/// third to none (not limited at the level).
+#[derive(Debug, Clone, Copy)]
+pub struct Tenants {
+    pub count: usize,
+    /// Each tenant's limit.
+    pub limit: Limit,
+    /// Limits chosen per tenant (`level_per_key`, which gives `t-spray` one of its own), or
+    /// one for every tenant (`level`).
+    pub per_key: bool,
+    pub shadow: LevelShadow,
+}
+
+/// What of the level is in shadow: held to nothing, and never to refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LevelShadow {
+    None,
+    /// `shadow_level("tenant")`.
+    Level,
+    /// `shadow_limit("tenant/default")`, its only limit.
+    Limit,
+}
+
+/// The name of the level the simulation draws.
+const TENANT: &str = "tenant";
+
+/// The tenant of `key`, when the run has tenants and the key one.
+fn tenant_of(tenants: Option<Tenants>, key: &str) -> Option<String> {
+    let tenants = tenants?;
+    if let Some(i) = key.strip_prefix("hot-") {
+        let i: usize = i.parse().ok()?;
+        return Some(format!("t-{}", i % tenants.count));
+    }
+    let i: usize = key.strip_prefix("spray-")?.parse().ok()?;
+    (!i.is_multiple_of(3)).then(|| "t-spray".to_owned())
+}
+
+/// The quota of `tenant`.
+fn tenant_quota(tenants: Tenants, tenant: &str) -> Quota {
+    match tenants.per_key && tenant == "t-spray" {
+        true => Quota::from(Limit::per_second(20).burst(20).expect("a valid limit")),
+        false => Quota::from(tenants.limit),
+    }
 }
 
 /// A [`BatchPolicy`](hierarchical_throttle::batch::BatchPolicy) drawn by a seed: the default,
@@ -237,7 +293,7 @@ pub enum BatchDraw {
     Everything,
 }
 
-/// A run-time change of hot-0's quota, at `at`.
+/// A run-time change of a quota (hot-0's, or tenant t-0's), at `at`.
 #[derive(Debug, Clone, Copy)]
 pub struct LimitChange {
     pub at: Duration,
@@ -257,6 +313,15 @@ pub enum ChangeKind {
     /// The first limit renamed `tier2`, same shape.
     Rename,
 }
+
+/// Every kind of change, in the order seeds draw them.
+const CHANGES: [ChangeKind; 5] = [
+    ChangeKind::Raise,
+    ChangeKind::Lower,
+    ChangeKind::Add,
+    ChangeKind::Remove,
+    ChangeKind::Rename,
+];
 
 const LIMITS: &[(u64, u64, u64)] = &[
     // (tokens, per seconds, burst)
@@ -349,6 +414,9 @@ impl Scenario {
             tick: Duration::ZERO,
             batch_policy: BatchDraw::WeightedDemand,
             max_store_backoff: Duration::from_secs(1),
+            tenants: None,
+            tenant_change: None,
+            retry_after_jitter: Duration::ZERO,
         }
         .draw_more(&mut rng)
     }
@@ -356,16 +424,9 @@ impl Scenario {
     /// The draws added later, from the same generator after the others.
     fn draw_more(mut self, rng: &mut Rng) -> Self {
         if rng.chance(0.3) {
-            let kinds = [
-                ChangeKind::Raise,
-                ChangeKind::Lower,
-                ChangeKind::Add,
-                ChangeKind::Remove,
-                ChangeKind::Rename,
-            ];
             self.change = Some(LimitChange {
                 at: Duration::from_micros(rng.below(self.duration.as_micros() as u64)),
-                kind: kinds[rng.below(5) as usize],
+                kind: CHANGES[rng.below(5) as usize],
             });
         }
         if self.faulty {
@@ -483,13 +544,70 @@ impl Scenario {
         let backoffs = [50, 1_000, 1_000, 3_000];
         self.max_store_backoff =
             Duration::from_millis(backoffs[Rng::new(self.seed ^ 0xB0FF).below(4) as usize]);
+        let jitters = [0, 0, 100, 5_000];
+        self.retry_after_jitter =
+            Duration::from_millis(jitters[Rng::new(self.seed ^ 0x717_7E12).below(4) as usize]);
+        let mut level = Rng::new(self.seed ^ 0x7E_4A47);
+        if level.chance(0.3) {
+            let shadows = [
+                LevelShadow::None,
+                LevelShadow::None,
+                LevelShadow::None,
+                LevelShadow::Level,
+                LevelShadow::Limit,
+            ];
+            self.tenants = Some(Tenants {
+                count: level.range(1, 2) as usize,
+                // Below one key's limit, between one's and two's, or above both.
+                limit: scaled(self.keys[0].limit, [5, 15, 40][level.below(3) as usize]),
+                per_key: level.chance(0.5),
+                shadow: shadows[level.below(5) as usize],
+            });
+        }
+        if self.tenants.is_some_and(|t| t.per_key) && level.chance(0.4) {
+            self.tenant_change = Some(LimitChange {
+                at: Duration::from_micros(level.below(self.duration.as_micros() as u64)),
+                kind: CHANGES[level.below(5) as usize],
+            });
+        }
         self
+    }
+
+    /// The tenant of `key`, if it has one.
+    fn tenant_of(&self, key: &str) -> Option<String> {
+        tenant_of(self.tenants, key)
+    }
+
+    /// Every tenant of the run, with its quota.
+    fn tenant_quotas(&self) -> HashMap<String, Quota> {
+        let Some(tenants) = self.tenants else {
+            return HashMap::new();
+        };
+        let hot = (0..self.keys.len()).map(|i| format!("hot-{i}"));
+        let spray = (0..self.spray).map(|i| format!("spray-{i}"));
+        hot.chain(spray)
+            .filter_map(|key| self.tenant_of(&key))
+            .map(|tenant| {
+                let quota = tenant_quota(tenants, &tenant);
+                (tenant, quota)
+            })
+            .collect()
+    }
+
+    /// Whether the tenants' level is held to nothing (in shadow).
+    fn tenants_shadowed(&self) -> bool {
+        self.tenants.is_some_and(|t| t.shadow != LevelShadow::None)
     }
 
     /// Whether each admitted request's tokens can be accounted for exactly (conservation).
     fn conserves(&self) -> bool {
         // A limit in shadow takes nothing for the requests it lets through.
-        self.change.is_none() && self.huge_one_in == 0 && !self.shadow && !self.shadow_slow
+        self.change.is_none()
+            && self.tenant_change.is_none()
+            && self.huge_one_in == 0
+            && !self.shadow
+            && !self.shadow_slow
+            && !self.tenants_shadowed()
     }
 
     /// The longest a request or an awaited reservation may wait for its answer: its shaping
@@ -579,12 +697,14 @@ fn with_burst(limit: Limit, burst: u64) -> Limit {
         .expect("a valid limit")
 }
 
-/// An admitted request: its layer group, key, when it was sent and admitted, the tokens it
-/// used and those it was charged.
+/// An admitted request: its layer group, key (and tenant), when it was sent and admitted, the
+/// tokens it used and those it was charged.
 #[derive(Debug, Clone)]
 pub struct Admission {
     pub group: usize,
     pub key: String,
+    /// The tenant whose level it drew on too.
+    pub tenant: Option<String>,
     pub sent: Duration,
     pub at: Duration,
     pub used: u64,
@@ -601,6 +721,8 @@ pub struct Log {
     /// Refusals that break exactness (see the module's docs), described.
     pub inexact: Vec<String>,
     pub refused: u64,
+    /// Refusals by a tenant's limit.
+    pub refused_by_tenant: u64,
     pub store_unavailable: u64,
     /// Admitted responses told the state of their limits.
     pub annotated: u64,
@@ -630,14 +752,95 @@ pub struct Recorder {
     shadowed: Option<&'static str>,
     /// Admitted responses get the state of their limits.
     annotate: bool,
+    /// The tenants' level, if the run has one.
+    tenants: Option<Tenants>,
+    /// The most a refusal's wait is lengthened by at random.
+    jitter: Duration,
+    /// The most tokens waiters in a full queue of a key may cost together.
+    queued: u64,
+    /// Where the run's clock starts on the calendar.
+    unix_origin: Duration,
+    /// How far ahead of the refill hosts may reserve.
+    max_reservation: Duration,
+    /// The keys (by level) whose limit is raised during the run.
+    raised: Vec<(Option<&'static str>, &'static str)>,
+}
+
+impl Recorder {
+    /// What is wrong with the wait a throttled refusal tells, if anything: there must be one,
+    /// and no longer than its bucket needs to hold the cost from empty, behind what the bucket
+    /// owes (`owed`) or may have owed when the host last heard from it, and the costs a full
+    /// queue of waiters holds ahead, at the third of its rate a warming-up limit starts at (for a calendar quota: the rest of its window and a
+    /// window for each capacity of those tokens); plus the jitter and timer slack.
+    fn wrong_wait(
+        &self,
+        job: &Job,
+        rejection: &Rejection<String>,
+        bucket: &BucketKey<String>,
+        limit: &Limit,
+        owed: u64,
+        now: Duration,
+    ) -> Option<String> {
+        let Some(wait) = rejection.retry_after else {
+            return Some(format!("refused at {now:?} telling no wait"));
+        };
+        // A host learns when its next tokens are due from an answer: then the bucket may have
+        // owed a capacity (a charge of debt) and the tokens reserved ahead, since paid back by
+        // hand-backs the host cannot know of.
+        let ahead = allowance(limit, self.unix_origin + now, self.max_reservation, &[]);
+        let tokens = limit
+            .capacity()
+            .saturating_mul(2)
+            .saturating_add(ahead as u64)
+            .saturating_add(owed)
+            .saturating_add(job.cost)
+            .saturating_add(self.queued);
+        let needed = match limit.calendar() {
+            // The rest of this window, and a window for each capacity's worth of those tokens.
+            Some(calendar) => {
+                let unix_now = self.unix_origin + now;
+                let mut reset = calendar.next_reset(unix_now);
+                for _ in 0..tokens.div_ceil(limit.capacity()) {
+                    reset = calendar.next_reset(reset);
+                }
+                reset - unix_now
+            }
+            None => {
+                // A wait told before a limit was raised was for one four times slower.
+                let raised = self
+                    .raised
+                    .contains(&(bucket.level(), bucket.key().as_str()));
+                let slower = if raised { 12 } else { 3 };
+                limit.time_to_accrue(tokens).saturating_mul(slower)
+            }
+        };
+        let most = needed + self.jitter + Duration::from_millis(1);
+        (wait > most).then(|| {
+            format!(
+                "refused at {now:?} (cost {}, owed {owed}, limit {limit:?}) telling a wait of                  {wait:?}, more than {most:?}",
+                job.cost
+            )
+        })
+    }
 }
 
 impl OnRejection<Job, String, Outcome, Infallible> for Recorder {
     fn on_rejection(&self, job: &Job, rejection: Rejection<String>) -> Result<Outcome, Infallible> {
         let mut log = self.log.lock().unwrap();
         log.refused += 1;
+        log.refused_by_tenant += u64::from(rejection.level == Some(TENANT));
         let now = self.clock.now();
-        if rejection.limit_name.is_some() && rejection.limit_name == self.shadowed {
+        let by_shadowed_limit = rejection.level.is_none()
+            && rejection.limit_name.is_some()
+            && rejection.limit_name == self.shadowed;
+        let by_shadowed_level = rejection.level == Some(TENANT)
+            && match self.tenants.map(|t| t.shadow) {
+                Some(LevelShadow::Level) => true,
+                // A limit a change adds, or the one it renames, is enforced.
+                Some(LevelShadow::Limit) => rejection.limit_name == Some("default"),
+                _ => false,
+            };
+        if by_shadowed_limit || by_shadowed_level {
             log.inexact.push(format!(
                 "{} refused by a limit in shadow: {rejection}",
                 job.key
@@ -648,16 +851,34 @@ impl OnRejection<Job, String, Outcome, Infallible> for Recorder {
             // A request that waited out its time while the store answered is refused without
             // that exactness (see `store_timeout`).
             // The refusal names its limit: that bucket must have been short.
-            RejectionReason::Throttled if self.exact && now < job.sent + self.patience => {
+            RejectionReason::Throttled if self.exact => {
                 let (Some(limit), Some(name)) = (rejection.limit, rejection.limit_name) else {
                     log.inexact
                         .push(format!("{} refused naming no limit", job.key));
                     return Ok(Outcome::Refused(rejection.reason));
                 };
-                let bucket = BucketKey::new(job.key.clone(), name)
-                    .and_then(|b| b.in_layer(self.layer))
-                    .expect("a valid name");
-                let there = self.global.peek(&bucket, &limit).tokens();
+                let key = match rejection.level {
+                    Some(_) => tenant_of(self.tenants, &job.key),
+                    None => Some(job.key.clone()),
+                };
+                let Some(key) = key else {
+                    log.inexact.push(format!(
+                        "{} refused at level {:?}, which it has no key at",
+                        job.key, rejection.level
+                    ));
+                    return Ok(Outcome::Refused(rejection.reason));
+                };
+                let bucket = bucket_key(self.layer, rejection.level, key, name);
+                let global = self.global.peek(&bucket, &limit);
+                // What it owed before a restart or an operator's change: a host cannot know.
+                let owed = global.owed().saturating_add(self.global.forgiven(&bucket));
+                if let Some(wrong) = self.wrong_wait(job, &rejection, &bucket, &limit, owed, now) {
+                    log.inexact.push(format!("{bucket}: {wrong}"));
+                }
+                if now >= job.sent + self.patience {
+                    return Ok(Outcome::Refused(rejection.reason));
+                }
+                let there = global.tokens();
                 let reappeared = self
                     .global
                     .tokens_reappeared_since(&bucket, now, self.slack);
@@ -751,6 +972,10 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             Arc::new(Mutex::new(quotas))
         })
         .collect();
+    // Each group's tenants' quotas, which the layers read at run time.
+    let tenant_quotas: Vec<Quotas> = (0..groups)
+        .map(|_| Arc::new(Mutex::new(s.tenant_quotas())))
+        .collect();
     let log = Arc::new(Mutex::new(Log::default()));
     let recorder = |group: usize| Recorder {
         layer: LAYERS[group],
@@ -763,12 +988,31 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         settle: s.settle,
         shadowed: s.shadow_slow.then_some("slow"),
         annotate: s.annotate,
+        tenants: s.tenants,
+        jitter: s.retry_after_jitter,
+        queued: match s.shaping {
+            Shaping::Wait { queue, .. } => queue as u64 * s.costs_up_to,
+            _ => 0,
+        },
+        unix_origin: s.unix_origin,
+        max_reservation: s.max_reservation,
+        raised: [
+            (None, "hot-0", s.change),
+            (Some(TENANT), "t-0", s.tenant_change),
+        ]
+        .into_iter()
+        .filter(|(_, _, change)| change.is_some_and(|c| c.kind == ChangeKind::Raise))
+        .map(|(level, key, _)| (level, key))
+        .collect(),
     };
     // Layers by group, then host.
     let layers: Vec<Vec<Host>> = (0..groups)
         .map(|group| {
             (0..s.hosts)
-                .map(|host| build_host(&s, host, group, &quotas[group], recorder(group), &global))
+                .map(|host| {
+                    let quotas = (&quotas[group], &tenant_quotas[group]);
+                    build_host(&s, host, group, quotas, recorder(group), &global)
+                })
                 .collect()
         })
         .collect();
@@ -778,7 +1022,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         .map(|(group, layers)| {
             layers
                 .iter()
-                .map(|layer| layer.layer(served(group, log.clone(), clock, s.settle)))
+                .map(|layer| layer.layer(served(group, log.clone(), clock, s.settle, s.tenants)))
                 .collect::<Vec<_>>()
         })
         .collect();
@@ -795,10 +1039,12 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         (0..groups)
             .flat_map(|g| {
                 let quotas = quotas[g].lock().unwrap().clone();
-                quotas
+                let keys = quotas.iter().flat_map(|(k, q)| buckets(g, None, k, q));
+                let tenant_quotas = tenant_quotas[g].lock().unwrap().clone();
+                let tenants = tenant_quotas
                     .iter()
-                    .flat_map(|(k, q)| buckets(g, k, q))
-                    .collect::<Vec<_>>()
+                    .flat_map(|(t, q)| buckets(g, Some(TENANT), t, q));
+                keys.chain(tenants).collect::<Vec<_>>()
             })
             .collect()
     };
@@ -812,6 +1058,17 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 .collect()
         })
         .collect();
+    let mut tenant_histories: Vec<HashMap<String, History>> = (0..groups)
+        .map(|_| {
+            let quotas = s.tenant_quotas();
+            quotas
+                .into_iter()
+                .map(|(t, q)| (t, vec![(Duration::ZERO, q)]))
+                .collect()
+        })
+        .collect();
+    let mut tenant_change = s.tenant_change;
+    let mut tenant_grace = vec![0u64; groups];
     let mut change = s.change;
     let mut adjustments = s.adjustments.iter().copied().peekable();
     // Tokens hot-0's hosts could still admit without a limit added at the change.
@@ -826,18 +1083,41 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         {
             // Beside the traffic, each through the store's latency and faults; a failed one
             // changed the bucket or not, as its error says (the oracle follows the store).
+            // With tenants, on hot-0's tenant too.
             for group in &layers {
                 let layer = group[host].clone();
+                let tenant = s.tenant_of("hot-0");
                 tasks.spawn(async move {
-                    let _ = layer.adjust("hot-0", adjustment).await;
+                    let _ = match tenant {
+                        Some(tenant) => {
+                            let keys = layer
+                                .keys("hot-0".to_owned(), [(TENANT, tenant)])
+                                .expect("the layer's level");
+                            layer.adjust_keys(keys, adjustment).await
+                        }
+                        None => layer.adjust("hot-0", adjustment).await,
+                    };
                 });
             }
         }
         if let Some(c) = change.take_if(|c| c.at <= arrival.at) {
+            let id = LeaseKey::new("hot-0".to_owned(), 0, 0);
             for group in 0..groups {
-                grace[group] = apply_change(&s, c, clock.now(), &quotas[group], &layers[group]);
+                grace[group] =
+                    apply_change(&s, c, clock.now(), &quotas[group], &id, &layers[group]);
                 let quota = quotas[group].lock().unwrap()["hot-0"].clone();
                 if let Some(history) = histories[group].get_mut("hot-0") {
+                    history.push((clock.now(), quota));
+                }
+            }
+        }
+        if let Some(c) = tenant_change.take_if(|c| c.at <= arrival.at) {
+            let id = LeaseKey::new("t-0".to_owned(), 1, 0);
+            for group in 0..groups {
+                let quotas = &tenant_quotas[group];
+                tenant_grace[group] = apply_change(&s, c, clock.now(), quotas, &id, &layers[group]);
+                let quota = quotas.lock().unwrap()["t-0"].clone();
+                if let Some(history) = tenant_histories[group].get_mut("t-0") {
                     history.push((clock.now(), quota));
                 }
             }
@@ -872,16 +1152,18 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             let park_for = park.then_some(s.park_for);
             // A reservation waits up to its own `max`, with the same batches around it.
             let within = answer_within(max, s.store_timeout);
+            let tenant = s.tenant_of(&job.key);
             tasks.spawn(reserve_one(
-                layer, job, group, max, park_for, within, log, clock,
+                layer, job, tenant, group, max, park_for, within, log, clock,
             ));
             continue;
         }
         if s.acquire_one_in > 0 && more.below(s.acquire_one_in) == 0 {
             let layer = layers[group][arrival.host].clone();
-            let by_ref = s.by_ref;
+            // A borrowed key is the first level's alone.
+            let tenant = s.tenant_of(&job.key).filter(|_| !s.by_ref);
             tasks.spawn(acquire_one(
-                layer, job, group, by_ref, cancel, within, log, clock,
+                layer, job, tenant, group, s.by_ref, cancel, within, log, clock,
             ));
             continue;
         }
@@ -925,8 +1207,8 @@ async fn simulate(s: Scenario) -> Result<String, String> {
 
     // Costs settled from responses can leave debts that hold reserved tokens back for seconds:
     // those fall due (and start their time-to-live) after the quiet time.
-    if s.change.is_none() && !s.settle {
-        check_stranded(every_layer().enumerate(), s.hosts, &quotas)?;
+    if s.change.is_none() && s.tenant_change.is_none() && !s.settle {
+        check_stranded(every_layer().enumerate(), s.hosts, &quotas, &tenant_quotas)?;
     }
     let log_now = std::mem::take(&mut *log.lock().unwrap());
     if let Some(first) = log_now.late.first() {
@@ -964,11 +1246,11 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         check_allowance(
             &s,
             group,
-            &histories[group],
+            (&histories[group], &tenant_histories[group]),
             &admitted,
             &global,
             unleased.saturating_add(uncharged),
-            grace[group],
+            (grace[group], tenant_grace[group]),
         )?;
     }
     if let Some(first) = log_now.inexact.first() {
@@ -999,16 +1281,30 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             .await;
         let quotas: Vec<HashMap<String, Quota>> =
             quotas.iter().map(|q| q.lock().unwrap().clone()).collect();
-        check_conservation(every_layer(), &quotas, &log_now.admitted, &global)?;
+        let tenant_quotas: Vec<HashMap<String, Quota>> = tenant_quotas
+            .iter()
+            .map(|q| q.lock().unwrap().clone())
+            .collect();
+        check_conservation(
+            every_layer(),
+            &quotas,
+            &tenant_quotas,
+            &log_now.admitted,
+            &global,
+        )?;
     }
     for group in 0..groups {
-        let quotas = quotas[group].lock().unwrap().clone();
+        let quotas = (
+            quotas[group].lock().unwrap().clone(),
+            tenant_quotas[group].lock().unwrap().clone(),
+        );
         check_liveness(&s, group, &layers, &hosts[group], &quotas, &global, clock).await?;
     }
     Ok(format!(
-        "{} admitted, {} refused, {} global calls",
+        "{} admitted, {} refused ({} by a tenant), {} global calls",
         log_now.admitted.len(),
         log_now.refused,
+        log_now.refused_by_tenant,
         stats.iter().map(|st| st.global_calls).sum::<u64>()
     ))
 }
@@ -1018,11 +1314,12 @@ fn build_host(
     s: &Scenario,
     host: usize,
     group: usize,
-    quotas: &Quotas,
+    (quotas, tenant_quotas): (&Quotas, &Quotas),
     recorder: Recorder,
     global: &FaultyGlobal,
 ) -> Host {
     let quotas = quotas.clone();
+    let tenant_quotas = tenant_quotas.clone();
     // Half the hosts borrow the key, half make it: the two ways must decide alike.
     let builder = if host.is_multiple_of(2) {
         HierarchicalThrottleLayer::builder().key_ref(|job: &Job| Some(job.key.as_str()))
@@ -1043,6 +1340,23 @@ fn build_host(
     let builder = match s.fixed_quota {
         true => builder.quota(s.quota(0, group)),
         false => builder.limit_per_key(move |key: &String| quotas.lock().unwrap()[key].clone()),
+    };
+    let builder = match s.tenants {
+        Some(tenants) => {
+            let tenant = move |job: &Job| tenant_of(Some(tenants), &job.key);
+            let builder = match tenants.per_key {
+                true => builder.level_per_key(TENANT, tenant, move |t: &String| {
+                    tenant_quotas.lock().unwrap()[t].clone()
+                }),
+                false => builder.level(TENANT, tenant, tenants.limit),
+            };
+            match tenants.shadow {
+                LevelShadow::None => builder,
+                LevelShadow::Level => builder.shadow_level(TENANT),
+                LevelShadow::Limit => builder.shadow_limit("tenant/default"),
+            }
+        }
+        None => builder,
     };
     let builder = match s.batch_policy {
         BatchDraw::WeightedDemand => builder.batch_policy(WeightedDemand),
@@ -1065,6 +1379,7 @@ fn build_host(
         .global_batch(s.global_batch)
         .global_batch_linger(s.global_batch_linger)
         .max_store_backoff(s.max_store_backoff)
+        .retry_after_jitter(s.retry_after_jitter)
         .shaping(s.shaping)
         .shadow(s.shadow)
         .failure_policy(if s.faulty {
@@ -1091,6 +1406,7 @@ fn served(
     log: Arc<Mutex<Log>>,
     clock: TokioClock,
     settle: bool,
+    tenants: Option<Tenants>,
 ) -> impl tower::Service<Job, Response = Outcome, Error = Infallible, Future: Send> + Clone + Send {
     service_fn(move |job: Job| {
         let log = log.clone();
@@ -1098,6 +1414,7 @@ fn served(
             let used = if settle { job.actual } else { job.cost };
             log.lock().unwrap().admitted.push(Admission {
                 group,
+                tenant: tenant_of(tenants, &job.key),
                 key: job.key,
                 sent: job.sent,
                 at: clock.now(),
@@ -1112,43 +1429,44 @@ fn served(
     })
 }
 
-/// Changes hot-0's quota of one group at `now`; returns the tokens its hosts could still
-/// admit on their leases without a limit the change added: what they held in its first
-/// bucket, and what a batch asked for before the change could still bring (at most the
-/// global bucket's capacity, and what refills while the store answers).
+/// Changes the quota of `id`'s key (at its level) of one group at `now`; returns the tokens
+/// its hosts could still admit on their leases without a limit the change added: what they
+/// held in its first bucket, and what a batch asked for before the change could still bring
+/// (at most the global bucket's capacity, and what refills while the store answers).
 fn apply_change(
     s: &Scenario,
     change: LimitChange,
     now: Duration,
     quotas: &Quotas,
+    id: &LeaseKey<String>,
     layers: &[Host],
 ) -> u64 {
     let mut quotas = quotas.lock().unwrap();
-    let Some(old) = quotas.get("hot-0").cloned() else {
+    let Some(old) = quotas.get(id.key()).cloned() else {
         return 0;
     };
     let first = *old.iter().next().expect("a quota has a limit").1;
-    let id = LeaseKey::new("hot-0".to_owned(), 0, 0);
     let held: u64 = layers
         .iter()
         .map(|l| {
             l.local_store()
-                .peek_bucket(&id, |b| b.leased_tokens())
+                .peek_bucket(id, |b| b.leased_tokens())
                 .unwrap_or(0)
         })
         .sum();
     let answering = allowance(&first, s.unix_origin + now, s.store_timeout * 2, &[]);
     let in_flight = first.capacity() + answering as u64;
-    quotas.insert("hot-0".to_owned(), changed(&old, change.kind));
+    quotas.insert(id.key().clone(), changed(&old, change.kind));
     held + in_flight
 }
 
-/// One use through `acquire` (or `acquire_ref`, `by_ref`), dropped after `cancel` if it has not
-/// been decided by then.
+/// One use through `acquire` (or `acquire_ref`, `by_ref`; `acquire_keys` with a tenant),
+/// dropped after `cancel` if it has not been decided by then.
 #[allow(clippy::too_many_arguments)]
 async fn acquire_one(
     layer: Host,
     job: Job,
+    tenant: Option<String>,
     group: usize,
     by_ref: bool,
     cancel: Option<Duration>,
@@ -1157,9 +1475,15 @@ async fn acquire_one(
     clock: TokioClock,
 ) {
     let sent = clock.now();
-    let decision = match by_ref {
-        true => layer.acquire_ref(job.key.as_str(), job.cost),
-        false => layer.acquire(job.key.clone(), job.cost),
+    let decision = match (by_ref, tenant.clone()) {
+        (true, _) => layer.acquire_ref(job.key.as_str(), job.cost),
+        (false, Some(tenant)) => {
+            let keys = layer
+                .keys(job.key.clone(), [(TENANT, tenant)])
+                .expect("the layer's level");
+            layer.acquire_keys(keys, job.cost)
+        }
+        (false, None) => layer.acquire(job.key.clone(), job.cost),
     };
     let decided = match cancel {
         Some(after) => tokio::time::timeout(after, decision).await.ok(),
@@ -1172,6 +1496,7 @@ async fn acquire_one(
         log.lock().unwrap().admitted.push(Admission {
             group,
             key: job.key.clone(),
+            tenant,
             sent,
             at: clock.now(),
             used: job.cost,
@@ -1220,6 +1545,8 @@ async fn meter_one(
             log.lock().unwrap().admitted.push(Admission {
                 group,
                 key: job.key.clone(),
+                // A metered body draws on the first level alone.
+                tenant: None,
                 sent,
                 at: clock.now(),
                 used,
@@ -1242,12 +1569,14 @@ async fn meter_one(
     }
 }
 
-/// One use through `reserve`: awaited, or with `park_for`, polled once and kept unpolled that
-/// long before it is dropped (holding its queue's turn meanwhile, if it took it).
+/// One use through `reserve` (`reserve_keys` with a tenant): awaited, or with `park_for`,
+/// polled once and kept unpolled that long before it is dropped (holding its queue's turn
+/// meanwhile, if it took it).
 #[allow(clippy::too_many_arguments)]
 async fn reserve_one(
     layer: Host,
     job: Job,
+    tenant: Option<String>,
     group: usize,
     max: Duration,
     park_for: Option<Duration>,
@@ -1260,13 +1589,23 @@ async fn reserve_one(
         log.lock().unwrap().admitted.push(Admission {
             group,
             key: job.key.clone(),
+            tenant: tenant.clone(),
             sent,
             at: clock.now(),
             used: job.cost,
             charged: job.cost,
         });
     };
-    let Ok(mut reservation) = layer.reserve(job.key.clone(), job.cost, max).await else {
+    let reserved = match tenant.clone() {
+        Some(tenant) => {
+            let keys = layer
+                .keys(job.key.clone(), [(TENANT, tenant)])
+                .expect("the layer's level");
+            layer.reserve_keys(keys, job.cost, max).await
+        }
+        None => layer.reserve(job.key.clone(), job.cost, max).await,
+    };
+    let Ok(mut reservation) = reserved else {
         return;
     };
     let answered = match park_for {
@@ -1393,19 +1732,26 @@ fn traffic(s: &Scenario, rng: &mut Rng) -> Vec<Arrival> {
 fn check_allowance(
     s: &Scenario,
     group: usize,
-    histories: &HashMap<String, History>,
+    (histories, tenant_histories): (&HashMap<String, History>, &HashMap<String, History>),
     admitted: &[&Admission],
     global: &FaultyGlobal,
     unleased: u64,
-    grace: u64,
+    (grace, tenant_grace): (u64, u64),
 ) -> Result<(), String> {
     let restarts = global.restarts_at();
-    let mut per_key: HashMap<&str, Vec<&Admission>> = HashMap::new();
+    // Each key's admissions, and each tenant's (unless its level is in shadow).
+    let mut per_key: HashMap<(Option<&str>, &str), Vec<&Admission>> = HashMap::new();
     for a in admitted {
-        per_key.entry(&a.key).or_default().push(a);
+        per_key.entry((None, &a.key)).or_default().push(a);
+        if let Some(tenant) = a.tenant.as_deref().filter(|_| !s.tenants_shadowed()) {
+            per_key.entry((Some(TENANT), tenant)).or_default().push(a);
+        }
     }
-    for (key, events) in per_key {
-        let history = &histories[key];
+    for ((level, key), events) in per_key {
+        let (history, grace) = match level {
+            Some(_) => (&tenant_histories[key], tenant_grace),
+            None => (&histories[key], grace),
+        };
         let mut names: Vec<&str> = history
             .iter()
             .flat_map(|(_, q)| q.iter().map(|(n, _)| n))
@@ -1413,13 +1759,11 @@ fn check_allowance(
         names.sort_unstable();
         names.dedup();
         for name in names {
-            if s.shadow_slow && name == "slow" {
+            if s.shadow_slow && level.is_none() && name == "slow" {
                 // In shadow: held to nothing.
                 continue;
             }
-            let bucket = BucketKey::new(key.to_owned(), name)
-                .and_then(|b| b.in_layer(LAYERS[group]))
-                .expect("a valid name");
+            let bucket = bucket_key(LAYERS[group], level, key.to_owned(), name);
             let grace = if history.len() > 1 { grace } else { 0 };
             let credit = history
                 .iter()
@@ -1531,17 +1875,30 @@ fn quota_of(limit: Limit, two_limits: bool) -> Quota {
     first.and("slow", slow).expect("a valid quota")
 }
 
-/// The global buckets of `key` under `quota`.
-fn buckets(group: usize, key: &str, quota: &Quota) -> Vec<(BucketKey<String>, Limit)> {
+/// The global buckets of `key` under `quota`, at `level` (`None`: the first).
+fn buckets(
+    group: usize,
+    level: Option<&str>,
+    key: &str,
+    quota: &Quota,
+) -> Vec<(BucketKey<String>, Limit)> {
     quota
         .iter()
         .map(|(name, limit)| {
-            let bucket = BucketKey::new(key.to_owned(), name)
-                .and_then(|b| b.in_layer(LAYERS[group]))
-                .expect("a valid name");
+            let bucket = bucket_key(LAYERS[group], level, key.to_owned(), name);
             (bucket, *limit)
         })
         .collect()
+}
+
+/// The identity of the bucket of limit `limit` of `key`, in `layer` at `level`.
+fn bucket_key(layer: &str, level: Option<&str>, key: String, limit: &str) -> BucketKey<String> {
+    let bucket = BucketKey::new(key, limit).and_then(|b| b.in_layer(layer));
+    match level {
+        Some(level) => bucket.and_then(|b| b.at_level(level)),
+        None => bucket,
+    }
+    .expect("a valid name")
 }
 
 /// capacity + rate x t, plus a fresh bucket from each restart before `t`.
@@ -1570,13 +1927,20 @@ fn allowance(limit: &Limit, start: Duration, t: Duration, restarts: &[Duration])
 fn check_conservation<'a>(
     layers: impl Iterator<Item = &'a Host> + Clone,
     quotas: &[HashMap<String, Quota>],
+    tenant_quotas: &[HashMap<String, Quota>],
     admitted: &[Admission],
     global: &FaultyGlobal,
 ) -> Result<(), String> {
-    // A request uses its tokens in each of its key's buckets.
+    // A request uses its tokens in each of its key's buckets, and of its tenant's.
     let used: u128 = admitted
         .iter()
-        .map(|a| u128::from(a.used) * quotas[a.group][&a.key].len() as u128)
+        .map(|a| {
+            let tenant = a
+                .tenant
+                .as_ref()
+                .map_or(0, |t| tenant_quotas[a.group][t].len());
+            u128::from(a.used) * (quotas[a.group][&a.key].len() + tenant) as u128
+        })
         .sum();
     let stats: Vec<_> = layers.clone().map(|l| l.stats()).collect();
     let sum = |f: fn(&hierarchical_throttle::ThrottleStats) -> u64| -> u128 {
@@ -1616,12 +1980,18 @@ fn check_stranded<'a>(
     layers: impl Iterator<Item = (usize, &'a Host)>,
     hosts: usize,
     quotas: &[Quotas],
+    tenant_quotas: &[Quotas],
 ) -> Result<(), String> {
     for (n, layer) in layers {
         let quotas = quotas[n / hosts].lock().unwrap().clone();
+        let tenant_quotas = tenant_quotas[n / hosts].lock().unwrap().clone();
         let mut stranded = None;
         layer.local_store().for_each_bucket(|id, b| {
-            let keep = quotas[id.key()]
+            let quota = match id.level() {
+                0 => &quotas[id.key()],
+                _ => &tenant_quotas[id.key()],
+            };
+            let keep = quota
                 .iter()
                 .map(|(_, limit)| (limit.capacity() / 16).max(1))
                 .max()
@@ -1653,13 +2023,18 @@ async fn check_liveness(
       + Clone
       + Send
       + 'static],
-    quotas: &HashMap<String, Quota>,
+    (quotas, tenant_quotas): &(HashMap<String, Quota>, HashMap<String, Quota>),
     global: &FaultyGlobal,
     clock: TokioClock,
 ) -> Result<(), String> {
     for (i, _) in s.keys.iter().enumerate() {
         let key = format!("hot-{i}");
-        let buckets = buckets(group, &key, &quotas[&key]);
+        let tenant = s.tenant_of(&key);
+        let mut buckets = buckets(group, None, &key, &quotas[&key]);
+        if let Some(tenant) = &tenant {
+            let quota = &tenant_quotas[tenant];
+            buckets.extend(self::buckets(group, Some(TENANT), tenant, quota));
+        }
         if buckets.iter().any(|(_, limit)| limit.calendar().is_some()) {
             // A calendar quota spent in its window serves again only at the next reset, a day
             // away: its exactness and its windows' bounds are what the oracle holds it to.
@@ -1690,8 +2065,11 @@ async fn check_liveness(
             tokio::time::sleep(Duration::from_micros(refill)).await;
             // And until this host's own knowledge lets it ask: a debt that hand-backs paid off
             // at the store is still due in its throttled-key cache (it cannot know).
-            let known_due = layers[group][h]
-                .remaining(&key)
+            let layer = &layers[group][h];
+            let levels: Vec<(&str, String)> = tenant.iter().map(|t| (TENANT, t.clone())).collect();
+            let keys = layer.keys(key.clone(), levels).expect("the layer's level");
+            let known_due = layer
+                .remaining_keys(&keys)
                 .iter()
                 .filter(|r| r.tokens == 0)
                 .map(|r| r.next_in)
