@@ -267,6 +267,9 @@ async fn a_refusal_never_tells_a_wait_known_of_a_limit_changed_since() {
     // The tenant's limit renamed: a bucket of its own, full. Alice's own limit refuses her
     // next request, for a second; the tenant's new bucket would serve it.
     *tenant.lock().unwrap() = every_ten_seconds("tier2");
+    // Nor does a view of the tenant's limits tell what the host knew of the old one.
+    let views = layer.remaining_keys(&job("alice"));
+    assert_eq!((views[1].limit_name, views[1].tokens), ("tier2", 1));
     let refused = layer.acquire_keys(job("alice"), 1).await.unwrap_err();
     assert_eq!(
         (

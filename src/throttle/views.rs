@@ -124,7 +124,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
 
     /// This host's view of every limit of the key of bucket `id` at its level, appended to
     /// `out`; `id`'s slot is left at the key's first bucket. A bucket this host does not hold
-    /// is full as far as it knows (global buckets start full).
+    /// (or holds only another limit's lease of) is full as far as it knows (global buckets
+    /// start full).
     pub(crate) fn remaining_local(&self, id: &mut LeaseKey<K>, now: u64, out: &mut Vec<Remaining>) {
         let Some((level_name, quota)) = self.level_quota(id.level, &id.key) else {
             return;
@@ -132,9 +133,15 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let store_up = self.health.is_up(now);
         for (slot, (name, limit)) in (0..).zip(quota.slots_iter()) {
             id.slot = slot;
+            // A lease of another limit's bucket (the limit was renamed since) knows nothing
+            // of this one.
             let view = self
                 .local
-                .peek_bucket(id, |bucket| bucket.view(now, &limit, store_up))
+                .peek_bucket(id, |bucket| {
+                    let serves = bucket.holds_tokens_of(name);
+                    serves.then(|| bucket.view(now, &limit, store_up))
+                })
+                .flatten()
                 .unwrap_or_else(|| View::full_at(&limit, now));
             out.push(self.remaining_of_limit(&id.key, name, level_name, limit, view));
         }
