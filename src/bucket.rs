@@ -139,7 +139,8 @@ impl TokenBucket {
     ///
     /// Reservations queue: each reaches at most `max_delay_micros` beyond those before it, so a
     /// bucket owes at most that much refill per reserving host (a host holds one reservation at
-    /// a time), and a refused host holds its share of the next tokens instead of polling.
+    /// a time), and a refused host holds its share of the next tokens instead of polling. A
+    /// `max_delay_micros` of zero reserves nothing, even behind a debt.
     pub fn take_or_reserve(
         &mut self,
         limit: &Limit,
@@ -157,7 +158,12 @@ impl TokenBucket {
         let there = self.tokens();
         let granted = if there >= min { want.min(there) } else { 0 };
         let horizon = self.micros_until(limit, 0).saturating_add(max_delay_micros);
-        let due = want.min(self.whole_tokens_after(limit, horizon));
+        let due = match max_delay_micros {
+            // Never reserving: not even the tokens that come due the moment a debt is paid (a
+            // calendar quota's next window comes all at once).
+            0 => 0,
+            _ => want.min(self.whole_tokens_after(limit, horizon)),
+        };
         let extra = due.saturating_sub(granted);
         let reserved = if granted > 0 || extra >= min {
             extra
@@ -201,7 +207,10 @@ impl TokenBucket {
         let granted = if there >= min { there } else { 0 };
         let horizon = self.micros_until(limit, 0).saturating_add(max_delay_micros);
         let later = self.units(p) + i128::from(horizon) * i128::from(limit.refill_amount());
-        let due = self.permits_within(limit, later, min, want);
+        let due = match max_delay_micros {
+            0 => 0,
+            _ => self.permits_within(limit, later, min, want),
+        };
         let extra = due.saturating_sub(granted);
         let reserved = if granted > 0 || extra >= min {
             extra
@@ -640,6 +649,24 @@ mod tests {
         b.give_back(&l, 0, 5);
         assert_eq!(b.tokens(), 4);
         assert!(b.is_full_at(&l, 0));
+    }
+
+    #[test]
+    fn no_delay_reserves_nothing_behind_a_debt() {
+        // A calendar quota's next window comes all at once when its debt is paid: a request
+        // that may not wait must not reserve it.
+        let daily = Limit::per_calendar(3, crate::calendar::Period::Day)
+            .build()
+            .unwrap();
+        let (rate, now) = (tb(), 1_000_000);
+        for l in [daily, rate] {
+            let mut b = TokenBucket::full(&l, now);
+            b.take(&l, now, 1, l.capacity());
+            b.take_or_reserve(&l, now, 1, 1, MAX_WAIT_MICROS);
+            let t = b.take_or_reserve(&l, now, 1, l.capacity(), 0);
+            assert_eq!((t.granted, t.reserved), (0, 0), "{l}");
+            assert_eq!(b.owed(), 1, "{l}: only the charge is owed");
+        }
     }
 
     #[test]

@@ -252,6 +252,28 @@ where
     assert_eq!(take_three().await, (0, Duration::from_micros(1)));
     clock.advance(Duration::from_micros(1));
     assert_eq!(take_three().await.0, 3, "whole again on the leap day");
+    // A use charged into debt (the next window pays it) leaves a request that reserves nothing
+    // with nothing: not the next window's tokens, due the moment the debt is paid.
+    let charge = TokenRequest {
+        min: 1,
+        want: 1,
+        max_delay: Duration::from_secs(26 * 3_600),
+    };
+    let charged = store.acquire(&key, &daily, charge).await.unwrap();
+    let day = Duration::from_secs(86_400);
+    assert_eq!(
+        (charged.granted, charged.reserved, charged.ready_in),
+        (0, 1, day)
+    );
+    let grant = store.acquire(&key, &daily, TokenRequest::now(1, 3)).await;
+    let grant = grant.unwrap();
+    assert_eq!(
+        (grant.granted, grant.reserved, grant.refill_in),
+        (0, 0, day)
+    );
+    // This window's tokens handed back pay its debt first.
+    store.release(&key, &daily, 2).await.unwrap();
+    assert_eq!(take_three().await, (1, day));
     // 2024-03-01 00:00:00 UTC: the whole of March, 31 days, to the next reset.
     clock.set(Duration::from_secs(1_709_251_200));
     let monthly = Limit::per_calendar(10, Period::Month).build().unwrap();

@@ -15,10 +15,14 @@ end
 if there >= min then
   granted = math.min(want, there)
 end
--- Reservations queue: each reaches at most max_delay beyond the tokens already owed.
-local horizon = micros_until(0) + tonumber(ARGV[9])
+-- Reservations queue: each reaches at most max_delay beyond the tokens already owed; a
+-- max_delay of zero reserves nothing, even behind a debt.
+local max_delay = tonumber(ARGV[9])
+local horizon = micros_until(0) + max_delay
 local due
-if warming then
+if max_delay == 0 then
+  due = 0
+elseif warming then
   -- Reserved permits are paid one after another, so their level is not capped at capacity;
   -- beyond (3 * capacity + 1) tokens every want is covered, so the sum stops there, exact.
   local most = (3 * capacity + 1) * p
