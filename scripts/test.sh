@@ -40,7 +40,7 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "==> cargo test (all targets, all features)"
 cargo test --workspace --all-targets --all-features
 
-echo "==> the fleet simulation in release (1,500 seeds; the debug run above has 30)"
+echo "==> the fleet simulation in release (2,000 seeds; the debug run above has 60)"
 cargo test --release --all-features -p hierarchical-throttle-suite --test simulation
 
 echo "==> cargo test --doc"

@@ -1,5 +1,5 @@
 //! The fleet under latency, faults, cancellations, herds and key sprays: seeded, deterministic
-//! runs (30 in a debug build, 1,500 in release; see `tests/sim`), each checked by the oracle
+//! runs (60 in a debug build, 2,000 in release; see `tests/sim`), each checked by the oracle
 //! for over-admission, liveness, token conservation, exact refusals, the waits refusals tell
 //! and bounded waits, at every key and every tenant above them. Each seed
 //! also draws a fleet under a concurrency limit (`tests/sim/concurrency.rs`), checked for the
@@ -102,9 +102,10 @@ const REGRESSIONS: &[u64] = &[
     3589, 1148, 11516, 3787, 11930, 49260,
 ];
 
-/// Seeds run by default: thirty in a debug build (they catch overflows and debug assertions; the
-/// release run covers the breadth), fifteen hundred in release (`cargo test --release -p hierarchical-throttle-suite --test simulation`, as CI runs it too).
-const DEFAULT_SEEDS: u64 = if cfg!(debug_assertions) { 30 } else { 1_500 };
+/// Seeds run by default: sixty in a debug build (they catch overflows and debug assertions; the
+/// release run covers the breadth), two thousand in release (`cargo test --release -p
+/// hierarchical-throttle-suite --test simulation`, as CI runs it too).
+const DEFAULT_SEEDS: u64 = if cfg!(debug_assertions) { 60 } else { 2_000 };
 
 fn seeds() -> Vec<u64> {
     if let Some(seed) = std::env::var("SIM_SEED").ok().and_then(|s| s.parse().ok()) {

@@ -770,8 +770,9 @@ impl Recorder {
     /// What is wrong with the wait a throttled refusal tells, if anything: there must be one,
     /// and no longer than its bucket needs to hold the cost from empty, behind what the bucket
     /// owes (`owed`) or may have owed when the host last heard from it, and the costs a full
-    /// queue of waiters holds ahead, at the third of its rate a warming-up limit starts at (for a calendar quota: the rest of its window and a
-    /// window for each capacity of those tokens); plus the jitter and timer slack.
+    /// queue of waiters holds ahead, at the third of its rate a warming-up limit starts at (for
+    /// a calendar quota: the rest of its window and a window for each capacity of those
+    /// tokens); plus the jitter and timer slack.
     fn wrong_wait(
         &self,
         job: &Job,
