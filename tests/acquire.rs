@@ -295,3 +295,33 @@ async fn acquire_ref_takes_a_borrowed_key_and_decides_as_acquire() {
     assert!(bytes.acquire_ref(&b"k1"[..], 1).await.is_ok());
     assert!(bytes.acquire("k1".into(), 1).await.is_err());
 }
+
+/// A cost of zero is a request that takes no token: admitted while its key is throttled and
+/// on a key never seen, without a store call, and it leaves the bucket as it was.
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_costing_nothing_is_admitted_and_takes_nothing() {
+    let clock = ManualClock::new();
+    let limit = Limit::per_minute(30).burst(3).unwrap();
+    let layer = host_builder(&clock, limit)
+        .batch_policy(FractionOfCapacity::new(1.0).unwrap())
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let mut host = layer.layer(backend());
+    assert_eq!(send(&mut host, "a", 3).await, Outcome::Served);
+    assert!(matches!(
+        send(&mut host, "a", 1).await,
+        Outcome::Refused(RejectionReason::Throttled, _)
+    ));
+    assert_eq!(send(&mut host, "a", 0).await, Outcome::Served);
+    assert!(layer.acquire(key("a"), 0).await.is_ok());
+    assert_eq!(send(&mut host, "never-seen", 0).await, Outcome::Served);
+    assert_eq!(layer.stats().global_calls, 1, "only the first batch");
+    // The next token still comes 2 s after the batch, and serves a request of one.
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
+    assert!(matches!(
+        send(&mut host, "a", 1).await,
+        Outcome::Refused(RejectionReason::Throttled, _)
+    ));
+}

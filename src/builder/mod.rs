@@ -479,6 +479,8 @@ where
 {
     /// How many tokens a request costs. Default: 1. A request costing more than its limit's
     /// capacity is refused at once ([`RejectionReason::CostExceedsCapacity`](crate::RejectionReason)).
+    /// A request costing nothing takes no token: it is admitted, even while its key is
+    /// throttled, without a store call.
     pub fn cost(mut self, cost: impl Fn(&Req) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Some(Box::new(cost));
         self.config.costs_vary = true;
