@@ -20,16 +20,19 @@ fn key(name: &str) -> String {
     name.to_owned()
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn acquire_and_requests_draw_on_the_same_buckets() {
-    let clock = ManualClock::new();
-    // 3 tokens, one more every 2 s; the first batch takes all of them.
-    let limit = Limit::per_minute(30).burst(3).unwrap();
-    let layer = host_builder(&clock, limit)
+/// A host of 3 tokens, one more every 2 s, whose first batch takes all of them.
+fn three_tokens(clock: &ManualClock) -> HostLayer {
+    host_builder(clock, Limit::per_minute(30).burst(3).unwrap())
         .batch_policy(FractionOfCapacity::new(1.0).unwrap())
         .global_store(MemoryGlobalStore::with_clock(clock.clone()))
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn acquire_and_requests_draw_on_the_same_buckets() {
+    let clock = ManualClock::new();
+    let layer = three_tokens(&clock);
     let mut host = layer.layer(backend());
 
     assert_eq!(send(&mut host, "a", 2).await, Outcome::Served);
@@ -301,12 +304,7 @@ async fn acquire_ref_takes_a_borrowed_key_and_decides_as_acquire() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_request_costing_nothing_is_admitted_and_takes_nothing() {
     let clock = ManualClock::new();
-    let limit = Limit::per_minute(30).burst(3).unwrap();
-    let layer = host_builder(&clock, limit)
-        .batch_policy(FractionOfCapacity::new(1.0).unwrap())
-        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
-        .build()
-        .unwrap();
+    let layer = three_tokens(&clock);
     let mut host = layer.layer(backend());
     assert_eq!(send(&mut host, "a", 3).await, Outcome::Served);
     assert!(matches!(
