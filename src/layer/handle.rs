@@ -21,8 +21,8 @@ use super::HierarchicalThrottleLayer;
 
 /// A layer's uses outside a service, type-erased: [`acquire`](Self::acquire),
 /// [`acquire_keys`](Self::acquire_keys), [`remaining`](Self::remaining),
-/// [`remaining_keys`](Self::remaining_keys), [`stats`](Self::stats), [`store_up`](Self::store_up), and changes by hand
-/// ([`adjust`](Self::adjust)). Made by
+/// [`remaining_keys`](Self::remaining_keys), [`stats`](Self::stats),
+/// [`store_up`](Self::store_up), and changes by hand ([`adjust`](Self::adjust)). Made by
 /// [`HierarchicalThrottleLayer::handle`]; it shares the layer's buckets, counters and store
 /// (cloning it is a reference count). Each call costs one dynamic dispatch more than on the
 /// layer itself (BENCHMARKS.md measures it).

@@ -52,8 +52,8 @@ use hierarchical_throttle::global::Adjustment;
 use hierarchical_throttle::local::LocalStore;
 use hierarchical_throttle::quota::{BucketKey, LeaseKey};
 use hierarchical_throttle::{
-    ColdStart, FailurePolicy, HierarchicalThrottleLayer, Limit, MemoryLocalStore, OnRejection,
-    Quota, Rejection, RejectionReason, Remaining, Shaping,
+    ColdStart, FailurePolicy, HierarchicalThrottleLayer, Keys, Limit, MemoryLocalStore,
+    OnRejection, Quota, Rejection, RejectionReason, Remaining, Shaping,
 };
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -262,6 +262,12 @@ pub enum LevelShadow {
 
 /// The name of the level the simulation draws.
 const TENANT: &str = "tenant";
+
+/// `key`'s keys on `layer`: its own, and its tenant's at the tenants' level.
+fn keys_of(layer: &Host, key: String, tenant: Option<String>) -> Keys<String> {
+    let levels = tenant.map(|tenant| (TENANT, tenant));
+    layer.keys(key, levels).expect("the layer's level")
+}
 
 /// The tenant of `key`, when the run has tenants and the key one.
 fn tenant_of(tenants: Option<Tenants>, key: &str) -> Option<String> {
@@ -818,7 +824,8 @@ impl Recorder {
         let most = needed + self.jitter + Duration::from_millis(1);
         (wait > most).then(|| {
             format!(
-                "refused at {now:?} (cost {}, owed {owed}, limit {limit:?}) telling a wait of                  {wait:?}, more than {most:?}",
+                "refused at {now:?} (cost {}, owed {owed}, limit {limit:?}) telling a wait of \
+                 {wait:?}, more than {most:?}",
                 job.cost
             )
         })
@@ -1091,9 +1098,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 tasks.spawn(async move {
                     let _ = match tenant {
                         Some(tenant) => {
-                            let keys = layer
-                                .keys("hot-0".to_owned(), [(TENANT, tenant)])
-                                .expect("the layer's level");
+                            let keys = keys_of(&layer, "hot-0".to_owned(), Some(tenant));
                             layer.adjust_keys(keys, adjustment).await
                         }
                         None => layer.adjust("hot-0", adjustment).await,
@@ -1479,10 +1484,7 @@ async fn acquire_one(
     let decision = match (by_ref, tenant.clone()) {
         (true, _) => layer.acquire_ref(job.key.as_str(), job.cost),
         (false, Some(tenant)) => {
-            let keys = layer
-                .keys(job.key.clone(), [(TENANT, tenant)])
-                .expect("the layer's level");
-            layer.acquire_keys(keys, job.cost)
+            layer.acquire_keys(keys_of(&layer, job.key.clone(), Some(tenant)), job.cost)
         }
         (false, None) => layer.acquire(job.key.clone(), job.cost),
     };
@@ -1599,9 +1601,7 @@ async fn reserve_one(
     };
     let reserved = match tenant.clone() {
         Some(tenant) => {
-            let keys = layer
-                .keys(job.key.clone(), [(TENANT, tenant)])
-                .expect("the layer's level");
+            let keys = keys_of(&layer, job.key.clone(), Some(tenant));
             layer.reserve_keys(keys, job.cost, max).await
         }
         None => layer.reserve(job.key.clone(), job.cost, max).await,
@@ -2067,8 +2067,7 @@ async fn check_liveness(
             // And until this host's own knowledge lets it ask: a debt that hand-backs paid off
             // at the store is still due in its throttled-key cache (it cannot know).
             let layer = &layers[group][h];
-            let levels: Vec<(&str, String)> = tenant.iter().map(|t| (TENANT, t.clone())).collect();
-            let keys = layer.keys(key.clone(), levels).expect("the layer's level");
+            let keys = keys_of(layer, key.clone(), tenant.clone());
             let known_due = layer
                 .remaining_keys(&keys)
                 .iter()
