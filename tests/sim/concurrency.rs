@@ -1,5 +1,6 @@
 //! The fleet's concurrency limits under latency, storms of failures and time-outs (calls
-//! applied by the store whose answer comes too late), cancellations, herds and dead hosts:
+//! applied by the store whose answer comes too late, and calls the store applies only after
+//! their host gave up on them), cancellations, herds and dead hosts:
 //! one seeded run per seed, on paused time, checked by an oracle:
 //!
 //! - **the limit**: no admission leaves more than the key's limit (its tier's; for a limit
@@ -221,6 +222,11 @@ struct SimStore {
     timeout: Duration,
     dead: Arc<AtomicBool>,
     start: tokio::time::Instant,
+    /// Draws which of the calls applied late are applied only after their host gave up: a
+    /// stream of its own, so that the draws of `rng` keep their values per seed.
+    late_rng: Arc<Mutex<Rng>>,
+    /// The calls still to be applied after their host gave up.
+    late: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 #[derive(Debug)]
@@ -260,6 +266,25 @@ impl SlotStore<BucketKey<String>> for SimStore {
         };
         if fails && !applies_then_late {
             return Err(Unreachable);
+        }
+        let after_host_gave_up =
+            applies_then_late && self.late_rng.lock().expect("rng").chance(0.5);
+        if after_host_gave_up {
+            // A stalled store with the call in its socket buffer: applied between one and
+            // three time-outs after it was sent, never answered.
+            let extra = self
+                .late_rng
+                .lock()
+                .expect("rng")
+                .below(self.timeout.as_micros() as u64 * 2 + 1);
+            let delay = self.timeout + Duration::from_micros(extra);
+            let (inner, key) = (self.inner.clone(), key.clone());
+            let call = tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = inner.hold(&key, max, hold).await;
+            });
+            self.late.lock().expect("late calls").push(call);
+            return std::future::pending().await;
         }
         let answer = self
             .inner
@@ -310,6 +335,8 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             .map(|m| std::sync::atomic::AtomicU64::new(*m))
             .collect(),
     );
+    let late_rng = Arc::new(Mutex::new(Rng::new(s.seed ^ 0x1A7E_CA11)));
+    let late = Arc::new(Mutex::new(Vec::new()));
     let dead: Vec<Arc<AtomicBool>> = (0..s.hosts)
         .map(|_| Arc::new(AtomicBool::new(false)))
         .collect();
@@ -324,6 +351,8 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 timeout: s.store_timeout,
                 dead: dead[h].clone(),
                 start,
+                late_rng: late_rng.clone(),
+                late: late.clone(),
             };
             let limits = limits.clone();
             HierarchicalConcurrencyLayer::builder()
@@ -446,6 +475,11 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     }
     // Everything ends; holdings expire; sweeps forget.
     tokio::time::sleep(s.slot_ttl * 2 + Duration::from_secs(1)).await;
+    let late_calls = std::mem::take(&mut *late.lock().expect("late calls"));
+    let applied_late = late_calls.len();
+    for call in late_calls {
+        call.await.map_err(|e| format!("a late call failed: {e}"))?;
+    }
     let mut o = oracle.lock().expect("oracle");
     for (key, came, decided) in std::mem::take(&mut o.refusals) {
         check_exact(&mut o, &s, key, came, decided);
@@ -472,7 +506,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     match failures.first() {
         Some(first) => Err(format!("{first} (and {} more)", failures.len() - 1)),
         None => Ok(format!(
-            "{} decisions, {} refused as full",
+            "{} decisions, {} refused as full, {applied_late} calls applied late",
             o.decisions, o.refused_full
         )),
     }

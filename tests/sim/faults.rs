@@ -1,6 +1,6 @@
 //! A global store that fails the way real ones do: it answers late (up to and past the
-//! throttle's time-out), fails before or after doing its work, hangs, grants less than it
-//! could, and restarts with its state lost. It keeps a ledger of every token it dispensed and
+//! throttle's time-out), fails before or after doing its work, hangs, does its work only after
+//! the host gave up on it, grants less than it could, and restarts with its state lost. It keeps a ledger of every token it dispensed and
 //! took back, and of tokens lost in answers that never arrived, so a run can check that no
 //! token appears or disappears.
 
@@ -31,6 +31,12 @@ pub struct FaultPlan {
     pub hang: u64,
     /// Does its work, then answers after the time-out.
     pub too_slow: u64,
+    /// Does its work only after the host gave up on it, and never answers: a store that
+    /// stalled with the call in its socket buffer (between one and three time-outs after it
+    /// was sent, `late_by`).
+    pub applied_late: u64,
+    /// The time-out the hosts give a call, from which a late call's delay is drawn.
+    pub late_by: Duration,
     /// Grants fewer tokens than asked (a store's right).
     pub partial: u64,
     /// When the store restarts, losing every bucket.
@@ -70,6 +76,10 @@ impl FaultPlan {
             hang: per_mille(rng, 50),
             too_slow: per_mille(rng, 100),
             partial,
+            // Drawn apart (`late`, a stream of the seed's own), so that earlier seeds keep
+            // their other draws.
+            applied_late: 0,
+            late_by: timeout,
             restarts: (0..rng.below(2))
                 .map(|_| Duration::from_millis(rng.range(100, 1_500)))
                 .collect(),
@@ -87,6 +97,8 @@ pub struct Ledger {
     /// Dispensed in answers that never reached the host, or handed back in calls the host gave
     /// up on before the store saw them.
     pub lost: u64,
+    /// Calls applied after their host gave up on them.
+    pub applied_late: u64,
 }
 
 /// A failure the injector made up.
@@ -110,6 +122,7 @@ enum Fault {
     ErrorAfter,
     Hang,
     TooSlow,
+    AppliedLate,
 }
 
 /// The fault-injecting store, over a [`MemoryGlobalStore`] on tokio's clock. Clones share it.
@@ -125,6 +138,8 @@ pub struct FaultyGlobal {
     returned_at: Arc<Mutex<HashMap<BucketKey<String>, Duration>>>,
     restarts: Arc<Mutex<Vec<Duration>>>,
     forgiven: Arc<Mutex<HashMap<BucketKey<String>, u64>>>,
+    /// The calls still to be applied late.
+    late: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 impl FaultyGlobal {
@@ -139,7 +154,33 @@ impl FaultyGlobal {
             returned_at: Arc::default(),
             restarts: Arc::default(),
             forgiven: Arc::default(),
+            late: Arc::default(),
         }
+    }
+
+    /// Waits until every call the store is to apply late has been applied.
+    pub async fn late_calls_applied(&self) {
+        let late = std::mem::take(&mut *self.late.lock().unwrap());
+        for call in late {
+            call.await.expect("a late call applied");
+        }
+    }
+
+    /// Applies `work` after the delay of a late call, whatever became of the call's host.
+    fn apply_late(&self, work: impl Future<Output = ()> + Send + 'static) {
+        let late_by = self.plan.late_by;
+        let delay = late_by
+            + Duration::from_micros(
+                self.rng
+                    .lock()
+                    .unwrap()
+                    .below(late_by.as_micros() as u64 * 2 + 1),
+            );
+        let call = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            work.await;
+        });
+        self.late.lock().unwrap().push(call);
     }
 
     /// No more faults or latency from now on.
@@ -223,6 +264,7 @@ impl FaultyGlobal {
             (plan.error_after, Fault::ErrorAfter),
             (plan.hang, Fault::Hang),
             (plan.too_slow, Fault::TooSlow),
+            (plan.applied_late, Fault::AppliedLate),
         ] {
             edge += per_mille;
             if roll < edge {
@@ -246,7 +288,7 @@ async fn answer(fault: Fault, latency: Duration) -> Result<(), Injected> {
         Fault::ErrorAfter => return Err(Injected { applied: true }),
         Fault::Hang => std::future::pending::<()>().await,
         Fault::TooSlow => tokio::time::sleep(Duration::from_secs(1)).await,
-        Fault::None | Fault::ErrorBefore => {}
+        Fault::AppliedLate | Fault::None | Fault::ErrorBefore => {}
     }
     tokio::time::sleep(latency).await;
     Ok(())
@@ -278,6 +320,18 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
         let key = key.clone();
         let limit = *limit;
         async move {
+            if fault == Fault::AppliedLate {
+                let late = this.clone();
+                this.apply_late(async move {
+                    let Ok(grant) = late.store().acquire(&key, &limit, request).await;
+                    let tokens = grant.granted + grant.reserved;
+                    let mut ledger = late.ledger.lock().unwrap();
+                    ledger.dispensed += tokens;
+                    ledger.lost += tokens;
+                    ledger.applied_late += 1;
+                });
+                return std::future::pending().await;
+            }
             tokio::time::sleep(latency / 2).await;
             if fault == Fault::ErrorBefore {
                 return Err(Injected { applied: false });
@@ -322,6 +376,21 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
         let key = key.clone();
         let limit = *limit;
         async move {
+            if fault == Fault::AppliedLate {
+                let late = this.clone();
+                this.apply_late(async move {
+                    let Ok(()) = late.store().release(&key, &limit, tokens).await;
+                    let mut ledger = late.ledger.lock().unwrap();
+                    ledger.returned += tokens;
+                    ledger.applied_late += 1;
+                    drop(ledger);
+                    late.returned_at
+                        .lock()
+                        .unwrap()
+                        .insert(key, late.clock.now());
+                });
+                return std::future::pending().await;
+            }
             // Tokens the host gave up on before the store took them are lost.
             let unsent = LostUnlessDelivered {
                 ledger: this.ledger.clone(),

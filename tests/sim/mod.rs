@@ -16,6 +16,9 @@
 //! 6. told waits: a throttled refusal tells how long to wait, and no longer than its bucket
 //!    needs to hold the cost again (see `Recorder::wrong_wait`), plus the drawn jitter.
 //!
+//! The store's faults include calls it applies only after their hosts gave up on them (a
+//! stalled store with the calls in its socket buffer).
+//!
 //! Seeds also draw run-time limit changes (raised, lowered, a limit added, removed, renamed),
 //! failure policies that admit (their admissions then settled), settled costs up to
 //! `u64::MAX`, reservations parked and dropped, shadow mode, a second limit in shadow (held to
@@ -553,6 +556,11 @@ impl Scenario {
         let jitters = [0, 0, 100, 5_000];
         self.retry_after_jitter =
             Duration::from_millis(jitters[Rng::new(self.seed ^ 0x717_7E12).below(4) as usize]);
+        // Calls a stalled store applies only after their hosts gave up: a stream of its own.
+        let mut late = Rng::new(self.seed ^ 0x1A7E_CA11);
+        if self.faulty && late.chance(0.4) {
+            self.faults.applied_late = late.range(1, 100);
+        }
         let mut level = Rng::new(self.seed ^ 0x7E_4A47);
         if level.chance(0.3) {
             let shadows = [
@@ -1202,6 +1210,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     let quiet =
         s.lease_ttl + s.max_store_backoff.max(Duration::from_secs(1)) + Duration::from_secs(1);
     tokio::time::sleep(quiet).await;
+    global.late_calls_applied().await;
     let every_layer = || layers.iter().flatten();
     for layer in every_layer() {
         layer.return_unused_leases().await;
@@ -1307,11 +1316,12 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         check_liveness(&s, group, &layers, &hosts[group], &quotas, &global, clock).await?;
     }
     Ok(format!(
-        "{} admitted, {} refused ({} by a tenant), {} global calls",
+        "{} admitted, {} refused ({} by a tenant), {} global calls ({} applied late)",
         log_now.admitted.len(),
         log_now.refused,
         log_now.refused_by_tenant,
-        stats.iter().map(|st| st.global_calls).sum::<u64>()
+        stats.iter().map(|st| st.global_calls).sum::<u64>(),
+        global.ledger().applied_late
     ))
 }
 
