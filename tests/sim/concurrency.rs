@@ -270,14 +270,9 @@ impl SlotStore<BucketKey<String>> for SimStore {
         let after_host_gave_up =
             applies_then_late && self.late_rng.lock().expect("rng").chance(0.5);
         if after_host_gave_up {
-            // A stalled store with the call in its socket buffer: applied between one and
-            // three time-outs after it was sent, never answered.
-            let extra = self
-                .late_rng
-                .lock()
-                .expect("rng")
-                .below(self.timeout.as_micros() as u64 * 2 + 1);
-            let delay = self.timeout + Duration::from_micros(extra);
+            // A stalled store with the call in its socket buffer: applied late, never answered.
+            let delay =
+                super::faults::late_delay(&mut self.late_rng.lock().expect("rng"), self.timeout);
             let (inner, key) = (self.inner.clone(), key.clone());
             let call = tokio::spawn(async move {
                 tokio::time::sleep(delay).await;

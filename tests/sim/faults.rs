@@ -1,8 +1,8 @@
 //! A global store that fails the way real ones do: it answers late (up to and past the
 //! throttle's time-out), fails before or after doing its work, hangs, does its work only after
-//! the host gave up on it, grants less than it could, and restarts with its state lost. It keeps a ledger of every token it dispensed and
-//! took back, and of tokens lost in answers that never arrived, so a run can check that no
-//! token appears or disappears.
+//! the host gave up on it, grants less than it could, and restarts with its state lost. It
+//! keeps a ledger of every token it dispensed and took back, and of tokens lost in answers
+//! that never arrived, so a run can check that no token appears or disappears.
 
 use hierarchical_throttle::quota::BucketKey;
 use std::collections::HashMap;
@@ -166,16 +166,18 @@ impl FaultyGlobal {
         }
     }
 
+    /// `bucket` took back `tokens` now.
+    fn took_back(&self, bucket: BucketKey<String>, tokens: u64) {
+        self.ledger.lock().unwrap().returned += tokens;
+        self.returned_at
+            .lock()
+            .unwrap()
+            .insert(bucket, self.clock.now());
+    }
+
     /// Applies `work` after the delay of a late call, whatever became of the call's host.
     fn apply_late(&self, work: impl Future<Output = ()> + Send + 'static) {
-        let late_by = self.plan.late_by;
-        let delay = late_by
-            + Duration::from_micros(
-                self.rng
-                    .lock()
-                    .unwrap()
-                    .below(late_by.as_micros() as u64 * 2 + 1),
-            );
+        let delay = late_delay(&mut self.rng.lock().unwrap(), self.plan.late_by);
         let call = tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             work.await;
@@ -281,6 +283,12 @@ impl FaultyGlobal {
     }
 }
 
+/// How long after it was sent a store that stalled applies a call the host gave up on after
+/// `timeout`: between one and three time-outs.
+pub fn late_delay(rng: &mut Rng, timeout: Duration) -> Duration {
+    timeout + Duration::from_micros(rng.below(timeout.as_micros() as u64 * 2 + 1))
+}
+
 /// The way back of a call the store has done: the answer fails, hangs, comes too late, or comes
 /// after `latency`.
 async fn answer(fault: Fault, latency: Duration) -> Result<(), Injected> {
@@ -380,14 +388,8 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
                 let late = this.clone();
                 this.apply_late(async move {
                     let Ok(()) = late.store().release(&key, &limit, tokens).await;
-                    let mut ledger = late.ledger.lock().unwrap();
-                    ledger.returned += tokens;
-                    ledger.applied_late += 1;
-                    drop(ledger);
-                    late.returned_at
-                        .lock()
-                        .unwrap()
-                        .insert(key, late.clock.now());
+                    late.took_back(key, tokens);
+                    late.ledger.lock().unwrap().applied_late += 1;
                 });
                 return std::future::pending().await;
             }
@@ -402,11 +404,7 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
                 return Err(Injected { applied: false });
             }
             let Ok(()) = this.store().release(&key, &limit, tokens).await;
-            this.ledger.lock().unwrap().returned += tokens;
-            this.returned_at
-                .lock()
-                .unwrap()
-                .insert(key.clone(), this.clock.now());
+            this.took_back(key, tokens);
             answer(fault, latency - latency / 2).await
         }
     }
