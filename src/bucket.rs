@@ -294,11 +294,14 @@ impl TokenBucket {
         u64::try_from(self.level_after(limit, elapsed).0).unwrap_or(0)
     }
 
-    /// Refills to `now_micros`, then puts back `tokens` that were taken and not used, never past
-    /// capacity.
-    pub fn give_back(&mut self, limit: &Limit, now_micros: u64, tokens: u64) {
+    /// Refills to `now_micros`, then puts back tokens that were taken and not used, never past
+    /// capacity, unless they have expired by `now_micros` (see [`TokenReturn::expires`]).
+    pub fn give_back(&mut self, limit: &Limit, now_micros: u64, back: TokenReturn) {
+        if back.has_expired(now_micros) {
+            return;
+        }
         self.refill(limit, now_micros);
-        let tokens = i64::try_from(tokens.min(limit.capacity())).unwrap_or(i64::MAX);
+        let tokens = i64::try_from(back.tokens.min(limit.capacity())).unwrap_or(i64::MAX);
         self.tokens = self.tokens.saturating_add(tokens).min(capacity(limit));
         if self.tokens == capacity(limit) {
             self.remainder = 0;
@@ -543,6 +546,49 @@ impl TokenRequest {
     }
 }
 
+/// Tokens a host hands back to a global bucket, unused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenReturn {
+    /// How many (the bucket keeps them up to its capacity).
+    pub tokens: u64,
+    /// When they stop counting, as Unix time by the store's clock (`None`: never). A calendar
+    /// quota's tokens belong to the window they were leased in: a hand-back that reaches the
+    /// store at or after that window's reset (say, from a store that stalled with the call in
+    /// its socket buffer) is dropped, so that it never adds to the next window's allowance.
+    pub expires: Option<Duration>,
+}
+
+impl TokenReturn {
+    /// `tokens` that never expire: a rate's.
+    pub fn new(tokens: u64) -> Self {
+        Self {
+            tokens,
+            expires: None,
+        }
+    }
+
+    /// `tokens` that the store drops if they reach it at or after `expires` (Unix time).
+    pub fn expiring(tokens: u64, expires: Duration) -> Self {
+        Self {
+            tokens,
+            expires: Some(expires),
+        }
+    }
+
+    /// Whether the tokens no longer count at `now_micros` (Unix time by the store's clock).
+    pub fn has_expired(&self, now_micros: u64) -> bool {
+        self.expires
+            .is_some_and(|at| u128::from(now_micros) >= at.as_micros())
+    }
+
+    /// [`expires`](Self::expires) in whole Unix microseconds, for a store's wire (0: never).
+    pub fn expires_micros(&self) -> u64 {
+        self.expires.map_or(0, |at| {
+            u64::try_from(at.as_micros()).unwrap_or(u64::MAX).max(1)
+        })
+    }
+}
+
 /// A global store's answer to a [`TokenRequest`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
@@ -646,9 +692,23 @@ mod tests {
         let l = tb();
         let mut b = TokenBucket::full(&l, 0);
         b.take(&l, 0, 1, 2);
-        b.give_back(&l, 0, 5);
+        b.give_back(&l, 0, TokenReturn::new(5));
         assert_eq!(b.tokens(), 4);
         assert!(b.is_full_at(&l, 0));
+    }
+
+    #[test]
+    fn give_back_drops_tokens_that_expired() {
+        let l = tb();
+        let mut b = TokenBucket::full(&l, 0);
+        b.take(&l, 0, 3, 3);
+        let at = Duration::from_micros(10);
+        b.give_back(&l, 9, TokenReturn::expiring(1, at));
+        assert_eq!(b.tokens(), 2, "taken back before they expire");
+        b.give_back(&l, 10, TokenReturn::expiring(1, at));
+        assert_eq!(b.tokens(), 2, "dropped at the instant they expire");
+        b.give_back(&l, 11, TokenReturn::new(1));
+        assert_eq!(b.tokens(), 3, "tokens that never expire always count");
     }
 
     #[test]

@@ -357,3 +357,133 @@ mod tokens_taken_back {
         assert_eq!(admitted_today, 7, "10 - 6 = 4 left for the 7th");
     }
 }
+
+mod stalled_hand_backs {
+    //! A hand-back that a stalled store applies only after the reset (the host sent it in
+    //! time, then gave up waiting) adds nothing to the next window: its tokens expire at the
+    //! reset of the window they were leased in.
+
+    use std::future::Future;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use hierarchical_throttle::batch::FractionOfCapacity;
+    use hierarchical_throttle::clock::ManualClock;
+    use hierarchical_throttle::global::{
+        Adjustment, BucketLevel, GlobalStore, Grant, LayerRegistry, TokenRequest, TokenReturn,
+    };
+    use hierarchical_throttle::quota::BucketKey;
+    use hierarchical_throttle::{ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
+
+    type Inner = MemoryGlobalStore<String, ManualClock>;
+    type Stalled = (BucketKey<String>, Limit, TokenReturn);
+
+    /// A store that stalls every hand-back: it keeps the call (as a server keeps it in its
+    /// socket buffer) and never answers, until the test applies it.
+    #[derive(Clone)]
+    struct StallingStore {
+        inner: Inner,
+        stalled: Arc<Mutex<Vec<Stalled>>>,
+    }
+
+    impl StallingStore {
+        /// Applies every stalled hand-back now, and returns the tokens they carried.
+        async fn resume(&self) -> u64 {
+            let stalled = std::mem::take(&mut *self.stalled.lock().unwrap());
+            let mut tokens = 0;
+            for (key, limit, back) in stalled {
+                tokens += back.tokens;
+                let Ok(()) = self.inner.release(&key, &limit, back).await;
+            }
+            tokens
+        }
+    }
+
+    impl GlobalStore<BucketKey<String>> for StallingStore {
+        type Error = std::convert::Infallible;
+
+        fn acquire(
+            &self,
+            key: &BucketKey<String>,
+            limit: &Limit,
+            request: TokenRequest,
+        ) -> impl Future<Output = Result<Grant, Self::Error>> + Send {
+            self.inner.acquire(key, limit, request)
+        }
+
+        fn release(
+            &self,
+            key: &BucketKey<String>,
+            limit: &Limit,
+            back: TokenReturn,
+        ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+            self.stalled
+                .lock()
+                .unwrap()
+                .push((key.clone(), *limit, back));
+            std::future::pending()
+        }
+
+        fn level(
+            &self,
+            key: &BucketKey<String>,
+            limit: &Limit,
+        ) -> impl Future<Output = Result<BucketLevel, Self::Error>> + Send {
+            self.inner.level(key, limit)
+        }
+
+        fn adjust(
+            &self,
+            key: &BucketKey<String>,
+            limit: &Limit,
+            adjustment: Adjustment,
+        ) -> impl Future<Output = Result<BucketLevel, Self::Error>> + Send {
+            self.inner.adjust(key, limit, adjustment)
+        }
+
+        fn layers(&self) -> Option<&LayerRegistry> {
+            self.inner.layers()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hand_back_the_store_applies_after_the_reset_adds_nothing_to_the_next_window() {
+        let clock = ManualClock::new();
+        // 2024-02-28 23:59:00 UTC, a minute before the leap day.
+        let midnight = Duration::from_secs(1_709_164_800);
+        clock.set(midnight - Duration::from_secs(60));
+        let store = StallingStore {
+            inner: MemoryGlobalStore::with_clock(clock.clone()),
+            stalled: Arc::default(),
+        };
+        let layer = HierarchicalThrottleLayer::builder()
+            .key(|job: &String| Some(job.clone()))
+            .clock(clock.clone())
+            .limit("10 per day at 00:00 UTC".parse::<Limit>().unwrap())
+            .global_store(store.clone())
+            .cold_start(ColdStart::Exact)
+            .batch_policy(FractionOfCapacity::new(0.5).unwrap())
+            .build()
+            .unwrap();
+        let job = || "job".to_owned();
+        // Leases a batch of five, of which one token is used.
+        assert!(layer.acquire(job(), 1).await.is_ok());
+        // 1.5 s before midnight the lease is handed back (late enough that the host holds no
+        // token of the day into the next, early enough that the hand-back would reach the
+        // store before the reset); the store stalls it, and the host gives up on it.
+        clock.set(midnight - Duration::from_millis(1_500));
+        layer.return_unused_leases().await;
+        let lost = layer.stats().tokens_lost;
+        assert!(lost > 0, "the hand-back timed out with its tokens");
+        // On the leap day, a use; then the store wakes and applies the day before's hand-back.
+        clock.set(midnight + Duration::from_secs(10));
+        assert!(layer.acquire(job(), 1).await.is_ok());
+        assert_eq!(store.resume().await, lost);
+        let mut admitted = 1;
+        while layer.acquire(job(), 1).await.is_ok() {
+            admitted += 1;
+            assert!(admitted <= 100, "never refused");
+        }
+        assert_eq!(admitted, 10, "the leap day's 10, none of the day before's");
+    }
+}

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use common::proxy::FaultProxy;
 use common::redis_server::{RedisCluster, RedisServer};
 use common::*;
-use hierarchical_throttle::clock::ManualClock;
+use hierarchical_throttle::clock::{Clock, ManualClock};
 use hierarchical_throttle::global::redis::RedisGlobalStore;
-use hierarchical_throttle::global::{Adjustment, GlobalStore, TokenRequest};
+use hierarchical_throttle::global::{Adjustment, GlobalStore, TokenRequest, TokenReturn};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{FailurePolicy, HierarchicalThrottleLayer, Limit, RejectionReason};
 use redis::AsyncCommands;
@@ -61,7 +61,10 @@ async fn buckets_expire_when_they_would_be_full_again() {
     let ttl: i64 = conn.pttl(&redis_key).await.unwrap();
     // 3 tokens at 10 per second: full again in 300 ms (less the time since the call).
     assert!((200..=300).contains(&ttl), "pttl {ttl}");
-    redis.release(&key, &limit, 3).await.unwrap();
+    redis
+        .release(&key, &limit, TokenReturn::new(3))
+        .await
+        .unwrap();
     let exists: bool = conn.exists(&redis_key).await.unwrap();
     assert!(
         !exists,
@@ -305,7 +308,7 @@ async fn a_batch_on_a_cluster_answers_each_bucket_from_its_own_slot() {
                 Call::Release {
                     key: bucket(&format!("spare-{k}")),
                     limit,
-                    tokens: 1,
+                    back: TokenReturn::new(1),
                 },
                 Call::Acquire {
                     key: bucket(&format!("tenant-{k}")),
@@ -827,7 +830,7 @@ async fn an_acl_user_limited_to_the_prefix_and_the_scripts_commands_is_enough() 
         .expect("the user may run the acquire script on its prefix");
     assert_eq!(grant.granted, 4);
     redis
-        .release(&bucket("tenant"), &limit, 4)
+        .release(&bucket("tenant"), &limit, TokenReturn::new(4))
         .await
         .expect("and the release script");
     let level = redis
@@ -1191,14 +1194,19 @@ async fn one_script_over_buckets_of_every_kind_answers_each_as_its_own_script_wo
         Limit::per_hour(7).burst(3).unwrap(),
     ];
     // Round r asks bucket i for a batch that grows with r, reserving up to 2 s ahead, and
-    // every third call gives tokens back instead.
+    // every third call gives tokens back instead, in odd rounds tokens that expired a second
+    // ago (dropped), in others tokens that expire in a second.
     let call = |prefix: &str, round: u64, i: usize, limit: Limit| {
         let key = bucket(&format!("{prefix}-{i}"));
+        let expires = match round % 2 {
+            1 => clock.now() - Duration::from_secs(1),
+            _ => clock.now() + Duration::from_secs(1),
+        };
         match (round + i as u64) % 3 {
             2 => Call::Release {
                 key,
                 limit,
-                tokens: round % 4,
+                back: TokenReturn::expiring(round % 4, expires),
             },
             _ => Call::Acquire {
                 key,
@@ -1224,8 +1232,8 @@ async fn one_script_over_buckets_of_every_kind_answers_each_as_its_own_script_wo
                     limit,
                     request,
                 } => Answer::Granted(redis.acquire(&key, &limit, request).await.unwrap()),
-                Call::Release { key, limit, tokens } => {
-                    redis.release(&key, &limit, tokens).await.unwrap();
+                Call::Release { key, limit, back } => {
+                    redis.release(&key, &limit, back).await.unwrap();
                     Answer::Released
                 }
             };

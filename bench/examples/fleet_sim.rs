@@ -35,7 +35,9 @@ use governor::{Quota, RateLimiter};
 use hierarchical_throttle::batch::FractionOfCapacity;
 use hierarchical_throttle::bucket::TokenBucket;
 use hierarchical_throttle::clock::TokioClock;
-use hierarchical_throttle::global::{Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest};
+use hierarchical_throttle::global::{
+    Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest, TokenReturn,
+};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, Rejection};
 use plotters::prelude::*;
@@ -243,12 +245,12 @@ impl GlobalStore<BucketKey<usize>> for CountingStore {
         &self,
         key: &BucketKey<usize>,
         limit: &Limit,
-        tokens: u64,
+        back: TokenReturn,
     ) -> impl Future<Output = Result<(), Infallible>> + Send {
         let (this, key, limit) = (self.clone(), key.clone(), *limit);
         async move {
             tokio::time::sleep(this.latency / 2).await;
-            let released = this.inner.release(&key, &limit, tokens).await;
+            let released = this.inner.release(&key, &limit, back).await;
             tokio::time::sleep(this.latency - this.latency / 2).await;
             released
         }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, Stream};
 use hierarchical_throttle::clock::TokioClock;
 use hierarchical_throttle::global::{
-    Adjustment, Answer, BucketLevel, Call, GlobalStore, Grant, TokenRequest,
+    Adjustment, Answer, BucketLevel, Call, GlobalStore, Grant, TokenRequest, TokenReturn,
 };
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
@@ -69,11 +69,11 @@ impl GlobalStore<BucketKey<usize>> for CountingStore {
         &self,
         key: &BucketKey<usize>,
         limit: &Limit,
-        tokens: u64,
+        back: TokenReturn,
     ) -> impl Future<Output = Result<(), Infallible>> + Send {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.releases.fetch_add(1, Ordering::Relaxed);
-        self.inner.release(key, limit, tokens)
+        self.inner.release(key, limit, back)
     }
 
     fn level(

@@ -11,7 +11,9 @@ use crate::bucket::{FullAt, TokenBucket};
 use crate::clock::{Clock, MonotonicClock, micros, unix_micros};
 use crate::error::ConfigError;
 use crate::global::slots::{Holding, SlotHold, SlotStore, SlotTable};
-use crate::global::{Adjustment, BucketLevel, GlobalStore, Grant, LayerRegistry, TokenRequest};
+use crate::global::{
+    Adjustment, BucketLevel, GlobalStore, Grant, LayerRegistry, TokenRequest, TokenReturn,
+};
 use crate::limit::Limit;
 use crate::quota::{BucketKey, BucketNames};
 use crate::sync::{lock, shard_index};
@@ -406,9 +408,9 @@ where
         &self,
         key: &BucketKey<K>,
         limit: &Limit,
-        tokens: u64,
+        back: TokenReturn,
     ) -> impl Future<Output = Result<(), Infallible>> + Send {
-        self.with_bucket(key, limit, |b, now| b.give_back(limit, now, tokens));
+        self.with_bucket(key, limit, |b, now| b.give_back(limit, now, back));
         std::future::ready(Ok(()))
     }
 

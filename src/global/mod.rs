@@ -22,7 +22,7 @@ pub mod memory;
 pub mod redis;
 pub mod slots;
 
-pub use crate::bucket::{Adjustment, BucketLevel, Grant, TokenRequest};
+pub use crate::bucket::{Adjustment, BucketLevel, Grant, TokenRequest, TokenReturn};
 
 /// The global level of the hierarchy: a token bucket per key, refilled lazily by the store's
 /// own clock.
@@ -45,12 +45,15 @@ pub trait GlobalStore<K>: Send + Sync + 'static {
         request: TokenRequest,
     ) -> impl Future<Output = Result<Grant, Self::Error>> + Send;
 
-    /// Takes back `tokens` that a host leased for `key` and did not use, never past capacity.
+    /// Takes back tokens that a host leased for `key` and did not use, never past capacity,
+    /// unless they reach the store (by its clock) at or after they
+    /// [expire](TokenReturn::expires); see
+    /// [`TokenBucket::give_back`](crate::bucket::TokenBucket::give_back).
     fn release(
         &self,
         key: &K,
         limit: &Limit,
-        tokens: u64,
+        back: TokenReturn,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Makes several calls in one go, answering each as its answer comes, with its index in
@@ -89,8 +92,8 @@ pub trait GlobalStore<K>: Send + Sync + 'static {
                     .acquire(&key, &limit, request)
                     .await
                     .map(Answer::Granted),
-                Call::Release { key, limit, tokens } => self
-                    .release(&key, &limit, tokens)
+                Call::Release { key, limit, back } => self
+                    .release(&key, &limit, back)
                     .await
                     .map(|()| Answer::Released),
             }
@@ -166,7 +169,7 @@ pub enum Call<K> {
         /// Its limit.
         limit: Limit,
         /// The tokens to take back.
-        tokens: u64,
+        back: TokenReturn,
     },
 }
 

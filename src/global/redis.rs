@@ -15,6 +15,7 @@ use crate::clock::{Clock, micros, unix_micros};
 use crate::error::ConfigError;
 use crate::global::{
     Adjustment, Answer, BucketLevel, Call, GlobalStore, Grant, LayerRegistry, TokenRequest,
+    TokenReturn,
 };
 use crate::limit::Limit;
 use crate::quota::BucketKey;
@@ -569,10 +570,15 @@ where
         &self,
         key: &BucketKey<K>,
         limit: &Limit,
-        tokens: u64,
+        back: TokenReturn,
     ) -> Result<(), RedisError> {
         let _held: u64 = self
-            .run(&self.scripts.release, key, limit, [tokens, 0, 0])
+            .run(
+                &self.scripts.release,
+                key,
+                limit,
+                [back.tokens, back.expires_micros(), 0],
+            )
             .await?;
         Ok(())
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use futures_util::{StreamExt, stream};
 
 use crate::clock::micros;
-use crate::global::Call;
+use crate::global::{Call, TokenReturn};
 use crate::stats::ThrottleStats;
 use crate::sync::lock;
 use crate::throttle::calls::{CallFailure, Due, Reply};
@@ -109,22 +109,28 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             false => Duration::ZERO,
         };
         // A calendar quota's tokens go back only into their own window: a hand-back that could
-        // land after the reset (by the store's clock) would add them to the next.
+        // land after the reset (by the store's clock) would add them to the next. The store
+        // drops one that lands later than the host waits for it (a stall).
         let lands_by = now
             .saturating_add(micros(linger))
             .saturating_add(micros(self.config.store_timeout))
             .saturating_add(micros(CLOCK_SKEW));
-        if let Some(calendar) = bucket.limit.calendar()
-            && calendar.resets_between(taken_at, lands_by) > 0
-        {
-            self.stats.tokens_forfeited.add(tokens);
-            return;
-        }
+        let back = match bucket.limit.calendar() {
+            Some(calendar) if calendar.resets_between(taken_at, lands_by) > 0 => {
+                self.stats.tokens_forfeited.add(tokens);
+                return;
+            }
+            Some(calendar) => {
+                let reset = calendar.reset_after(taken_at, 1);
+                TokenReturn::expiring(tokens, Duration::from_micros(reset))
+            }
+            None => TokenReturn::new(tokens),
+        };
         let key = self.global_key(&id, bucket.name);
         let call = Call::Release {
             key,
             limit: bucket.limit,
-            tokens,
+            back,
         };
         let due = match unhurried {
             true => Due::Behind {

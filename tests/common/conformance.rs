@@ -5,17 +5,43 @@ use std::time::Duration;
 
 use hierarchical_throttle::Limit;
 use hierarchical_throttle::clock::{Clock, ManualClock};
-use hierarchical_throttle::global::{Adjustment, GlobalStore, TokenRequest};
+use hierarchical_throttle::global::{Adjustment, GlobalStore, TokenRequest, TokenReturn};
 use hierarchical_throttle::quota::BucketKey;
 
-/// One step: advance the clock by `after_us`, then acquire (`min`, `want`) or release `want`.
+/// One step: advance the clock by `after_us`, then acquire (`min`, `want`) or release
+/// `tokens`, which expire at `expires_at_us` (an absolute time on the case's clock, which
+/// starts at zero) if given.
 #[derive(Debug, Clone, Copy)]
 enum Step {
-    Acquire { after_us: u64, min: u64, want: u64 },
-    Release { after_us: u64, tokens: u64 },
+    Acquire {
+        after_us: u64,
+        min: u64,
+        want: u64,
+    },
+    Release {
+        after_us: u64,
+        tokens: u64,
+        expires_at_us: Option<u64>,
+    },
 }
 
 use Step::*;
+
+const fn give(after_us: u64, tokens: u64) -> Step {
+    Release {
+        after_us,
+        tokens,
+        expires_at_us: None,
+    }
+}
+
+/// The hand-back of a step, on a case's clock that started at `origin`.
+fn token_return(tokens: u64, expires_at_us: Option<u64>, origin: Duration) -> TokenReturn {
+    match expires_at_us {
+        Some(at) => TokenReturn::expiring(tokens, origin + Duration::from_micros(at)),
+        None => TokenReturn::new(tokens),
+    }
+}
 
 const fn take(after_us: u64, min: u64, want: u64) -> Step {
     Acquire {
@@ -108,18 +134,31 @@ fn cases() -> Vec<Case> {
             Limit::per_minute(60).burst(10).unwrap(),
             vec![
                 take(0, 10, 10),
-                Release {
-                    after_us: 0,
-                    tokens: 4,
-                },
+                give(0, 4),
                 take(0, 1, 100),
-                Release {
-                    after_us: 0,
-                    tokens: 100,
-                },
+                give(0, 100),
                 take(0, 1, 100),
             ],
             vec![(10, 0, 10_000_000), (4, 0, 1_000_000), (10, 0, 1_000_000)],
+        ),
+        (
+            "expired tokens are dropped, others taken back until the instant they expire",
+            Limit::per_minute(60).burst(10).unwrap(),
+            vec![
+                take(0, 10, 10),
+                Release {
+                    after_us: 5,
+                    tokens: 3,
+                    expires_at_us: Some(5),
+                },
+                Release {
+                    after_us: 0,
+                    tokens: 2,
+                    expires_at_us: Some(6),
+                },
+                take(0, 1, 100),
+            ],
+            vec![(10, 0, 10_000_000), (2, 0, 999_995)],
         ),
         (
             "a billion tokens at one per day",
@@ -185,11 +224,9 @@ where
     G: GlobalStore<BucketKey<String>>,
 {
     for (n, (name, limit, steps, expected)) in cases().into_iter().enumerate() {
-        let key = BucketKey::new(
-            format!("conformance-{n}-{}", clock.now().as_micros()),
-            "default",
-        )
-        .unwrap();
+        let origin = clock.now();
+        let key = BucketKey::new(format!("conformance-{n}-{}", origin.as_micros()), "default");
+        let key = key.unwrap();
         let mut answers = Vec::new();
         for step in steps {
             match step {
@@ -212,9 +249,14 @@ where
                         grant.refill_in.as_micros() as u64,
                     ));
                 }
-                Release { after_us, tokens } => {
+                Release {
+                    after_us,
+                    tokens,
+                    expires_at_us,
+                } => {
                     clock.advance(Duration::from_micros(after_us));
-                    store.release(&key, &limit, tokens).await.expect("release");
+                    let back = token_return(tokens, expires_at_us, origin);
+                    store.release(&key, &limit, back).await.expect("release");
                 }
             }
         }
@@ -272,7 +314,10 @@ where
         (0, 0, day)
     );
     // This window's tokens handed back pay its debt first.
-    store.release(&key, &daily, 2).await.unwrap();
+    store
+        .release(&key, &daily, TokenReturn::new(2))
+        .await
+        .unwrap();
     assert_eq!(take_three().await, (1, day));
     // 2024-03-01 00:00:00 UTC: the whole of March, 31 days, to the next reset.
     clock.set(Duration::from_secs(1_709_251_200));
@@ -481,9 +526,17 @@ async fn against_the_model<G>(
             continue;
         }
         if roll % 5 == 0 {
+            // Some expire: a moment ago, now, or ahead (a calendar quota's tokens at its reset).
             let tokens = 1 + roll % 3;
-            store.release(&key, limit, tokens).await.expect("release");
-            model.give_back(limit, now, tokens);
+            let spread = Duration::from_micros((roll >> 24) % step_us + 1);
+            let back = match (roll >> 4) % 4 {
+                0 => TokenReturn::new(tokens),
+                1 => TokenReturn::expiring(tokens, clock.now().saturating_sub(spread)),
+                2 => TokenReturn::expiring(tokens, clock.now()),
+                _ => TokenReturn::expiring(tokens, clock.now() + spread),
+            };
+            store.release(&key, limit, back).await.expect("release");
+            model.give_back(limit, now, back);
             continue;
         }
         let (min, want) = (1 + roll % 3, 1 + (roll >> 8) % 9);
@@ -598,7 +651,8 @@ where
     use hierarchical_throttle::global::{Answer, Call};
     let other = Limit::per_second(10).burst(10).unwrap();
     for (n, (name, limit, steps, expected)) in cases().into_iter().enumerate() {
-        let stamp = clock.now().as_micros();
+        let origin = clock.now();
+        let stamp = origin.as_micros();
         let key = BucketKey::new(format!("batch-{n}-{stamp}"), "default").unwrap();
         let mut answers = Vec::new();
         for (s, step) in steps.into_iter().enumerate() {
@@ -618,12 +672,16 @@ where
                         request: TokenRequest::now(min, want),
                     },
                 ),
-                Release { after_us, tokens } => (
+                Release {
+                    after_us,
+                    tokens,
+                    expires_at_us,
+                } => (
                     after_us,
                     Call::Release {
                         key: key.clone(),
                         limit,
-                        tokens,
+                        back: token_return(tokens, expires_at_us, origin),
                     },
                 ),
             };
@@ -638,7 +696,7 @@ where
                 Call::Release {
                     key: noise("r"),
                     limit: other,
-                    tokens: 4,
+                    back: TokenReturn::new(4),
                 },
             ];
             let mut replies: Vec<_> = store.call_many(calls).collect().await;

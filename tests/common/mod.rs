@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hierarchical_throttle::clock::ManualClock;
-use hierarchical_throttle::global::{Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest};
+use hierarchical_throttle::global::{
+    Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest, TokenReturn,
+};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
     Builder, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore, Rejection,
@@ -336,7 +338,7 @@ impl<K: Sync, G: GlobalStore<K>> GlobalStore<K> for FaultyStore<G> {
         &self,
         key: &K,
         limit: &Limit,
-        tokens: u64,
+        back: TokenReturn,
     ) -> impl Future<Output = Result<(), StoreDown>> + Send {
         let fault = self.fault();
         let delay = self.delayed();
@@ -346,10 +348,10 @@ impl<K: Sync, G: GlobalStore<K>> GlobalStore<K> for FaultyStore<G> {
             match fault {
                 0 => {
                     self.inner
-                        .release(key, limit, tokens)
+                        .release(key, limit, back)
                         .await
                         .map_err(|_| StoreDown)?;
-                    releases.fetch_add(tokens, Ordering::SeqCst);
+                    releases.fetch_add(back.tokens, Ordering::SeqCst);
                     Ok(())
                 }
                 1 => Err(StoreDown),

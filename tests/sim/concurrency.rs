@@ -271,8 +271,11 @@ impl SlotStore<BucketKey<String>> for SimStore {
             applies_then_late && self.late_rng.lock().expect("rng").chance(0.5);
         if after_host_gave_up {
             // A stalled store with the call in its socket buffer: applied late, never answered.
-            let delay =
-                super::faults::late_delay(&mut self.late_rng.lock().expect("rng"), self.timeout);
+            let delay = super::faults::late_delay(
+                &mut self.late_rng.lock().expect("rng"),
+                self.timeout,
+                self.timeout * 3,
+            );
             let (inner, key) = (self.inner.clone(), key.clone());
             let call = tokio::spawn(async move {
                 tokio::time::sleep(delay).await;

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use hierarchical_throttle::bucket::TokenBucket;
 use hierarchical_throttle::clock::{Clock, TokioClock};
-use hierarchical_throttle::global::{Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest};
+use hierarchical_throttle::global::{
+    Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest, TokenReturn,
+};
 use hierarchical_throttle::{Limit, MemoryGlobalStore};
 
 use super::Rng;
@@ -32,11 +34,18 @@ pub struct FaultPlan {
     /// Does its work, then answers after the time-out.
     pub too_slow: u64,
     /// Does its work only after the host gave up on it, and never answers: a store that
-    /// stalled with the call in its socket buffer (between one and three time-outs after it
-    /// was sent, `late_by`).
+    /// stalled with the call in its socket buffer (between `late_by` and `late_reach` after it
+    /// was sent).
     pub applied_late: u64,
-    /// The time-out the hosts give a call, from which a late call's delay is drawn.
+    /// The time-out the hosts give a call: a late call is applied no sooner.
     pub late_by: Duration,
+    /// The latest a late call is applied after it was sent: three time-outs, or a stall long
+    /// enough to reach past a calendar quota's reset.
+    pub late_reach: Duration,
+    /// A stall of the whole store, from and to (the run's time): every call sent during it
+    /// is applied when it ends and never answered (a server paused by a fork, a long script
+    /// or a failover, its socket buffers full of calls).
+    pub stall: Option<(Duration, Duration)>,
     /// Grants fewer tokens than asked (a store's right).
     pub partial: u64,
     /// When the store restarts, losing every bucket.
@@ -80,6 +89,8 @@ impl FaultPlan {
             // their other draws.
             applied_late: 0,
             late_by: timeout,
+            late_reach: timeout * 3,
+            stall: None,
             restarts: (0..rng.below(2))
                 .map(|_| Duration::from_millis(rng.range(100, 1_500)))
                 .collect(),
@@ -99,6 +110,8 @@ pub struct Ledger {
     pub lost: u64,
     /// Calls applied after their host gave up on them.
     pub applied_late: u64,
+    /// Hand-backs dropped because their tokens had expired when they reached the store.
+    pub dropped_expired: u64,
 }
 
 /// A failure the injector made up.
@@ -166,18 +179,36 @@ impl FaultyGlobal {
         }
     }
 
-    /// `bucket` took back `tokens` now.
-    fn took_back(&self, bucket: BucketKey<String>, tokens: u64) {
-        self.ledger.lock().unwrap().returned += tokens;
+    /// The store takes `back` for `bucket` now, or drops it if its tokens have expired (a
+    /// calendar quota's window they belong to has ended): those are lost.
+    async fn take_back(&self, bucket: BucketKey<String>, limit: Limit, back: TokenReturn) {
+        let now = self.clock.now() + self.clock.unix_origin();
+        let expired = back.has_expired(now.as_micros() as u64);
+        let Ok(()) = self.store().release(&bucket, &limit, back).await;
+        let mut ledger = self.ledger.lock().unwrap();
+        if expired {
+            ledger.lost += back.tokens;
+            ledger.dropped_expired += 1;
+            return;
+        }
+        ledger.returned += back.tokens;
         self.returned_at
             .lock()
             .unwrap()
             .insert(bucket, self.clock.now());
     }
 
-    /// Applies `work` after the delay of a late call, whatever became of the call's host.
+    /// Applies `work` after the delay of a late call (at the end of the stall, if the store
+    /// is stalled), whatever became of the call's host.
     fn apply_late(&self, work: impl Future<Output = ()> + Send + 'static) {
-        let delay = late_delay(&mut self.rng.lock().unwrap(), self.plan.late_by);
+        let delay = match self.stalled_until() {
+            Some(end) => end - self.clock.now(),
+            None => late_delay(
+                &mut self.rng.lock().unwrap(),
+                self.plan.late_by,
+                self.plan.late_reach,
+            ),
+        };
         let call = tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             work.await;
@@ -251,9 +282,19 @@ impl FaultyGlobal {
         self.inner.lock().unwrap().clone()
     }
 
+    /// When the stall the store is in now ends, if it is in one.
+    fn stalled_until(&self) -> Option<Duration> {
+        let now = self.clock.now();
+        let (from, to) = self.plan.stall?;
+        (from <= now && now < to).then_some(to)
+    }
+
     fn draw(&self) -> (Fault, Duration, bool) {
         if self.healed.load(Ordering::SeqCst) {
             return (Fault::None, Duration::ZERO, false);
+        }
+        if self.stalled_until().is_some() {
+            return (Fault::AppliedLate, Duration::ZERO, false);
         }
         let plan = &self.plan;
         let mut rng = self.rng.lock().unwrap();
@@ -284,9 +325,10 @@ impl FaultyGlobal {
 }
 
 /// How long after it was sent a store that stalled applies a call the host gave up on after
-/// `timeout`: between one and three time-outs.
-pub fn late_delay(rng: &mut Rng, timeout: Duration) -> Duration {
-    timeout + Duration::from_micros(rng.below(timeout.as_micros() as u64 * 2 + 1))
+/// `timeout`: between that and `reach`.
+pub fn late_delay(rng: &mut Rng, timeout: Duration, reach: Duration) -> Duration {
+    let spread = reach.saturating_sub(timeout).as_micros() as u64;
+    timeout + Duration::from_micros(rng.below(spread + 1))
 }
 
 /// The way back of a call the store has done: the answer fails, hangs, comes too late, or comes
@@ -377,7 +419,7 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
         &self,
         key: &BucketKey<String>,
         limit: &Limit,
-        tokens: u64,
+        back: TokenReturn,
     ) -> impl Future<Output = Result<(), Injected>> + Send {
         let (fault, latency, _) = self.draw();
         let this = self.clone();
@@ -387,8 +429,7 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
             if fault == Fault::AppliedLate {
                 let late = this.clone();
                 this.apply_late(async move {
-                    let Ok(()) = late.store().release(&key, &limit, tokens).await;
-                    late.took_back(key, tokens);
+                    late.take_back(key, limit, back).await;
                     late.ledger.lock().unwrap().applied_late += 1;
                 });
                 return std::future::pending().await;
@@ -396,15 +437,14 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
             // Tokens the host gave up on before the store took them are lost.
             let unsent = LostUnlessDelivered {
                 ledger: this.ledger.clone(),
-                tokens,
+                tokens: back.tokens,
             };
             tokio::time::sleep(latency / 2).await;
             std::mem::forget(unsent);
             if fault == Fault::ErrorBefore {
                 return Err(Injected { applied: false });
             }
-            let Ok(()) = this.store().release(&key, &limit, tokens).await;
-            this.took_back(key, tokens);
+            this.take_back(key, limit, back).await;
             answer(fault, latency - latency / 2).await
         }
     }

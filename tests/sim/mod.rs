@@ -509,6 +509,7 @@ impl Scenario {
                 key.limit = key.limit.warm_up(period).expect("a valid warm-up");
             }
         }
+        let mut reset_at = None;
         if !warm && rng.chance(0.2) {
             // 2024-11-26 00:00 UTC, a calendar day's reset, comes this far into the run.
             self.calendar = true;
@@ -528,6 +529,7 @@ impl Scenario {
             };
             self.calendar_zone = zone;
             self.unix_origin = Duration::from_secs(reset) - reset_in;
+            reset_at = Some(reset_in);
         }
         self.annotate = rng.chance(0.5);
         // One hot key, no spray, no second layer and no change of limit: the same quota for
@@ -560,6 +562,22 @@ impl Scenario {
         let mut late = Rng::new(self.seed ^ 0x1A7E_CA11);
         if self.faulty && late.chance(0.4) {
             self.faults.applied_late = late.range(1, 100);
+            if self.calendar && late.chance(0.5) {
+                // Stalls long enough that a hand-back sent before a calendar quota's reset
+                // lands after it: past the quiet margin in which hosts stop holding its tokens.
+                self.faults.late_reach = self.lease_ttl
+                    + self.store_timeout * 4
+                    + self.global_batch_linger
+                    + Duration::from_secs(2);
+            }
+        }
+        if let Some(reset) = reset_at.filter(|_| self.faulty && late.chance(0.3)) {
+            // The whole store stalls across the reset, from within the margin before it in
+            // which hosts hand back the window's tokens.
+            let margin = self.lease_ttl / 2 + self.store_timeout * 2 + Duration::from_secs(2);
+            let before = Duration::from_micros(late.below(margin.as_micros() as u64));
+            let after = Duration::from_micros(late.range(1_000, 2_000_000));
+            self.faults.stall = Some((reset.saturating_sub(before), reset + after));
         }
         let mut level = Rng::new(self.seed ^ 0x7E_4A47);
         if level.chance(0.3) {
@@ -1316,12 +1334,14 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         check_liveness(&s, group, &layers, &hosts[group], &quotas, &global, clock).await?;
     }
     Ok(format!(
-        "{} admitted, {} refused ({} by a tenant), {} global calls ({} applied late)",
+        "{} admitted, {} refused ({} by a tenant), {} global calls ({} applied late, {} \
+         hand-backs expired)",
         log_now.admitted.len(),
         log_now.refused,
         log_now.refused_by_tenant,
         stats.iter().map(|st| st.global_calls).sum::<u64>(),
-        global.ledger().applied_late
+        global.ledger().applied_late,
+        global.ledger().dropped_expired,
     ))
 }
 

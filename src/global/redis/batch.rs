@@ -64,7 +64,9 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
                     "a",
                     [request.min, request.want, micros(request.max_delay)],
                 ),
-                Call::Release { key, limit, tokens } => (key, limit, "r", [tokens, 0, 0]),
+                Call::Release { key, limit, back } => {
+                    (key, limit, "r", [back.tokens, back.expires_micros(), 0])
+                }
             };
             let redis_key = self.redis_key(&key);
             let group = self.group_of(&mut groups, &redis_key);
