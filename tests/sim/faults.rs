@@ -112,6 +112,9 @@ pub struct Ledger {
     pub applied_late: u64,
     /// Hand-backs dropped because their tokens had expired when they reached the store.
     pub dropped_expired: u64,
+    /// A calendar quota's tokens taken back into a window after the one they were handed back
+    /// in: the next window's allowance grown by the last one's.
+    pub carried_over: u64,
 }
 
 /// A failure the injector made up.
@@ -180,9 +183,17 @@ impl FaultyGlobal {
     }
 
     /// The store takes `back` for `bucket` now, or drops it if its tokens have expired (a
-    /// calendar quota's window they belong to has ended): those are lost.
-    async fn take_back(&self, bucket: BucketKey<String>, limit: Limit, back: TokenReturn) {
-        let now = self.clock.now() + self.clock.unix_origin();
+    /// calendar quota's window they belong to has ended): those are lost. A calendar quota's
+    /// tokens taken into a window after the one the hand-back was sent in are carried over.
+    async fn take_back(
+        &self,
+        bucket: BucketKey<String>,
+        limit: Limit,
+        back: TokenReturn,
+        sent_at: Duration,
+    ) {
+        let origin = self.clock.unix_origin();
+        let now = self.clock.now() + origin;
         let expired = back.has_expired(now.as_micros() as u64);
         let Ok(()) = self.store().release(&bucket, &limit, back).await;
         let mut ledger = self.ledger.lock().unwrap();
@@ -190,6 +201,11 @@ impl FaultyGlobal {
             ledger.lost += back.tokens;
             ledger.dropped_expired += 1;
             return;
+        }
+        if let Some(calendar) = limit.calendar()
+            && calendar.next_reset(sent_at + origin) <= now
+        {
+            ledger.carried_over += back.tokens;
         }
         ledger.returned += back.tokens;
         self.returned_at
@@ -425,11 +441,12 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
         let this = self.clone();
         let key = key.clone();
         let limit = *limit;
+        let sent_at = self.clock.now();
         async move {
             if fault == Fault::AppliedLate {
                 let late = this.clone();
                 this.apply_late(async move {
-                    late.take_back(key, limit, back).await;
+                    late.take_back(key, limit, back, sent_at).await;
                     late.ledger.lock().unwrap().applied_late += 1;
                 });
                 return std::future::pending().await;
@@ -444,7 +461,7 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
             if fault == Fault::ErrorBefore {
                 return Err(Injected { applied: false });
             }
-            this.take_back(key, limit, back).await;
+            this.take_back(key, limit, back, sent_at).await;
             answer(fault, latency - latency / 2).await
         }
     }

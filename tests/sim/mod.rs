@@ -578,6 +578,12 @@ impl Scenario {
             let before = Duration::from_micros(late.below(margin.as_micros() as u64));
             let after = Duration::from_micros(late.range(1_000, 2_000_000));
             self.faults.stall = Some((reset.saturating_sub(before), reset + after));
+        } else if self.faulty && late.chance(0.2) {
+            // Or at any moment of the run, for up to two lease times-to-live.
+            let from = Duration::from_micros(late.below(self.duration.as_micros() as u64));
+            let most = (self.lease_ttl * 2).as_micros() as u64;
+            let length = Duration::from_micros(late.range(1_000, most));
+            self.faults.stall = Some((from, from + length));
         }
         let mut level = Rng::new(self.seed ^ 0x7E_4A47);
         if level.chance(0.3) {
@@ -1299,6 +1305,12 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 "the failure policy decided {fallback} requests though the store never failed"
             ));
         }
+    }
+    let carried_over = global.ledger().carried_over;
+    if carried_over > 0 {
+        return Err(format!(
+            "the store took {carried_over} tokens of a calendar quota's window into the next"
+        ));
     }
     if s.conserves() {
         // A small lease of a key far from its limit is kept for ten times-to-live (what
