@@ -14,7 +14,9 @@ use common::redis_server::{RedisCluster, RedisServer};
 use common::*;
 use hierarchical_throttle::clock::{Clock, ManualClock};
 use hierarchical_throttle::global::redis::RedisGlobalStore;
-use hierarchical_throttle::global::{Adjustment, GlobalStore, TokenRequest, TokenReturn};
+use hierarchical_throttle::global::{
+    Adjustment, Answer, Call, GlobalStore, TokenRequest, TokenReturn,
+};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{FailurePolicy, HierarchicalThrottleLayer, Limit, RejectionReason};
 use redis::AsyncCommands;
@@ -43,6 +45,49 @@ async fn redis_passes_the_same_conformance_suite_as_memory() {
     clock.set(Duration::from_secs(1_000_000));
     let redis = store(&server).await.with_clock_override(clock.clone());
     conformance::assert_conformance(&redis, &clock).await;
+}
+
+#[tokio::test]
+async fn hand_backs_expire_by_redis_s_own_clock() {
+    let server = RedisServer::start();
+    let redis = store(&server).await;
+    let limit = Limit::per_day(10).burst(10).unwrap();
+    let key = bucket("hand-backs");
+    let unix_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let hour = Duration::from_secs(3_600);
+    let grant = redis.acquire(&key, &limit, TokenRequest::now(10, 10)).await;
+    assert_eq!(grant.unwrap().granted, 10);
+    // Redis's `TIME` is within an hour of this host's clock: one hand-back expired, one not,
+    // alone and in a batch.
+    let expired = TokenReturn::expiring(4, unix_now - hour);
+    let live = TokenReturn::expiring(3, unix_now + hour);
+    redis.release(&key, &limit, expired).await.unwrap();
+    redis.release(&key, &limit, live).await.unwrap();
+    let calls = vec![
+        Call::Release {
+            key: key.clone(),
+            limit,
+            back: expired,
+        },
+        Call::Release {
+            key: key.clone(),
+            limit,
+            back: live,
+        },
+    ];
+    let answers: Vec<_> = futures_util::StreamExt::collect(redis.call_many(calls)).await;
+    assert!(
+        answers
+            .iter()
+            .all(|(_, a)| matches!(a, Ok(Answer::Released)))
+    );
+    let level = redis.level(&key, &limit).await.unwrap();
+    assert_eq!(
+        level.tokens, 6,
+        "the live tokens twice, the expired ones never"
+    );
 }
 
 #[tokio::test]
