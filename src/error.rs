@@ -1,4 +1,5 @@
-//! Configuration errors, reported when a [`Limit`](crate::Limit) or a layer is built.
+//! Configuration errors, reported when a [`Limit`](crate::Limit) or a layer is built, and the
+//! errors of an operator's calls to the global store.
 
 use std::fmt;
 use std::time::Duration;
@@ -78,3 +79,38 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// Why an operator's call to the global store failed
+/// ([`adjust`](crate::HierarchicalThrottleLayer::adjust),
+/// [`remaining_global`](crate::HierarchicalThrottleLayer::remaining_global)): the store's
+/// error, or no answer within the layer's [store time-out](crate::Builder::store_timeout), as
+/// for any call the layer makes, so that a stalled store never holds an operator's tool.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StoreError<E> {
+    /// The store answered with an error.
+    Store(E),
+    /// The store did not answer within this time-out. The call may still be applied later
+    /// (a stalled store runs what its socket buffer holds when it resumes).
+    TimedOut(Duration),
+}
+
+impl<E: fmt::Display> fmt::Display for StoreError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Store(error) => write!(f, "the global store failed: {error}"),
+            Self::TimedOut(after) => {
+                write!(f, "the global store did not answer within {after:?}")
+            }
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for StoreError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Store(error) => Some(error),
+            Self::TimedOut(_) => None,
+        }
+    }
+}

@@ -154,7 +154,7 @@ pub use concurrency::{
     SlotBody, SlotPermit,
 };
 pub use credit::ColdStart;
-pub use error::ConfigError;
+pub use error::{ConfigError, StoreError};
 pub use failure::FailurePolicy;
 pub use fields::{PartitionKey, RateLimitFields, Revision};
 pub use future::{Acquire, ResponseFuture};

@@ -15,7 +15,9 @@ use hierarchical_throttle::clock::ManualClock;
 use hierarchical_throttle::global::{Adjustment, GlobalStore};
 use hierarchical_throttle::local::LocalStore;
 use hierarchical_throttle::quota::{BucketKey, LeaseKey};
-use hierarchical_throttle::{ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
+use hierarchical_throttle::{
+    ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, StoreError,
+};
 use http::StatusCode;
 
 /// 10 a minute, a token every 6 s.
@@ -198,10 +200,8 @@ async fn a_store_error_is_the_adjustments_answer_and_changes_nothing_here() {
         .adjust("u1".to_owned(), Adjustment::Drain)
         .await
         .unwrap_err();
-    assert!(
-        error.downcast_ref::<common::StoreDown>().is_some(),
-        "{error}"
-    );
+    let error = error.downcast_ref::<StoreError<common::StoreDown>>();
+    assert!(matches!(error, Some(StoreError::Store(_))), "{error:?}");
     store.set(common::Fault::None);
     assert_eq!(leased(), held, "the lease is not revoked");
     assert_eq!(layer.remaining_global("u1").await.unwrap(), level);
@@ -276,4 +276,43 @@ async fn an_adjustment_answered_after_a_limit_change_does_not_throttle_under_the
     // The host asks the store again rather than refuse from it.
     assert!(layer.acquire(key(), 1).await.is_ok());
     assert_eq!(memory.peek(&bucket, &new).tokens(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_operator_s_call_to_a_stalled_store_ends_at_the_store_time_out() {
+    let clock = ManualClock::new();
+    let memory = MemoryGlobalStore::with_clock(clock.clone());
+    let store = common::FaultyStore::new(memory.clone());
+    // The store works, but its answers come a minute late.
+    store.delay_adjust_answers(Duration::from_secs(60));
+    let timeout = Duration::from_millis(80);
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|key: &String| Some(key.clone()))
+        .clock(clock.clone())
+        .limit(Limit::per_second(10).burst(10).unwrap())
+        .store_timeout(timeout)
+        .global_store(store)
+        .build()
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let drained = layer.adjust("k", Adjustment::Drain).await;
+    assert!(
+        matches!(drained, Err(StoreError::TimedOut(t)) if t == timeout),
+        "{drained:?}"
+    );
+    assert_eq!(
+        started.elapsed(),
+        timeout,
+        "given up at the time-out, not later"
+    );
+    // The change was made all the same (the call reached the store, its answer did not).
+    let bucket = BucketKey::new("k".to_owned(), "default").unwrap();
+    let limit = Limit::per_second(10).burst(10).unwrap();
+    assert_eq!(memory.peek(&bucket, &limit).tokens(), 0);
+    let started = tokio::time::Instant::now();
+    let read = layer.remaining_global("k").await;
+    assert!(matches!(read, Err(StoreError::TimedOut(_))), "{read:?}");
+    assert_eq!(started.elapsed(), timeout);
+    let error = read.unwrap_err().to_string();
+    assert_eq!(error, "the global store did not answer within 80ms");
 }

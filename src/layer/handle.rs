@@ -172,8 +172,9 @@ impl<K: 'static> ThrottleHandle<K> {
         self.uses.store_up()
     }
 
-    /// [`HierarchicalThrottleLayer::adjust`] on `key`, the store's error boxed: for an
-    /// operator's endpoint in the application.
+    /// [`HierarchicalThrottleLayer::adjust`] on `key`, its [`StoreError`](crate::StoreError)
+    /// boxed (its `source` is the store's own error): for an operator's endpoint in the
+    /// application.
     pub async fn adjust(&self, key: K, adjustment: Adjustment) -> Result<Vec<Remaining>, BoxError> {
         self.uses.adjust(key, adjustment).await
     }

@@ -149,9 +149,13 @@ where
     }
 
     /// What every limit of `key` (at the layer's first level) holds in the global store: one
-    /// read per limit, taking nothing. Tokens leased to hosts are not in it. `key` may be a
+    /// read per limit, taking nothing, each within the
+    /// [store time-out](crate::Builder::store_timeout). Tokens leased to hosts are not in it. `key` may be a
     /// borrowed form of the key type, as for [`remaining`](Self::remaining).
-    pub async fn remaining_global<Q>(&self, key: &Q) -> Result<Vec<crate::Remaining>, G::Error>
+    pub async fn remaining_global<Q>(
+        &self,
+        key: &Q,
+    ) -> Result<Vec<crate::Remaining>, crate::StoreError<G::Error>>
     where
         K: std::borrow::Borrow<Q>,
         Q: crate::key::BorrowedKey<Key = K> + ?Sized,
@@ -162,9 +166,11 @@ where
     /// Changes every limit of `key` (at the layer's first level) in the global store by hand,
     /// as an operator does to lift a block (`Adjustment::Reset`), stop a key at once
     /// (`Drain`), or grant or charge tokens (`Add`, `Remove`); returns each limit's level
-    /// after. Never on a request's path: one call per limit, in the quota's order. A store
-    /// error ends it there, the limits before changed: `Reset` and `Drain` can be sent again
-    /// as they are, `Add` and `Remove` would apply twice to those.
+    /// after. Never on a request's path: one call per limit, in the quota's order, each within
+    /// the [store time-out](crate::Builder::store_timeout). A store error, or a time-out
+    /// ([`StoreError::TimedOut`](crate::StoreError::TimedOut): the change may still be applied
+    /// when a stalled store resumes), ends it there, the limits before changed: `Reset` and
+    /// `Drain` can be sent again as they are, `Add` and `Remove` could apply twice.
     ///
     /// This host applies it at once: it learns the buckets' levels after, and after a drain
     /// revokes the tokens it held. Other hosts keep the tokens already leased to
@@ -195,7 +201,7 @@ where
         &self,
         key: &Q,
         adjustment: crate::global::Adjustment,
-    ) -> Result<Vec<crate::Remaining>, G::Error>
+    ) -> Result<Vec<crate::Remaining>, crate::StoreError<G::Error>>
     where
         K: std::borrow::Borrow<Q>,
         Q: crate::key::BorrowedKey<Key = K> + ?Sized,
@@ -210,7 +216,7 @@ where
         &self,
         keys: crate::Keys<K>,
         adjustment: crate::global::Adjustment,
-    ) -> Result<Vec<crate::Remaining>, G::Error> {
+    ) -> Result<Vec<crate::Remaining>, crate::StoreError<G::Error>> {
         let mut out = Vec::new();
         for id in keys.ids() {
             out.extend(self.throttle.adjust(id.level, &id.key, adjustment).await?);

@@ -3,6 +3,7 @@
 //! to the store, within a lease time-to-live even for a key they are refusing.
 
 use crate::clock::{Clock, micros};
+use crate::error::StoreError;
 use crate::global::Adjustment;
 use crate::quota::{BucketKey, LeaseKey};
 use crate::remaining::Remaining;
@@ -24,7 +25,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         level: u8,
         key: &K,
         adjustment: Adjustment,
-    ) -> Result<Vec<Remaining>, G::Error> {
+    ) -> Result<Vec<Remaining>, StoreError<G::Error>> {
         let Some((level_name, quota)) = self.level_quota(level, key) else {
             return Ok(Vec::new());
         };
@@ -34,7 +35,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         for (slot, (name, limit)) in (0..).zip(quota.slots_iter()) {
             let bucket = BucketKey::from_parts(key.clone(), self.config.layer, level_name, name);
             let sent_at = self.now();
-            let after = self.global.adjust(&bucket, &limit, adjustment).await?;
+            let after = self
+                .operator_call(self.global.adjust(&bucket, &limit, adjustment))
+                .await?;
             let id = LeaseKey::new(key.clone(), level, slot);
             let now = self.now();
             // The answer is the bucket's under the limit it was asked with: if the key's limit
@@ -52,5 +55,17 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             out.push(self.remaining_global_of(key, name, level_name, limit, after));
         }
         Ok(out)
+    }
+
+    /// An operator's call to the store, within the store time-out.
+    pub(crate) async fn operator_call<T>(
+        &self,
+        call: impl Future<Output = Result<T, G::Error>>,
+    ) -> Result<T, StoreError<G::Error>> {
+        let timeout = self.config.store_timeout;
+        match tokio::time::timeout(timeout, call).await {
+            Ok(answer) => answer.map_err(StoreError::Store),
+            Err(_) => Err(StoreError::TimedOut(timeout)),
+        }
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, micros};
+use crate::error::StoreError;
 use crate::fields::PartitionKey;
 use crate::global::BucketLevel;
 use crate::limit::Limit;
@@ -164,14 +165,16 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         &self,
         level: u8,
         key: &K,
-    ) -> Result<Vec<Remaining>, G::Error> {
+    ) -> Result<Vec<Remaining>, StoreError<G::Error>> {
         let Some((level_name, quota)) = self.level_quota(level, key) else {
             return Ok(Vec::new());
         };
         let mut out = Vec::with_capacity(quota.len());
         for (name, limit) in quota.slots_iter() {
             let bucket = BucketKey::from_parts(key.clone(), self.config.layer, level_name, name);
-            let level = self.global.level(&bucket, &limit).await?;
+            let level = self
+                .operator_call(self.global.level(&bucket, &limit))
+                .await?;
             out.push(self.remaining_global_of(key, name, level_name, limit, level));
         }
         Ok(out)

@@ -263,7 +263,8 @@ impl<G> FaultyStore<G> {
         }
     }
 
-    /// A change by hand is made at once, its answer comes `delay` later (on tokio's clock).
+    /// A change by hand (or a read of a level) is made at once, its answer comes `delay` later
+    /// (on tokio's clock).
     pub fn delay_adjust_answers(&self, delay: Duration) {
         self.adjust_answer_micros
             .store(delay.as_micros() as u64, Ordering::SeqCst);
@@ -366,7 +367,12 @@ impl<K: Sync, G: GlobalStore<K>> GlobalStore<K> for FaultyStore<G> {
         limit: &Limit,
     ) -> impl Future<Output = Result<BucketLevel, StoreDown>> + Send {
         let read = self.inner.level(key, limit);
-        async move { read.await.map_err(|_| StoreDown) }
+        let answer_after = Duration::from_micros(self.adjust_answer_micros.load(Ordering::SeqCst));
+        async move {
+            let level = read.await.map_err(|_| StoreDown);
+            tokio::time::sleep(answer_after).await;
+            level
+        }
     }
 
     fn adjust(

@@ -214,6 +214,34 @@ impl FaultyGlobal {
             .insert(bucket, self.clock.now());
     }
 
+    /// The store applies an operator's change now; tokens it adds are ones the fleet may use
+    /// on top of its allowance, as if they came back.
+    async fn apply_adjustment(
+        &self,
+        key: BucketKey<String>,
+        limit: Limit,
+        adjustment: Adjustment,
+    ) -> BucketLevel {
+        let store = self.store();
+        let level = |b: TokenBucket| i128::from(b.tokens()) - i128::from(b.owed());
+        let before = level(store.peek(&key, &limit));
+        let Ok(after) = store.adjust(&key, &limit, adjustment).await;
+        let added = level(store.peek(&key, &limit)) - before;
+        if added > 0 {
+            *self
+                .forgiven
+                .lock()
+                .unwrap()
+                .entry(key.clone())
+                .or_default() += added as u64;
+            self.returned_at
+                .lock()
+                .unwrap()
+                .insert(key, self.clock.now());
+        }
+        after
+    }
+
     /// Applies `work` after the delay of a late call (at the end of the stall, if the store
     /// is stalled), whatever became of the call's host.
     fn apply_late(&self, work: impl Future<Output = ()> + Send + 'static) {
@@ -478,32 +506,25 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
         let (fault, latency, _) = self.draw();
         let fault = match fault {
             Fault::Hang | Fault::TooSlow => Fault::ErrorAfter,
+            // Only a stalled store applies an operator's change after its caller gave up.
+            Fault::AppliedLate if self.stalled_until().is_none() => Fault::None,
             other => other,
         };
         let (this, key, limit) = (self.clone(), key.clone(), *limit);
         async move {
+            if fault == Fault::AppliedLate {
+                let late = this.clone();
+                this.apply_late(async move {
+                    late.apply_adjustment(key, limit, adjustment).await;
+                    late.ledger.lock().unwrap().applied_late += 1;
+                });
+                return std::future::pending().await;
+            }
             tokio::time::sleep(latency / 2).await;
             if fault == Fault::ErrorBefore {
                 return Err(Injected { applied: false });
             }
-            let store = this.store();
-            let level = |b: TokenBucket| i128::from(b.tokens()) - i128::from(b.owed());
-            let before = level(store.peek(&key, &limit));
-            let Ok(after) = store.adjust(&key, &limit, adjustment).await;
-            let added = level(store.peek(&key, &limit)) - before;
-            if added > 0 {
-                // Tokens the fleet may use on top of its allowance, as if they came back.
-                *this
-                    .forgiven
-                    .lock()
-                    .unwrap()
-                    .entry(key.clone())
-                    .or_default() += added as u64;
-                this.returned_at
-                    .lock()
-                    .unwrap()
-                    .insert(key.clone(), this.clock.now());
-            }
+            let after = this.apply_adjustment(key, limit, adjustment).await;
             answer(fault, latency - latency / 2).await?;
             Ok(after)
         }
