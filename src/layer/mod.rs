@@ -150,8 +150,8 @@ where
 
     /// What every limit of `key` (at the layer's first level) holds in the global store: one
     /// read per limit, taking nothing, each within the
-    /// [store time-out](crate::Builder::store_timeout). Tokens leased to hosts are not in it. `key` may be a
-    /// borrowed form of the key type, as for [`remaining`](Self::remaining).
+    /// [store time-out](crate::Builder::store_timeout). Tokens leased to hosts are not in it.
+    /// `key` may be a borrowed form of the key type, as for [`remaining`](Self::remaining).
     pub async fn remaining_global<Q>(
         &self,
         key: &Q,
