@@ -57,13 +57,15 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         Ok(out)
     }
 
-    /// An operator's call to the store, within the store time-out.
+    /// An operator's call to the store, within the store time-out. Boxed: a store's future
+    /// (Redis's is deep) inside the time-out's, inside the caller's, would otherwise nest past
+    /// the compiler's default depth in an application's own async code.
     pub(crate) async fn operator_call<T>(
         &self,
         call: impl Future<Output = Result<T, G::Error>>,
     ) -> Result<T, StoreError<G::Error>> {
         let timeout = self.config.store_timeout;
-        match tokio::time::timeout(timeout, call).await {
+        match tokio::time::timeout(timeout, Box::pin(call)).await {
             Ok(answer) => answer.map_err(StoreError::Store),
             Err(_) => Err(StoreError::TimedOut(timeout)),
         }

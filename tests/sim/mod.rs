@@ -17,7 +17,10 @@
 //!    needs to hold the cost again (see `Recorder::wrong_wait`), plus the drawn jitter.
 //!
 //! The store's faults include calls it applies only after their hosts gave up on them (a
-//! stalled store with the calls in its socket buffer).
+//! stalled store with the calls in its socket buffer), and stalls of the whole store, which
+//! apply every call sent during them at their end and answer none (some across a calendar
+//! quota's reset). A calendar quota's hand-back is never taken into a window after the one it
+//! was sent in.
 //!
 //! Seeds also draw run-time limit changes (raised, lowered, a limit added, removed, renamed),
 //! failure policies that admit (their admissions then settled), settled costs up to
