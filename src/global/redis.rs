@@ -572,14 +572,8 @@ where
         limit: &Limit,
         back: TokenReturn,
     ) -> Result<(), RedisError> {
-        let _held: u64 = self
-            .run(
-                &self.scripts.release,
-                key,
-                limit,
-                [back.tokens, back.expires_micros(), 0],
-            )
-            .await?;
+        let args = [back.tokens, back.expires_micros(), 0];
+        let _held: u64 = self.run(&self.scripts.release, key, limit, args).await?;
         Ok(())
     }
 
