@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use crate::clock::micros;
 use crate::limit::Limit;
 
 /// The longest wait a bucket reports: 2^53 microseconds, the largest integer every store
@@ -577,15 +578,12 @@ impl TokenReturn {
 
     /// Whether the tokens no longer count at `now_micros` (Unix time by the store's clock).
     pub fn has_expired(&self, now_micros: u64) -> bool {
-        self.expires
-            .is_some_and(|at| u128::from(now_micros) >= at.as_micros())
+        self.expires.is_some_and(|at| now_micros >= micros(at))
     }
 
     /// [`expires`](Self::expires) in whole Unix microseconds, for a store's wire (0: never).
     pub fn expires_micros(&self) -> u64 {
-        self.expires.map_or(0, |at| {
-            u64::try_from(at.as_micros()).unwrap_or(u64::MAX).max(1)
-        })
+        self.expires.map_or(0, |at| micros(at).max(1))
     }
 }
 
