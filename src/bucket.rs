@@ -309,9 +309,19 @@ impl TokenBucket {
         }
     }
 
-    /// Refills to `now_micros`, then applies `adjustment` (an operator's change): see
-    /// [`Adjustment`].
-    pub fn adjust(&mut self, limit: &Limit, now_micros: u64, adjustment: Adjustment) {
+    /// Refills to `now_micros`, then applies `adjustment` (an operator's change; see
+    /// [`Adjustment`]) unless it `expires` by then (Unix time; `None`: never), as a hand-back
+    /// does: a calendar quota's change belongs to the window it was made in.
+    pub fn adjust(
+        &mut self,
+        limit: &Limit,
+        now_micros: u64,
+        adjustment: Adjustment,
+        expires: Option<Duration>,
+    ) {
+        if has_expired(expires, now_micros) {
+            return;
+        }
         self.refill(limit, now_micros);
         let capacity = capacity(limit);
         let amount = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
@@ -578,13 +588,25 @@ impl TokenReturn {
 
     /// Whether the tokens no longer count at `now_micros` (Unix time by the store's clock).
     pub fn has_expired(&self, now_micros: u64) -> bool {
-        self.expires.is_some_and(|at| now_micros >= micros(at))
+        has_expired(self.expires, now_micros)
     }
 
     /// [`expires`](Self::expires) in whole Unix microseconds, for a store's wire (0: never).
     pub fn expires_micros(&self) -> u64 {
-        self.expires.map_or(0, |at| micros(at).max(1))
+        expiry_micros(self.expires)
     }
+}
+
+/// Whether a call that `expires` (Unix time; `None`: never) no longer counts at `now_micros`
+/// (Unix time by the store's clock): a hand-back's or an operator's change of a calendar
+/// quota, reaching the store at or after the reset of the window it was made in.
+pub fn has_expired(expires: Option<Duration>, now_micros: u64) -> bool {
+    expires.is_some_and(|at| now_micros >= micros(at))
+}
+
+/// An expiry in whole Unix microseconds, for a store's wire (0: never).
+pub fn expiry_micros(expires: Option<Duration>) -> u64 {
+    expires.map_or(0, |at| micros(at).max(1))
 }
 
 /// A global store's answer to a [`TokenRequest`].
@@ -644,22 +666,22 @@ mod tests {
         let mut b = TokenBucket::full(&l, 0);
         b.take(&l, 0, 1, 3);
         // 2 ms later: 1 token and two thirds of the next.
-        b.adjust(&l, 2_000, Adjustment::Drain);
+        b.adjust(&l, 2_000, Adjustment::Drain, None);
         assert_eq!((b.tokens(), b.owed(), b.micros_until(&l, 1)), (0, 0, 3_000));
-        b.adjust(&l, 2_000, Adjustment::Add(3));
+        b.adjust(&l, 2_000, Adjustment::Add(3), None);
         assert_eq!(b.tokens(), 3);
-        b.adjust(&l, 2_000, Adjustment::Add(100));
+        b.adjust(&l, 2_000, Adjustment::Add(100), None);
         assert_eq!((b.tokens(), b.is_full_at(&l, 2_000)), (4, true));
         // Into debt of at most a capacity, which the refill pays first.
-        b.adjust(&l, 2_000, Adjustment::Remove(100));
+        b.adjust(&l, 2_000, Adjustment::Remove(100), None);
         assert_eq!((b.tokens(), b.owed()), (0, 4));
         assert_eq!(b.micros_until(&l, 1), 15_000);
-        b.adjust(&l, 2_000, Adjustment::Remove(1));
+        b.adjust(&l, 2_000, Adjustment::Remove(1), None);
         assert_eq!(b.owed(), 4);
         // A drain keeps what is owed; a reset forgives it.
-        b.adjust(&l, 5_000, Adjustment::Drain);
+        b.adjust(&l, 5_000, Adjustment::Drain, None);
         assert_eq!((b.owed(), b.micros_until(&l, 0)), (3, 9_000));
-        b.adjust(&l, 5_000, Adjustment::Reset);
+        b.adjust(&l, 5_000, Adjustment::Reset, None);
         assert_eq!((b.tokens(), b.is_full_at(&l, 5_000)), (4, true));
     }
 
@@ -707,6 +729,25 @@ mod tests {
         assert_eq!(b.tokens(), 2, "dropped at the instant they expire");
         b.give_back(&l, 11, TokenReturn::new(1));
         assert_eq!(b.tokens(), 3, "tokens that never expire always count");
+    }
+
+    #[test]
+    fn an_expired_adjustment_changes_nothing() {
+        let l = tb();
+        let mut b = TokenBucket::full(&l, 0);
+        b.take(&l, 0, 4, 4);
+        let at = Some(Duration::from_micros(10));
+        b.adjust(&l, 10, Adjustment::Reset, at);
+        b.adjust(&l, 11, Adjustment::Add(2), at);
+        assert_eq!(
+            (b.tokens(), b.micros_until(&l, 1)),
+            (0, 3_000),
+            "dropped from its expiry on"
+        );
+        b.adjust(&l, 9, Adjustment::Add(2), at);
+        assert_eq!(b.tokens(), 2, "applied before it expires");
+        b.adjust(&l, 11, Adjustment::Drain, None);
+        assert_eq!(b.tokens(), 0, "a change that never expires always applies");
     }
 
     #[test]

@@ -361,7 +361,7 @@ mod tokens_taken_back {
 mod stalled_hand_backs {
     //! A hand-back that a stalled store applies only after the reset (the host sent it in
     //! time, then gave up waiting) adds nothing to the next window: its tokens expire at the
-    //! reset of the window they were leased in.
+    //! reset of the window they were leased in. An operator's change does the same.
 
     use std::future::Future;
     use std::sync::{Arc, Mutex};
@@ -373,13 +373,20 @@ mod stalled_hand_backs {
         Adjustment, BucketLevel, GlobalStore, Grant, LayerRegistry, TokenRequest, TokenReturn,
     };
     use hierarchical_throttle::quota::BucketKey;
-    use hierarchical_throttle::{ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
+    use hierarchical_throttle::{
+        ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore,
+        StoreError,
+    };
 
     type Inner = MemoryGlobalStore<String, ManualClock>;
-    type Stalled = (BucketKey<String>, Limit, TokenReturn);
 
-    /// A store that stalls every hand-back: it keeps the call (as a server keeps it in its
-    /// socket buffer) and never answers, until the test applies it.
+    enum Stalled {
+        Release(BucketKey<String>, Limit, TokenReturn),
+        Adjust(BucketKey<String>, Limit, Adjustment, Option<Duration>),
+    }
+
+    /// A store that stalls every hand-back and operator's change: it keeps the call (as a
+    /// server keeps it in its socket buffer) and never answers, until the test applies it.
     #[derive(Clone)]
     struct StallingStore {
         inner: Inner,
@@ -387,13 +394,20 @@ mod stalled_hand_backs {
     }
 
     impl StallingStore {
-        /// Applies every stalled hand-back now, and returns the tokens they carried.
+        /// Applies every stalled call now, and returns the tokens the hand-backs carried.
         async fn resume(&self) -> u64 {
             let stalled = std::mem::take(&mut *self.stalled.lock().unwrap());
             let mut tokens = 0;
-            for (key, limit, back) in stalled {
-                tokens += back.tokens;
-                let Ok(()) = self.inner.release(&key, &limit, back).await;
+            for call in stalled {
+                match call {
+                    Stalled::Release(key, limit, back) => {
+                        tokens += back.tokens;
+                        let Ok(()) = self.inner.release(&key, &limit, back).await;
+                    }
+                    Stalled::Adjust(key, limit, adjustment, expires) => {
+                        let Ok(_) = self.inner.adjust(&key, &limit, adjustment, expires).await;
+                    }
+                }
             }
             tokens
         }
@@ -417,10 +431,8 @@ mod stalled_hand_backs {
             limit: &Limit,
             back: TokenReturn,
         ) -> impl Future<Output = Result<(), Self::Error>> + Send {
-            self.stalled
-                .lock()
-                .unwrap()
-                .push((key.clone(), *limit, back));
+            let call = Stalled::Release(key.clone(), *limit, back);
+            self.stalled.lock().unwrap().push(call);
             std::future::pending()
         }
 
@@ -437,8 +449,11 @@ mod stalled_hand_backs {
             key: &BucketKey<String>,
             limit: &Limit,
             adjustment: Adjustment,
+            expires: Option<Duration>,
         ) -> impl Future<Output = Result<BucketLevel, Self::Error>> + Send {
-            self.inner.adjust(key, limit, adjustment)
+            let call = Stalled::Adjust(key.clone(), *limit, adjustment, expires);
+            self.stalled.lock().unwrap().push(call);
+            std::future::pending()
         }
 
         fn layers(&self) -> Option<&LayerRegistry> {
@@ -446,12 +461,21 @@ mod stalled_hand_backs {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_hand_back_the_store_applies_after_the_reset_adds_nothing_to_the_next_window() {
+    type Jobs = HierarchicalThrottleLayer<
+        String,
+        String,
+        StallingStore,
+        MemoryLocalStore<String>,
+        ManualClock,
+    >;
+
+    /// 2024-02-29 00:00 UTC, the leap day's start.
+    const MIDNIGHT: Duration = Duration::from_secs(1_709_164_800);
+
+    /// A quota of 10 a day on a stalling store, a minute before the leap day.
+    fn a_minute_before_the_leap_day() -> (ManualClock, StallingStore, Jobs) {
         let clock = ManualClock::new();
-        // 2024-02-28 23:59:00 UTC, a minute before the leap day.
-        let midnight = Duration::from_secs(1_709_164_800);
-        clock.set(midnight - Duration::from_secs(60));
+        clock.set(MIDNIGHT - Duration::from_secs(60));
         let store = StallingStore {
             inner: MemoryGlobalStore::with_clock(clock.clone()),
             stalled: Arc::default(),
@@ -465,25 +489,61 @@ mod stalled_hand_backs {
             .batch_policy(FractionOfCapacity::new(0.5).unwrap())
             .build()
             .unwrap();
-        let job = || "job".to_owned();
+        (clock, store, layer)
+    }
+
+    /// Uses of the job until the first refusal.
+    async fn admitted_until_refused(layer: &Jobs) -> u32 {
+        let mut admitted = 0;
+        while layer.acquire("job".to_owned(), 1).await.is_ok() {
+            admitted += 1;
+            assert!(admitted <= 100, "never refused");
+        }
+        admitted
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hand_back_the_store_applies_after_the_reset_adds_nothing_to_the_next_window() {
+        let (clock, store, layer) = a_minute_before_the_leap_day();
         // Leases a batch of five, of which one token is used.
-        assert!(layer.acquire(job(), 1).await.is_ok());
+        assert!(layer.acquire("job".to_owned(), 1).await.is_ok());
         // 1.5 s before midnight the lease is handed back (late enough that the host holds no
         // token of the day into the next, early enough that the hand-back would reach the
         // store before the reset); the store stalls it, and the host gives up on it.
-        clock.set(midnight - Duration::from_millis(1_500));
+        clock.set(MIDNIGHT - Duration::from_millis(1_500));
         layer.return_unused_leases().await;
         let lost = layer.stats().tokens_lost;
         assert!(lost > 0, "the hand-back timed out with its tokens");
         // On the leap day, a use; then the store wakes and applies the day before's hand-back.
-        clock.set(midnight + Duration::from_secs(10));
-        assert!(layer.acquire(job(), 1).await.is_ok());
+        clock.set(MIDNIGHT + Duration::from_secs(10));
+        assert!(layer.acquire("job".to_owned(), 1).await.is_ok());
         assert_eq!(store.resume().await, lost);
-        let mut admitted = 1;
-        while layer.acquire(job(), 1).await.is_ok() {
-            admitted += 1;
-            assert!(admitted <= 100, "never refused");
-        }
+        let admitted = 1 + admitted_until_refused(&layer).await;
         assert_eq!(admitted, 10, "the leap day's 10, none of the day before's");
+    }
+
+    /// A day of 10 spent in full before midnight; `adjustment` sent to the stalled store a
+    /// second before midnight, applied 10 s after it. Returns the requests the new day admits.
+    async fn admitted_the_day_after_a_stalled(adjustment: Adjustment) -> u32 {
+        let (clock, store, layer) = a_minute_before_the_leap_day();
+        assert_eq!(admitted_until_refused(&layer).await, 10);
+        clock.set(MIDNIGHT - Duration::from_secs(1));
+        let sent = layer.adjust("job", adjustment).await;
+        assert!(
+            matches!(sent, Err(StoreError::TimedOut(_))),
+            "the operator is told the change may land later: {sent:?}"
+        );
+        clock.set(MIDNIGHT + Duration::from_secs(10));
+        assert!(layer.acquire("job".to_owned(), 1).await.is_ok());
+        store.resume().await;
+        1 + admitted_until_refused(&layer).await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_operator_s_change_the_store_applies_after_the_reset_leaves_the_next_window_alone() {
+        for adjustment in [Adjustment::Add(5), Adjustment::Reset, Adjustment::Drain] {
+            let admitted = admitted_the_day_after_a_stalled(adjustment).await;
+            assert_eq!(admitted, 10, "{adjustment:?} was for the day before");
+        }
     }
 }

@@ -48,7 +48,7 @@ async fn redis_passes_the_same_conformance_suite_as_memory() {
 }
 
 #[tokio::test]
-async fn hand_backs_expire_by_redis_s_own_clock() {
+async fn hand_backs_and_changes_expire_by_redis_s_own_clock() {
     let server = RedisServer::start();
     let redis = store(&server).await;
     let limit = Limit::per_day(10).burst(10).unwrap();
@@ -88,6 +88,12 @@ async fn hand_backs_expire_by_redis_s_own_clock() {
         level.tokens, 6,
         "the live tokens twice, the expired ones never"
     );
+    // An operator's change likewise.
+    let add = Adjustment::Add(2);
+    let level = redis.adjust(&key, &limit, add, Some(unix_now - hour)).await;
+    assert_eq!(level.unwrap().tokens, 6, "an expired change is dropped");
+    let level = redis.adjust(&key, &limit, add, Some(unix_now + hour)).await;
+    assert_eq!(level.unwrap().tokens, 8, "a live one applies");
 }
 
 #[tokio::test]

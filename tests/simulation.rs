@@ -99,11 +99,14 @@ mod sim;
 ///   reset, which the hosts gave up on, were taken after it, into the next window (2 and 18
 ///   tokens). A hand-back now carries the reset its tokens expire at, and the store drops it
 ///   past then.
+/// - 172, 1258: the same stall, with operators' changes (an addition, a reset, a drain) sent
+///   before the reset and applied after it, to the next window. A change now carries the
+///   reset it expires at, as a hand-back does.
 const REGRESSIONS: &[u64] = &[
     2, 22, 117, 139, 398, 430, 505, 1222, 1939, 2273, 3828, 4001, 5507, 14606, 17126, 23370, 25792,
     26693, 27208, 28503, 206, 1496, 11007, 12394, 16564, 6709, 8065, 9575, 10068, 10591, 10970,
     13957, 15934, 19702, 19948, 7952, 59518, 84207, 154893, 108375, 10, 28, 1869, 38, 145, 640,
-    3589, 1148, 11516, 3787, 11930, 49260, 608, 741,
+    3589, 1148, 11516, 3787, 11930, 49260, 608, 741, 172, 1258,
 ];
 
 /// Seeds run by default: sixty in a debug build (they catch overflows and debug assertions; the

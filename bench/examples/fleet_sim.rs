@@ -237,8 +237,9 @@ impl GlobalStore<BucketKey<usize>> for CountingStore {
         key: &BucketKey<usize>,
         limit: &Limit,
         adjustment: Adjustment,
+        expires: Option<Duration>,
     ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
-        self.inner.adjust(key, limit, adjustment)
+        self.inner.adjust(key, limit, adjustment, expires)
     }
 
     fn release(

@@ -89,8 +89,9 @@ impl GlobalStore<BucketKey<usize>> for CountingStore {
         key: &BucketKey<usize>,
         limit: &Limit,
         adjustment: Adjustment,
+        expires: Option<Duration>,
     ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
-        self.inner.adjust(key, limit, adjustment)
+        self.inner.adjust(key, limit, adjustment, expires)
     }
 
     /// One round trip for the whole batch, as a store with a batched form makes.

@@ -3,6 +3,7 @@
 use std::convert::Infallible;
 use std::hash::{BuildHasher, Hash};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
@@ -430,9 +431,10 @@ where
         key: &BucketKey<K>,
         limit: &Limit,
         adjustment: Adjustment,
+        expires: Option<Duration>,
     ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
         let level = self.with_bucket(key, limit, |b, now| {
-            b.adjust(limit, now, adjustment);
+            b.adjust(limit, now, adjustment, expires);
             BucketLevel::of(b, limit, now)
         });
         std::future::ready(Ok(level))

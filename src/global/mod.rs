@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use futures_util::Stream;
 use futures_util::stream::FuturesUnordered;
@@ -114,11 +115,20 @@ pub trait GlobalStore<K>: Send + Sync + 'static {
     /// for operators' tools, never on a request's path. Tokens already leased to hosts are not
     /// touched: each host spends what it holds (or hands it back), and meets the new level at
     /// its next call to the store.
+    ///
+    /// A change that reaches the store at or after `expires` (Unix time by the store's clock;
+    /// see [`has_expired`](crate::bucket::has_expired)) is dropped, and the level returned as it
+    /// is: a calendar quota's change belongs to the window it was made in, as its hand-backs
+    /// do ([`TokenReturn::expires`]), so that a change a stalled store applies after the reset
+    /// never grows (or empties) the next window. [`TokenBucket::adjust`] does both.
+    ///
+    /// [`TokenBucket::adjust`]: crate::bucket::TokenBucket::adjust
     fn adjust(
         &self,
         key: &K,
         limit: &Limit,
         adjustment: Adjustment,
+        expires: Option<Duration>,
     ) -> impl Future<Output = Result<BucketLevel, Self::Error>> + Send;
 
     /// Whether a call that ended in `error` may still have taken effect in the store (the

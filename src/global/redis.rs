@@ -5,12 +5,14 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::Stream;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
+use crate::bucket::expiry_micros;
 use crate::clock::{Clock, micros, unix_micros};
 use crate::error::ConfigError;
 use crate::global::{
@@ -560,9 +562,9 @@ where
         Ok(Grant {
             granted,
             reserved,
-            ready_in: std::time::Duration::from_micros(ready_in),
+            ready_in: Duration::from_micros(ready_in),
             remaining,
-            refill_in: std::time::Duration::from_micros(refill_in),
+            refill_in: Duration::from_micros(refill_in),
         })
     }
 
@@ -587,6 +589,7 @@ where
         key: &BucketKey<K>,
         limit: &Limit,
         adjustment: Adjustment,
+        expires: Option<Duration>,
     ) -> Result<BucketLevel, RedisError> {
         // Beyond twice the capacity, a removal only reaches the floor of a capacity of debt;
         // kept below 2^54 so that Lua's doubles stay exact enough.
@@ -598,7 +601,12 @@ where
             Adjustment::Remove(n) => (3, n.min(most)),
         };
         let level = self
-            .run(&self.scripts.adjust, key, limit, [op, tokens, 0])
+            .run(
+                &self.scripts.adjust,
+                key,
+                limit,
+                [op, tokens, expiry_micros(expires)],
+            )
             .await?;
         Ok(bucket_level(level))
     }
@@ -692,8 +700,8 @@ display_keys!(u32, u64, u128, i32, i64, IpAddr);
 fn bucket_level((tokens, next_in, full_in): (u64, u64, u64)) -> BucketLevel {
     BucketLevel {
         tokens,
-        next_in: std::time::Duration::from_micros(next_in),
-        full_in: std::time::Duration::from_micros(full_in),
+        next_in: Duration::from_micros(next_in),
+        full_in: Duration::from_micros(full_in),
     }
 }
 

@@ -509,6 +509,14 @@ async fn against_the_model<G>(
         clock.advance(Duration::from_micros(next() % step_us));
         let now = micros(clock.now());
         let roll = next();
+        // Some expire: a moment ago, now, or ahead (a calendar quota's calls at its reset).
+        let spread = Duration::from_micros((roll >> 24) % step_us + 1);
+        let expires = match (roll >> 4) % 4 {
+            0 => None,
+            1 => Some(clock.now().saturating_sub(spread)),
+            2 => Some(clock.now()),
+            _ => Some(clock.now() + spread),
+        };
         if roll % 13 == 0 {
             let adjustment = match (roll >> 8) % 4 {
                 0 => Adjustment::Reset,
@@ -516,8 +524,9 @@ async fn against_the_model<G>(
                 2 => Adjustment::Add(1 + (roll >> 12) % 7),
                 _ => Adjustment::Remove(1 + (roll >> 12) % 7),
             };
-            let level = store.adjust(&key, limit, adjustment).await.expect("adjust");
-            model.adjust(limit, now, adjustment);
+            let level = store.adjust(&key, limit, adjustment, expires).await;
+            let level = level.expect("adjust");
+            model.adjust(limit, now, adjustment, expires);
             assert_eq!(
                 level,
                 BucketLevel::of(&model, limit, now),
@@ -526,15 +535,8 @@ async fn against_the_model<G>(
             continue;
         }
         if roll % 5 == 0 {
-            // Some expire: a moment ago, now, or ahead (a calendar quota's tokens at its reset).
             let tokens = 1 + roll % 3;
-            let spread = Duration::from_micros((roll >> 24) % step_us + 1);
-            let back = match (roll >> 4) % 4 {
-                0 => TokenReturn::new(tokens),
-                1 => TokenReturn::expiring(tokens, clock.now().saturating_sub(spread)),
-                2 => TokenReturn::expiring(tokens, clock.now()),
-                _ => TokenReturn::expiring(tokens, clock.now() + spread),
-            };
+            let back = TokenReturn { tokens, expires };
             store.release(&key, limit, back).await.expect("release");
             model.give_back(limit, now, back);
             continue;
@@ -578,16 +580,17 @@ async fn against_the_model<G>(
 
 /// An operator's adjustments, exact: drained (a part-refilled token gone too), tokens added
 /// up to capacity, removed into debt of at most a capacity (which the refill pays first),
-/// drained while in debt (the debt stays), reset (forgiven), and a bucket never seen drained.
+/// drained while in debt (the debt stays), reset (forgiven), a change dropped from the instant
+/// it expires, and a bucket never seen drained.
 pub async fn assert_adjust_conformance<G>(store: &G, clock: &ManualClock)
 where
     G: GlobalStore<BucketKey<String>>,
 {
     let limit = Limit::per(1, Duration::from_millis(3)).burst(4).unwrap();
     let key = BucketKey::new(format!("adjust-{}", clock.now().as_micros()), "default").unwrap();
-    let adjust = async |adjustment| {
+    let adjust_expiring = async |adjustment, expires| {
         let level = store
-            .adjust(&key, &limit, adjustment)
+            .adjust(&key, &limit, adjustment, expires)
             .await
             .expect("adjust");
         let read = store.level(&key, &limit).await.expect("level");
@@ -601,6 +604,7 @@ where
             level.full_in.as_micros() as u64,
         )
     };
+    let adjust = async |adjustment| adjust_expiring(adjustment, None).await;
     store
         .acquire(&key, &limit, TokenRequest::now(3, 3))
         .await
@@ -628,10 +632,20 @@ where
         (0, 12_000, 21_000),
         "drained in debt"
     );
-    assert_eq!(adjust(Adjustment::Reset).await, (4, 0, 0), "reset");
+    assert_eq!(
+        adjust_expiring(Adjustment::Reset, Some(clock.now())).await,
+        (0, 12_000, 21_000),
+        "dropped at the instant it expires"
+    );
+    let later = clock.now() + Duration::from_micros(1);
+    assert_eq!(
+        adjust_expiring(Adjustment::Reset, Some(later)).await,
+        (4, 0, 0),
+        "applied a microsecond before"
+    );
     let fresh = BucketKey::new(format!("adjust-fresh-{}", clock.now().as_micros()), "x").unwrap();
     let level = store
-        .adjust(&fresh, &limit, Adjustment::Drain)
+        .adjust(&fresh, &limit, Adjustment::Drain, None)
         .await
         .expect("adjust");
     assert_eq!(

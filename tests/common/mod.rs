@@ -380,10 +380,11 @@ impl<K: Sync, G: GlobalStore<K>> GlobalStore<K> for FaultyStore<G> {
         key: &K,
         limit: &Limit,
         adjustment: Adjustment,
+        expires: Option<Duration>,
     ) -> impl Future<Output = Result<BucketLevel, StoreDown>> + Send {
         // The memory store does its work when called: a failing store is not called at all.
-        let done =
-            (self.fault() == Fault::None as u8).then(|| self.inner.adjust(key, limit, adjustment));
+        let done = (self.fault() == Fault::None as u8)
+            .then(|| self.inner.adjust(key, limit, adjustment, expires));
         let answer_after = Duration::from_micros(self.adjust_answer_micros.load(Ordering::SeqCst));
         async move {
             tokio::time::sleep(answer_after).await;

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hierarchical_throttle::bucket::TokenBucket;
+use hierarchical_throttle::bucket::{TokenBucket, has_expired};
 use hierarchical_throttle::clock::{Clock, TokioClock};
 use hierarchical_throttle::global::{
     Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest, TokenReturn,
@@ -110,10 +110,12 @@ pub struct Ledger {
     pub lost: u64,
     /// Calls applied after their host gave up on them.
     pub applied_late: u64,
-    /// Hand-backs dropped because their tokens had expired when they reached the store.
+    /// Hand-backs and operators' changes dropped because they had expired when they reached
+    /// the store.
     pub dropped_expired: u64,
     /// A calendar quota's tokens taken back into a window after the one they were handed back
-    /// in: the next window's allowance grown by the last one's.
+    /// in (the next window's allowance grown by the last one's), and operators' changes
+    /// applied in a window after the one they were made in.
     pub carried_over: u64,
 }
 
@@ -202,9 +204,7 @@ impl FaultyGlobal {
             ledger.dropped_expired += 1;
             return;
         }
-        if let Some(calendar) = limit.calendar()
-            && calendar.next_reset(sent_at + origin) <= now
-        {
+        if self.in_a_later_window(&limit, sent_at) {
             ledger.carried_over += back.tokens;
         }
         ledger.returned += back.tokens;
@@ -214,18 +214,36 @@ impl FaultyGlobal {
             .insert(bucket, self.clock.now());
     }
 
-    /// The store applies an operator's change now; tokens it adds are ones the fleet may use
-    /// on top of its allowance, as if they came back.
+    /// Whether, for a calendar quota, now is in a window after the one of `sent_at`.
+    fn in_a_later_window(&self, limit: &Limit, sent_at: Duration) -> bool {
+        let origin = self.clock.unix_origin();
+        limit.calendar().is_some_and(|calendar| {
+            calendar.next_reset(sent_at + origin) <= self.clock.now() + origin
+        })
+    }
+
+    /// The store applies an operator's change now, or drops it if it has expired; tokens it
+    /// adds are ones the fleet may use on top of its allowance, as if they came back. A
+    /// calendar quota's change applied in a window after the one it was made in is carried
+    /// over.
     async fn apply_adjustment(
         &self,
         key: BucketKey<String>,
         limit: Limit,
         adjustment: Adjustment,
+        expires: Option<Duration>,
+        sent_at: Duration,
     ) -> BucketLevel {
         let store = self.store();
+        let now = (self.clock.now() + self.clock.unix_origin()).as_micros() as u64;
+        if has_expired(expires, now) {
+            self.ledger.lock().unwrap().dropped_expired += 1;
+        } else if self.in_a_later_window(&limit, sent_at) {
+            self.ledger.lock().unwrap().carried_over += 1;
+        }
         let level = |b: TokenBucket| i128::from(b.tokens()) - i128::from(b.owed());
         let before = level(store.peek(&key, &limit));
-        let Ok(after) = store.adjust(&key, &limit, adjustment).await;
+        let Ok(after) = store.adjust(&key, &limit, adjustment, expires).await;
         let added = level(store.peek(&key, &limit)) - before;
         if added > 0 {
             *self
@@ -495,14 +513,16 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
     }
 
     /// An operator's change, with the same latency and errors as other calls (a hang or a late
-    /// answer is an error after the change: the layer sets no time-out of its own on it); the
-    /// oracle counts tokens a change adds as allowed on top, and as reappeared.
+    /// answer is an error after the change, as the layer's time-out ends it); the oracle
+    /// counts tokens a change adds as allowed on top, and as reappeared.
     fn adjust(
         &self,
         key: &BucketKey<String>,
         limit: &Limit,
         adjustment: Adjustment,
+        expires: Option<Duration>,
     ) -> impl Future<Output = Result<BucketLevel, Injected>> + Send {
+        let sent_at = self.clock.now();
         let (fault, latency, _) = self.draw();
         let fault = match fault {
             Fault::Hang | Fault::TooSlow => Fault::ErrorAfter,
@@ -515,7 +535,8 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
             if fault == Fault::AppliedLate {
                 let late = this.clone();
                 this.apply_late(async move {
-                    late.apply_adjustment(key, limit, adjustment).await;
+                    late.apply_adjustment(key, limit, adjustment, expires, sent_at)
+                        .await;
                     late.ledger.lock().unwrap().applied_late += 1;
                 });
                 return std::future::pending().await;
@@ -524,7 +545,8 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
             if fault == Fault::ErrorBefore {
                 return Err(Injected { applied: false });
             }
-            let after = this.apply_adjustment(key, limit, adjustment).await;
+            let after = this.apply_adjustment(key, limit, adjustment, expires, sent_at);
+            let after = after.await;
             answer(fault, latency - latency / 2).await?;
             Ok(after)
         }

@@ -20,7 +20,7 @@
 //! stalled store with the calls in its socket buffer), and stalls of the whole store, which
 //! apply every call sent during them at their end and answer none (some across a calendar
 //! quota's reset). A calendar quota's hand-back is never taken into a window after the one it
-//! was sent in.
+//! was sent in, nor an operator's change applied in one after the one it was made in.
 //!
 //! Seeds also draw run-time limit changes (raised, lowered, a limit added, removed, renamed),
 //! failure policies that admit (their admissions then settled), settled costs up to
@@ -1312,7 +1312,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     let carried_over = global.ledger().carried_over;
     if carried_over > 0 {
         return Err(format!(
-            "the store took {carried_over} tokens of a calendar quota's window into the next"
+            "the store took {carried_over} tokens or changes of a calendar window into the next"
         ));
     }
     if s.conserves() {

@@ -1,21 +1,25 @@
 -- Applies an operator's adjustment (ARGV[7]: 0 reset, 1 drain, 2 add, 3 remove) of ARGV[8]
--- tokens (add and remove); see TokenBucket::adjust. Returns the level after, as level.lua does.
+-- tokens (add and remove), unless it expired at ARGV[9] (Unix us by Redis's clock, 0: never);
+-- see TokenBucket::adjust. Returns the level after, as level.lua does.
 local op = tonumber(ARGV[7])
 local n = tonumber(ARGV[8])
-if op == 0 then
-  tokens, remainder, cold = capacity, 0, cold_max
-elseif op == 1 then
-  tokens, remainder = math.min(tokens, 0), 0
-elseif op == 2 then
-  tokens = math.min(tokens + n, capacity)
-else
-  -- Into debt of at most a capacity.
-  tokens = math.min(tokens, math.max(tokens - n, -capacity))
+local expires = tonumber(ARGV[9])
+if expires == 0 or now < expires then
+  if op == 0 then
+    tokens, remainder, cold = capacity, 0, cold_max
+  elseif op == 1 then
+    tokens, remainder = math.min(tokens, 0), 0
+  elseif op == 2 then
+    tokens = math.min(tokens + n, capacity)
+  else
+    -- Into debt of at most a capacity.
+    tokens = math.min(tokens, math.max(tokens - n, -capacity))
+  end
+  if tokens == capacity then
+    remainder = 0
+  end
+  store()
 end
-if tokens == capacity then
-  remainder = 0
-end
-store()
 local whole = math.max(tokens, 0)
 return { whole, math.min(micros_until(math.min(whole + 1, capacity)), 2 ^ 53),
   math.min(micros_until(capacity), 2 ^ 53) }
