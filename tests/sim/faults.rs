@@ -208,10 +208,13 @@ impl FaultyGlobal {
             ledger.carried_over += back.tokens;
         }
         ledger.returned += back.tokens;
-        self.returned_at
-            .lock()
-            .unwrap()
-            .insert(bucket, self.clock.now());
+        self.mark_returned(bucket);
+    }
+
+    /// Tokens came back to `bucket` now (see `tokens_reappeared_since`).
+    fn mark_returned(&self, bucket: BucketKey<String>) {
+        let now = self.clock.now();
+        self.returned_at.lock().unwrap().insert(bucket, now);
     }
 
     /// Whether, for a calendar quota, now is in a window after the one of `sent_at`.
@@ -252,10 +255,7 @@ impl FaultyGlobal {
                 .unwrap()
                 .entry(key.clone())
                 .or_default() += added as u64;
-            self.returned_at
-                .lock()
-                .unwrap()
-                .insert(key, self.clock.now());
+            self.mark_returned(key);
         }
         after
     }
