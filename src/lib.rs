@@ -78,7 +78,8 @@
 //! - [`bucket`]: the lazy token bucket's exact arithmetic, shared by every store;
 //! - [`global`]: the [`GlobalStore`](global::GlobalStore) trait, [`MemoryGlobalStore`] and, with
 //!   the `redis` feature, `global::redis::RedisGlobalStore` (Redis, Redis Cluster, Sentinel;
-//!   TLS with the `tls` feature);
+//!   TLS with the `tls` feature), and with the `conformance` feature,
+//!   `global::conformance`, the suite a store of your own must pass;
 //! - [`local`]: the [`LocalStore`](local::LocalStore) trait and [`MemoryLocalStore`];
 //! - [`batch`]: how many tokens a host asks for ([`batch::WeightedDemand`] by default);
 //! - [`clock`]: [`clock::MonotonicClock`], and [`clock::ManualClock`] for exact tests;
@@ -183,6 +184,6 @@ pub use throttle::Admitted;
 pub use throttle::shaping::{Reservation, Shaping};
 
 /// The README's examples, run as doc tests.
-#[cfg(all(doctest, feature = "redis"))]
+#[cfg(all(doctest, feature = "redis", feature = "conformance"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

@@ -44,7 +44,7 @@ async fn redis_passes_the_same_conformance_suite_as_memory() {
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(1_000_000));
     let redis = store(&server).await.with_clock_override(clock.clone());
-    conformance::assert_conformance(&redis, &clock).await;
+    hierarchical_throttle::global::conformance::assert_conformance(&redis, &clock).await;
 }
 
 #[tokio::test]

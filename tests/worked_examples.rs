@@ -113,7 +113,7 @@ async fn the_refused_arrival_is_told_when_a_token_is_due() {
 async fn the_memory_store_passes_the_conformance_suite() {
     let clock = ManualClock::new();
     let store = MemoryGlobalStore::with_clock(clock.clone());
-    common::conformance::assert_conformance(&store, &clock).await;
+    hierarchical_throttle::global::conformance::assert_conformance(&store, &clock).await;
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -17,6 +17,9 @@ use futures_util::stream::FuturesUnordered;
 
 use crate::limit::Limit;
 
+#[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
+pub mod conformance;
 pub mod memory;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

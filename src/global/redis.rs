@@ -188,26 +188,21 @@ impl LuaScript {
     }
 }
 
-const ACQUIRE: &str = concat!(
-    include_str!("redis/bucket.lua"),
-    "load(KEYS, ARGV)\n",
-    include_str!("redis/acquire.lua")
-);
-const LEVEL: &str = concat!(
-    include_str!("redis/bucket.lua"),
-    "load(KEYS, ARGV)\n",
-    include_str!("redis/level.lua")
-);
-const ADJUST: &str = concat!(
-    include_str!("redis/bucket.lua"),
-    "load(KEYS, ARGV)\n",
-    include_str!("redis/adjust.lua")
-);
-const RELEASE: &str = concat!(
-    include_str!("redis/bucket.lua"),
-    "load(KEYS, ARGV)\n",
-    include_str!("redis/release.lua")
-);
+/// A script on one bucket: the shared arithmetic, the bucket loaded, then the operation.
+macro_rules! bucket_script {
+    ($operation:literal) => {
+        concat!(
+            include_str!("redis/bucket.lua"),
+            "load(KEYS, ARGV)\n",
+            include_str!($operation)
+        )
+    };
+}
+
+const ACQUIRE: &str = bucket_script!("redis/acquire.lua");
+const LEVEL: &str = bucket_script!("redis/level.lua");
+const ADJUST: &str = bucket_script!("redis/adjust.lua");
+const RELEASE: &str = bucket_script!("redis/release.lua");
 
 impl<K> Clone for RedisGlobalStore<K> {
     fn clone(&self) -> Self {
@@ -600,15 +595,10 @@ where
             Adjustment::Add(n) => (2, n.min(most)),
             Adjustment::Remove(n) => (3, n.min(most)),
         };
-        let level = self
-            .run(
-                &self.scripts.adjust,
-                key,
-                limit,
-                [op, tokens, expiry_micros(expires)],
-            )
-            .await?;
-        Ok(bucket_level(level))
+        let args = [op, tokens, expiry_micros(expires)];
+        Ok(bucket_level(
+            self.run(&self.scripts.adjust, key, limit, args).await?,
+        ))
     }
 
     /// One script per node (on a Cluster, per hash tag, all at once) for all the calls' buckets.

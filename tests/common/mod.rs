@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 pub mod calendar;
-pub mod conformance;
 pub mod levels;
 pub mod proxy;
 pub mod redis_server;
