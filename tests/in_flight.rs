@@ -1013,66 +1013,18 @@ mod fleet {
     }
 }
 
-/// The store's arithmetic, the same on memory and Redis: absolute holdings, expiry, and calls
-/// older than the last applied ignored.
-async fn store_follows_the_slot_rules<S: SlotStore<BucketKey<String>>>(
-    store: &S,
-    clock: &ManualClock,
-) {
-    let key = BucketKey::new("k".to_owned(), "concurrency").unwrap();
-    let ttl = Duration::from_secs(5);
-    let hold = |host, seq, want| SlotHold {
-        host,
-        seq,
-        want,
-        ttl,
-    };
-    let key = &key;
-    let ask = move |h| async move {
-        store
-            .hold(key, 5, h)
-            .await
-            .map_err(|e| e.to_string())
-            .unwrap()
-    };
-    assert_eq!(ask(hold(1, 1, 3)).await, Holding { held: 3, others: 0 });
-    assert_eq!(ask(hold(2, 1, 4)).await, Holding { held: 2, others: 3 });
-    assert_eq!(
-        ask(hold(1, 2, 1)).await,
-        Holding { held: 1, others: 2 },
-        "absolute, not added"
-    );
-    assert_eq!(
-        ask(hold(1, 2, 5)).await,
-        Holding { held: 1, others: 2 },
-        "a repeated call"
-    );
-    assert_eq!(
-        ask(hold(1, 1, 5)).await,
-        Holding { held: 1, others: 2 },
-        "an older call"
-    );
-    assert_eq!(ask(hold(2, 3, 4)).await, Holding { held: 4, others: 1 });
-    clock.advance(Duration::from_secs(4));
-    assert_eq!(ask(hold(3, 1, 5)).await, Holding { held: 0, others: 5 });
-    clock.advance(Duration::from_secs(1));
-    // Host 1's holding (set at 0) has expired; host 2's was set at 0 too.
-    assert_eq!(ask(hold(3, 2, 5)).await, Holding { held: 5, others: 0 });
-    assert_eq!(ask(hold(3, 3, 0)).await, Holding { held: 0, others: 0 });
-    assert_eq!(
-        ask(hold(1, 1, 2)).await,
-        Holding { held: 2, others: 0 },
-        "a new holding starts over"
-    );
-}
-
+/// The store's arithmetic, the same on memory and Redis (the suite that ships with the crate):
+/// absolute holdings, expiry, and calls older than the last applied ignored, alone and in
+/// batches.
 mod stores {
     use super::*;
+    use hierarchical_throttle::global::conformance::assert_slot_conformance;
 
     #[tokio::test]
     async fn memory() {
         let clock = ManualClock::new();
-        store_follows_the_slot_rules(&MemoryGlobalStore::with_clock(clock.clone()), &clock).await;
+        let store = MemoryGlobalStore::with_clock(clock.clone());
+        assert_slot_conformance(&store, &clock).await;
     }
 
     #[tokio::test]
@@ -1080,7 +1032,7 @@ mod stores {
         let server = RedisServer::start();
         let clock = ManualClock::new();
         let store = server.store_on(&clock).await;
-        store_follows_the_slot_rules(&store, &clock).await;
+        assert_slot_conformance(&store, &clock).await;
         let mut raw = redis::Client::open(server.url())
             .unwrap()
             .get_multiplexed_async_connection()
@@ -1091,7 +1043,7 @@ mod stores {
             .query_async(&mut raw)
             .await
             .unwrap();
-        assert_eq!(keys, ["throttle:{k}:concurrency:slots"]);
+        assert_eq!(keys, ["throttle:{slots-conformance}:concurrency:slots"]);
         let _ = clock.now();
     }
 }

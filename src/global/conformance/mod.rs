@@ -7,7 +7,9 @@
 //! up, and calendar quotas across their resets (with the `tz` feature, in zones across their
 //! changes of offset too), against exact expected answers and against the pure
 //! [`TokenBucket`](crate::bucket::TokenBucket) in long seeded runs. A store that drifts from
-//! it admits more or less than the hosts of a fleet expect of it.
+//! it admits more or less than the hosts of a fleet expect of it. [`assert_slot_conformance`]
+//! holds a [`SlotStore`](crate::global::slots::SlotStore) of your own to the rules of
+//! concurrency slots.
 //!
 //! The store must keep time by the [`ManualClock`] it is given (Unix time: the clock's
 //! reading plus its [`unix_origin`](crate::clock::Clock::unix_origin), zero for a manual
@@ -41,6 +43,9 @@ use crate::quota::BucketKey;
 
 mod operations;
 mod seeded;
+mod slots;
+
+pub use slots::assert_slot_conformance;
 
 use operations::{
     assert_adjust_conformance, assert_batch_conformance, assert_level_conformance,
