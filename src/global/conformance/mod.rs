@@ -263,7 +263,8 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// Runs every case against `store`, whose time is `clock`, and checks the expected answers.
+/// Runs the whole suite (see the [module](self)) against `store`, whose time is `clock`;
+/// panics at the first answer that differs from the expected one, naming its case.
 pub async fn assert_conformance<G>(store: &G, clock: &ManualClock)
 where
     G: GlobalStore<BucketKey<String>>,
