@@ -596,9 +596,8 @@ where
             Adjustment::Remove(n) => (3, n.min(most)),
         };
         let args = [op, tokens, expiry_micros(expires)];
-        Ok(bucket_level(
-            self.run(&self.scripts.adjust, key, limit, args).await?,
-        ))
+        let level = self.run(&self.scripts.adjust, key, limit, args).await?;
+        Ok(bucket_level(level))
     }
 
     /// One script per node (on a Cluster, per hash tag, all at once) for all the calls' buckets.

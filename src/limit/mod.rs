@@ -306,6 +306,14 @@ impl Limit {
         self.calendar
     }
 
+    /// When a call made at `unix_micros` about this limit's bucket stops counting (as Unix
+    /// time): a calendar quota's next reset, since its tokens and changes belong to the window
+    /// they were made in; never (`None`) for a rate.
+    pub(crate) fn window_expiry(&self, unix_micros: u64) -> Option<Duration> {
+        let reset = self.calendar?.reset_after(unix_micros, 1);
+        Some(Duration::from_micros(reset))
+    }
+
     /// Tokens the global bucket of this limit gains from `from` to `to` (Unix microseconds)
     /// if nothing is taken, not capped at its capacity: the rate's, or a capacity per reset.
     pub(crate) fn accrued_between(&self, from: u64, to: u64) -> u64 {

@@ -2,8 +2,6 @@
 //! charge), and how the hosts learn of them: this one at once, the others at their next call
 //! to the store, within a lease time-to-live even for a key they are refusing.
 
-use std::time::Duration;
-
 use crate::clock::{Clock, micros};
 use crate::error::StoreError;
 use crate::global::Adjustment;
@@ -36,12 +34,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let mut out = Vec::with_capacity(quota.len());
         for (slot, (name, limit)) in (0..).zip(quota.slots_iter()) {
             let bucket = BucketKey::from_parts(key.clone(), self.config.layer, level_name, name);
-            let sent_at = self.now();
             // A calendar quota's change is for the window it is made in: a store that applies
             // it after the reset (one that stalled with it) drops it.
-            let expires = limit
-                .calendar()
-                .map(|calendar| Duration::from_micros(calendar.reset_after(sent_at, 1)));
+            let sent_at = self.now();
+            let expires = limit.window_expiry(sent_at);
             let after = self
                 .operator_call(self.global.adjust(&bucket, &limit, adjustment, expires))
                 .await?;

@@ -115,16 +115,14 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             .saturating_add(micros(linger))
             .saturating_add(micros(self.config.store_timeout))
             .saturating_add(micros(CLOCK_SKEW));
-        let back = match bucket.limit.calendar() {
-            Some(calendar) if calendar.resets_between(taken_at, lands_by) > 0 => {
-                self.stats.tokens_forfeited.add(tokens);
-                return;
-            }
-            Some(calendar) => {
-                let reset = calendar.reset_after(taken_at, 1);
-                TokenReturn::expiring(tokens, Duration::from_micros(reset))
-            }
-            None => TokenReturn::new(tokens),
+        let calendar = bucket.limit.calendar();
+        if calendar.is_some_and(|c| c.resets_between(taken_at, lands_by) > 0) {
+            self.stats.tokens_forfeited.add(tokens);
+            return;
+        }
+        let back = TokenReturn {
+            tokens,
+            expires: bucket.limit.window_expiry(taken_at),
         };
         let key = self.global_key(&id, bucket.name);
         let call = Call::Release {

@@ -3,8 +3,7 @@
 -- see TokenBucket::adjust. Returns the level after, as level.lua does.
 local op = tonumber(ARGV[7])
 local n = tonumber(ARGV[8])
-local expires = tonumber(ARGV[9])
-if expires == 0 or now < expires then
+if in_time(tonumber(ARGV[9])) then
   if op == 0 then
     tokens, remainder, cold = capacity, 0, cold_max
   elseif op == 1 then

@@ -215,6 +215,12 @@ local function consume(permits)
   tokens, remainder = divmod(u, p)
 end
 
+-- Whether a call that expires at `expires` (Unix us by this script's time; 0: never) still
+-- counts: see bucket::has_expired.
+local function in_time(expires)
+  return expires == 0 or now < expires
+end
+
 -- Stores the bucket, expiring it when it would be full (and fully cold) again; a full bucket
 -- is deleted, as a missing bucket starts full.
 local function store()
