@@ -151,8 +151,8 @@ mod throttle;
 
 pub use builder::{Builder, MAX_LEVELS, Unset};
 pub use concurrency::{
-    ConcurrencyBuilder, ConcurrencyStats, HierarchicalConcurrency, HierarchicalConcurrencyLayer,
-    SlotBody, SlotPermit,
+    AcquireSlot, ConcurrencyBuilder, ConcurrencyStats, HierarchicalConcurrency,
+    HierarchicalConcurrencyLayer, SlotBody, SlotPermit,
 };
 pub use credit::ColdStart;
 pub use error::{ConfigError, StoreError};

@@ -7,6 +7,7 @@
 //! renewed, so the slots of a host that dies come back. Refusals and admitted responses carry
 //! the limit's `RateLimit` fields (admitted ones: the slots the host sees free).
 
+mod acquire;
 mod body;
 mod builder;
 mod future;
@@ -25,6 +26,7 @@ use crate::quota::BucketKey;
 use crate::rejection::{Rejection, RejectionReason};
 
 pub use crate::in_flight::SlotPermit;
+pub use acquire::AcquireSlot;
 pub use body::SlotBody;
 pub use builder::{ConcurrencyBuilder, DEFAULT_CONCURRENCY_NAME};
 pub use future::ResponseFuture;
@@ -166,13 +168,17 @@ where
     /// A slot for `key`, outside a tower service (a WebSocket session, a job): held until the
     /// permit is dropped. Refused with [`RejectionReason::TooManyInFlight`] when the key's
     /// slots are all in use fleet-wide. Runs on a Tokio runtime.
-    pub async fn acquire(&self, key: K) -> Result<SlotPermit, Rejection<K>> {
+    pub fn acquire(&self, key: K) -> AcquireSlot<K> {
         match self.shared.engine.try_acquire(&key) {
-            Acquired::Now(permit) => Ok(permit),
-            Acquired::Refused(no_slot) => Err(self.shared.rejection(Some(key), no_slot)),
-            Acquired::Wait(wait) => wait
-                .await
-                .map_err(|no_slot| self.shared.rejection(Some(key), no_slot)),
+            Acquired::Now(permit) => AcquireSlot::taken(permit),
+            Acquired::Refused(no_slot) => {
+                AcquireSlot::refused(self.shared.rejection(Some(key), no_slot))
+            }
+            Acquired::Wait(wait) => {
+                let (engine, retry_after) = (self.shared.engine.clone(), self.shared.retry_after);
+                let refuse = move |no_slot| rejection(&engine, retry_after, Some(key), no_slot);
+                AcquireSlot::waiting(wait, Box::new(refuse))
+            }
         }
     }
 
@@ -233,21 +239,36 @@ where
 
     /// The refusal of a request for `key` that got no slot.
     fn rejection(&self, key: Option<K>, no_slot: NoSlot) -> Rejection<K> {
-        let settings = self.engine.settings();
-        let reason = match no_slot {
-            NoSlot::Full => RejectionReason::TooManyInFlight {
-                max: key.as_ref().map_or(0, |key| self.engine.max_for(key)),
-            },
-            NoSlot::Unavailable => RejectionReason::StoreUnavailable,
-        };
-        let mut rejection = Rejection::new(key, reason).with_retry_after(self.retry_after);
-        rejection.limit_name = Some(settings.name.as_str());
-        rejection.unit = crate::fields::CONCURRENT_REQUESTS;
-        if settings.layer != crate::quota::Name::intern(crate::quota::DEFAULT_LAYER) {
-            rejection.layer = Some(settings.layer.as_str());
-        }
-        rejection
+        rejection(&self.engine, self.retry_after, key, no_slot)
     }
+}
+
+/// The refusal of a request for `key` that got no slot from `engine`.
+fn rejection<K, S, C>(
+    engine: &InFlight<K, S, C>,
+    retry_after: Duration,
+    key: Option<K>,
+    no_slot: NoSlot,
+) -> Rejection<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: SlotStore<BucketKey<K>>,
+    C: Clock,
+{
+    let settings = engine.settings();
+    let reason = match no_slot {
+        NoSlot::Full => RejectionReason::TooManyInFlight {
+            max: key.as_ref().map_or(0, |key| engine.max_for(key)),
+        },
+        NoSlot::Unavailable => RejectionReason::StoreUnavailable,
+    };
+    let mut rejection = Rejection::new(key, reason).with_retry_after(retry_after);
+    rejection.limit_name = Some(settings.name.as_str());
+    rejection.unit = crate::fields::CONCURRENT_REQUESTS;
+    if settings.layer != crate::quota::Name::intern(crate::quota::DEFAULT_LAYER) {
+        rejection.layer = Some(settings.layer.as_str());
+    }
+    rejection
 }
 
 impl<Inner, Req, K, S, C> tower_layer::Layer<Inner> for HierarchicalConcurrencyLayer<Req, K, S, C> {
