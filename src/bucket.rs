@@ -311,16 +311,17 @@ impl TokenBucket {
 
     /// Refills to `now_micros`, then applies `adjustment` (an operator's change; see
     /// [`Adjustment`]) unless it `expires` by then (Unix time; `None`: never), as a hand-back
-    /// does: a calendar quota's change belongs to the window it was made in.
+    /// does: a calendar quota's change belongs to the window it was made in. Returns whether
+    /// it was applied (`false`: expired, and the bucket left as it was).
     pub fn adjust(
         &mut self,
         limit: &Limit,
         now_micros: u64,
         adjustment: Adjustment,
         expires: Option<Duration>,
-    ) {
+    ) -> bool {
         if has_expired(expires, now_micros) {
-            return;
+            return false;
         }
         self.refill(limit, now_micros);
         let capacity = capacity(limit);
@@ -345,6 +346,7 @@ impl TokenBucket {
         if self.tokens == capacity {
             self.remainder = 0;
         }
+        true
     }
 
     /// Microseconds from the last update until the bucket holds `tokens` (capped at capacity),
@@ -651,6 +653,36 @@ impl BucketLevel {
     }
 }
 
+/// What an operator's change ([`Adjustment`]) did to a global bucket: the bucket's level
+/// after it, and whether it was applied at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Adjusted {
+    /// The bucket's level after the change (as it was, when the change was dropped).
+    pub level: BucketLevel,
+    /// `false` when the change reached the store at or after its expiry and was dropped (a
+    /// calendar quota's change that came after the reset of the window it was made in).
+    pub applied: bool,
+}
+
+impl Adjusted {
+    /// Applies `adjustment` to `bucket` at `now_micros` unless it `expires` by then (see
+    /// [`TokenBucket::adjust`]), and tells what it did: what a store of buckets in memory
+    /// answers.
+    pub fn apply(
+        bucket: &mut TokenBucket,
+        limit: &Limit,
+        now_micros: u64,
+        adjustment: Adjustment,
+        expires: Option<Duration>,
+    ) -> Self {
+        let applied = bucket.adjust(limit, now_micros, adjustment, expires);
+        Self {
+            level: BucketLevel::of(bucket, limit, now_micros),
+            applied,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -737,17 +769,22 @@ mod tests {
         let mut b = TokenBucket::full(&l, 0);
         b.take(&l, 0, 4, 4);
         let at = Some(Duration::from_micros(10));
-        b.adjust(&l, 10, Adjustment::Reset, at);
-        b.adjust(&l, 11, Adjustment::Add(2), at);
+        assert!(!b.adjust(&l, 10, Adjustment::Reset, at));
+        assert!(!b.adjust(&l, 11, Adjustment::Add(2), at));
         assert_eq!(
             (b.tokens(), b.micros_until(&l, 1)),
             (0, 3_000),
             "dropped from its expiry on"
         );
-        b.adjust(&l, 9, Adjustment::Add(2), at);
+        assert!(b.adjust(&l, 9, Adjustment::Add(2), at));
         assert_eq!(b.tokens(), 2, "applied before it expires");
-        b.adjust(&l, 11, Adjustment::Drain, None);
+        assert!(b.adjust(&l, 11, Adjustment::Drain, None));
         assert_eq!(b.tokens(), 0, "a change that never expires always applies");
+        // What a store answers: the level, and whether the change applied.
+        let dropped = Adjusted::apply(&mut b, &l, 12, Adjustment::Reset, at);
+        assert_eq!(dropped.level, BucketLevel::of(&b, &l, 12));
+        assert!(!dropped.applied);
+        assert_eq!(dropped.level.tokens, 0);
     }
 
     #[test]

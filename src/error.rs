@@ -93,6 +93,10 @@ pub enum StoreError<E> {
     /// The store did not answer within this time-out. The call may still be applied later
     /// (a stalled store runs what its socket buffer holds when it resumes).
     TimedOut(Duration),
+    /// An operator's change to a calendar quota reached the store after the reset of the
+    /// window it was made in, and was dropped (by the store's clock): the window it was for has
+    /// ended, and the new one is as its reset left it. Send it again to change the new window.
+    WindowEnded,
 }
 
 impl<E: fmt::Display> fmt::Display for StoreError<E> {
@@ -102,6 +106,11 @@ impl<E: fmt::Display> fmt::Display for StoreError<E> {
             Self::TimedOut(after) => {
                 write!(f, "the global store did not answer within {after:?}")
             }
+            Self::WindowEnded => write!(
+                f,
+                "the change reached the global store after the reset of the window it was \
+                 made in, and was dropped"
+            ),
         }
     }
 }
@@ -110,7 +119,7 @@ impl<E: std::error::Error + 'static> std::error::Error for StoreError<E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Store(error) => Some(error),
-            Self::TimedOut(_) => None,
+            Self::TimedOut(_) | Self::WindowEnded => None,
         }
     }
 }

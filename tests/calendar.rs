@@ -231,6 +231,8 @@ mod tokens_taken_back {
 
     /// 2024-02-28 12:00 UTC: half a day from the reset.
     const MIDDAY: Duration = Duration::from_secs(1_709_121_600);
+    /// 2024-02-29 00:00 UTC.
+    const LEAP_DAY: Duration = Duration::from_secs(1_709_164_800);
     /// 2024-02-29 00:00:10 UTC (a refund within a second or so of a reset is forfeited, as
     /// the store's clock may be that far from the host's).
     const AFTER_MIDNIGHT: Duration = Duration::from_secs(1_709_164_810);
@@ -262,6 +264,31 @@ mod tokens_taken_back {
             assert!(admitted <= 100, "never refused");
         }
         admitted
+    }
+
+    #[tokio::test]
+    async fn just_after_midnight_a_day_spent_in_full_admits_its_whole_allowance_again() {
+        // Within a second or so after a reset a host does not keep what an answer leaves
+        // over (the store's clock may still be in the day before): it asks for no more than
+        // the waiting requests need, so that nothing is taken from the new day only to wait in
+        // a hand-back while the host refuses, telling its clients to come back in a day.
+        for after in [
+            Duration::ZERO,
+            Duration::from_millis(10),
+            Duration::from_millis(900),
+        ] {
+            let clock = ManualClock::new();
+            clock.set(LEAP_DAY - Duration::from_secs(3));
+            let layer = jobs(&clock);
+            assert_eq!(admitted_before_refusal(&layer).await, 10);
+            clock.set(LEAP_DAY + after);
+            assert_eq!(admitted_before_refusal(&layer).await, 10, "{after:?} in");
+            let refused = layer.acquire("job".to_owned(), 1).await.unwrap_err();
+            let until_next_day = Duration::from_secs(86_400) - after;
+            assert_eq!(refused.retry_after, Some(until_next_day), "{after:?} in");
+            let stats = layer.stats();
+            assert_eq!(stats.tokens_forfeited, 0, "{after:?} in");
+        }
     }
 
     #[tokio::test]
@@ -370,7 +397,8 @@ mod stalled_hand_backs {
     use hierarchical_throttle::batch::FractionOfCapacity;
     use hierarchical_throttle::clock::ManualClock;
     use hierarchical_throttle::global::{
-        Adjustment, BucketLevel, GlobalStore, Grant, LayerRegistry, TokenRequest, TokenReturn,
+        Adjusted, Adjustment, BucketLevel, GlobalStore, Grant, LayerRegistry, TokenRequest,
+        TokenReturn,
     };
     use hierarchical_throttle::quota::BucketKey;
     use hierarchical_throttle::{
@@ -387,10 +415,14 @@ mod stalled_hand_backs {
 
     /// A store that stalls every hand-back and operator's change: it keeps the call (as a
     /// server keeps it in its socket buffer) and never answers, until the test applies it.
+    /// With a `transit`, it answers operators' changes instead, each applied that long after
+    /// it was sent (by the store's clock, the test's).
     #[derive(Clone)]
     struct StallingStore {
         inner: Inner,
         stalled: Arc<Mutex<Vec<Stalled>>>,
+        clock: ManualClock,
+        transit: Arc<Mutex<Option<Duration>>>,
     }
 
     impl StallingStore {
@@ -450,10 +482,21 @@ mod stalled_hand_backs {
             limit: &Limit,
             adjustment: Adjustment,
             expires: Option<Duration>,
-        ) -> impl Future<Output = Result<BucketLevel, Self::Error>> + Send {
-            let call = Stalled::Adjust(key.clone(), *limit, adjustment, expires);
-            self.stalled.lock().unwrap().push(call);
-            std::future::pending()
+        ) -> impl Future<Output = Result<Adjusted, Self::Error>> + Send {
+            let transit = *self.transit.lock().unwrap();
+            if transit.is_none() {
+                let call = Stalled::Adjust(key.clone(), *limit, adjustment, expires);
+                self.stalled.lock().unwrap().push(call);
+            }
+            let (inner, clock, key, limit) =
+                (self.inner.clone(), self.clock.clone(), key.clone(), *limit);
+            async move {
+                let Some(transit) = transit else {
+                    return std::future::pending().await;
+                };
+                clock.advance(transit);
+                inner.adjust(&key, &limit, adjustment, expires).await
+            }
         }
 
         fn layers(&self) -> Option<&LayerRegistry> {
@@ -479,6 +522,8 @@ mod stalled_hand_backs {
         let store = StallingStore {
             inner: MemoryGlobalStore::with_clock(clock.clone()),
             stalled: Arc::default(),
+            clock: clock.clone(),
+            transit: Arc::default(),
         };
         let layer = HierarchicalThrottleLayer::builder()
             .key(|job: &String| Some(job.clone()))
@@ -537,6 +582,31 @@ mod stalled_hand_backs {
         assert!(layer.acquire("job".to_owned(), 1).await.is_ok());
         store.resume().await;
         1 + admitted_until_refused(&layer).await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_operator_is_told_when_the_store_dropped_a_change_that_came_after_the_reset() {
+        let (clock, store, layer) = a_minute_before_the_leap_day();
+        *store.transit.lock().unwrap() = Some(Duration::from_millis(20));
+        assert_eq!(admitted_until_refused(&layer).await, 10);
+        // Sent 100 ms before midnight, it reaches the store before: applied.
+        clock.set(MIDNIGHT - Duration::from_millis(100));
+        let added = layer.adjust("job", Adjustment::Add(3)).await.unwrap();
+        assert_eq!(added[0].tokens, 3);
+        assert!(layer.acquire("job".to_owned(), 3).await.is_ok());
+        // Sent 10 ms before midnight, it reaches the store 10 ms into the leap day: dropped,
+        // and the operator is told so rather than shown the new day's level as its result.
+        clock.set(MIDNIGHT - Duration::from_millis(10));
+        let late = layer.adjust("job", Adjustment::Add(3)).await;
+        assert!(
+            matches!(late, Err(StoreError::WindowEnded)),
+            "the operator learns the change was dropped: {late:?}"
+        );
+        assert_eq!(
+            admitted_until_refused(&layer).await,
+            10,
+            "the leap day's own"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -12,7 +12,7 @@ use hierarchical_throttle::clock::ManualClock;
 use hierarchical_throttle::global::conformance::{assert_conformance, assert_slot_conformance};
 use hierarchical_throttle::global::slots::{Holding, SlotHold, SlotStore};
 use hierarchical_throttle::global::{
-    Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest, TokenReturn,
+    Adjusted, Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest, TokenReturn,
 };
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{Limit, MemoryGlobalStore};
@@ -75,7 +75,7 @@ impl GlobalStore<Key> for Broken {
         limit: &Limit,
         adjustment: Adjustment,
         expires: Option<Duration>,
-    ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
+    ) -> impl Future<Output = Result<Adjusted, Infallible>> + Send {
         let expires = expires.filter(|_| self.rule != Rule::ChangesNeverExpire);
         self.inner.adjust(key, limit, adjustment, expires)
     }

@@ -90,10 +90,20 @@ async fn hand_backs_and_changes_expire_by_redis_s_own_clock() {
     );
     // An operator's change likewise.
     let add = Adjustment::Add(2);
-    let level = redis.adjust(&key, &limit, add, Some(unix_now - hour)).await;
-    assert_eq!(level.unwrap().tokens, 6, "an expired change is dropped");
-    let level = redis.adjust(&key, &limit, add, Some(unix_now + hour)).await;
-    assert_eq!(level.unwrap().tokens, 8, "a live one applies");
+    let dropped = redis.adjust(&key, &limit, add, Some(unix_now - hour)).await;
+    let dropped = dropped.unwrap();
+    assert_eq!(
+        (dropped.level.tokens, dropped.applied),
+        (6, false),
+        "an expired change is dropped, and said so"
+    );
+    let live = redis.adjust(&key, &limit, add, Some(unix_now + hour)).await;
+    let live = live.unwrap();
+    assert_eq!(
+        (live.level.tokens, live.applied),
+        (8, true),
+        "a live one applies"
+    );
 }
 
 #[tokio::test]

@@ -36,7 +36,7 @@ use hierarchical_throttle::batch::FractionOfCapacity;
 use hierarchical_throttle::bucket::TokenBucket;
 use hierarchical_throttle::clock::TokioClock;
 use hierarchical_throttle::global::{
-    Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest, TokenReturn,
+    Adjusted, Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest, TokenReturn,
 };
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, Rejection};
@@ -238,7 +238,7 @@ impl GlobalStore<BucketKey<usize>> for CountingStore {
         limit: &Limit,
         adjustment: Adjustment,
         expires: Option<Duration>,
-    ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
+    ) -> impl Future<Output = Result<Adjusted, Infallible>> + Send {
         self.inner.adjust(key, limit, adjustment, expires)
     }
 

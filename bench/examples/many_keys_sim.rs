@@ -18,7 +18,7 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, Stream};
 use hierarchical_throttle::clock::TokioClock;
 use hierarchical_throttle::global::{
-    Adjustment, Answer, BucketLevel, Call, GlobalStore, Grant, TokenRequest, TokenReturn,
+    Adjusted, Adjustment, Answer, BucketLevel, Call, GlobalStore, Grant, TokenRequest, TokenReturn,
 };
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
@@ -90,7 +90,7 @@ impl GlobalStore<BucketKey<usize>> for CountingStore {
         limit: &Limit,
         adjustment: Adjustment,
         expires: Option<Duration>,
-    ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
+    ) -> impl Future<Output = Result<Adjusted, Infallible>> + Send {
         self.inner.adjust(key, limit, adjustment, expires)
     }
 

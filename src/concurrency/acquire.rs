@@ -100,6 +100,9 @@ mod tests {
     #[test]
     fn a_slot_taken_at_once_is_returned_in_two_words() {
         assert!(size_of::<AcquireSlot<String>>() <= 2 * size_of::<usize>());
+        // It can be held across an await of a spawned task, or in a shared struct.
+        fn send_and_sync<T: Send + Sync>() {}
+        send_and_sync::<AcquireSlot<String>>();
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
-use crate::bucket::{FullAt, TokenBucket};
+use crate::bucket::{Adjusted, FullAt, TokenBucket};
 use crate::clock::{Clock, MonotonicClock, micros, unix_micros};
 use crate::error::ConfigError;
 use crate::global::slots::{Holding, SlotHold, SlotStore, SlotTable};
@@ -432,12 +432,11 @@ where
         limit: &Limit,
         adjustment: Adjustment,
         expires: Option<Duration>,
-    ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
-        let level = self.with_bucket(key, limit, |b, now| {
-            b.adjust(limit, now, adjustment, expires);
-            BucketLevel::of(b, limit, now)
+    ) -> impl Future<Output = Result<Adjusted, Infallible>> + Send {
+        let adjusted = self.with_bucket(key, limit, |b, now| {
+            Adjusted::apply(b, limit, now, adjustment, expires)
         });
-        std::future::ready(Ok(level))
+        std::future::ready(Ok(adjusted))
     }
 
     fn layers(&self) -> Option<&LayerRegistry> {

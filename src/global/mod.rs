@@ -26,7 +26,7 @@ pub mod memory;
 pub mod redis;
 pub mod slots;
 
-pub use crate::bucket::{Adjustment, BucketLevel, Grant, TokenRequest, TokenReturn};
+pub use crate::bucket::{Adjusted, Adjustment, BucketLevel, Grant, TokenRequest, TokenReturn};
 
 /// The global level of the hierarchy: a token bucket per key, refilled lazily by the store's
 /// own clock.
@@ -114,25 +114,25 @@ pub trait GlobalStore<K>: Send + Sync + 'static {
     ) -> impl Future<Output = Result<BucketLevel, Self::Error>> + Send;
 
     /// Applies an operator's [`Adjustment`] to `key`'s bucket (reset to full, drain, add or
-    /// remove tokens), with the same arithmetic in every store, and returns its level after:
+    /// remove tokens), with the same arithmetic in every store, and returns what it did: the
+    /// bucket's level after, and whether the change was applied ([`Adjusted`]):
     /// for operators' tools, never on a request's path. Tokens already leased to hosts are not
     /// touched: each host spends what it holds (or hands it back), and meets the new level at
     /// its next call to the store.
     ///
     /// A change that reaches the store at or after `expires` (Unix time by the store's clock;
-    /// see [`has_expired`](crate::bucket::has_expired)) is dropped, and the level returned as it
-    /// is: a calendar quota's change belongs to the window it was made in, as its hand-backs
-    /// do ([`TokenReturn::expires`]), so that a change a stalled store applies after the reset
-    /// never grows (or empties) the next window. [`TokenBucket::adjust`] does both.
-    ///
-    /// [`TokenBucket::adjust`]: crate::bucket::TokenBucket::adjust
+    /// see [`has_expired`](crate::bucket::has_expired)) is dropped, and answered with the
+    /// level as it is and `applied: false`: a calendar quota's change belongs to the window it
+    /// was made in, as its hand-backs do ([`TokenReturn::expires`]), so that a change a
+    /// stalled store applies after the reset never grows (or empties) the next window.
+    /// [`Adjusted::apply`] does all of it on a [`TokenBucket`](crate::bucket::TokenBucket).
     fn adjust(
         &self,
         key: &K,
         limit: &Limit,
         adjustment: Adjustment,
         expires: Option<Duration>,
-    ) -> impl Future<Output = Result<BucketLevel, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<Adjusted, Self::Error>> + Send;
 
     /// Whether a call that ended in `error` may still have taken effect in the store (the
     /// answer was lost, not the call). The throttle retries a failed hand-back only when this

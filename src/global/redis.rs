@@ -16,8 +16,8 @@ use crate::bucket::expiry_micros;
 use crate::clock::{Clock, micros, unix_micros};
 use crate::error::ConfigError;
 use crate::global::{
-    Adjustment, Answer, BucketLevel, Call, GlobalStore, Grant, LayerRegistry, TokenRequest,
-    TokenReturn,
+    Adjusted, Adjustment, Answer, BucketLevel, Call, GlobalStore, Grant, LayerRegistry,
+    TokenRequest, TokenReturn,
 };
 use crate::limit::Limit;
 use crate::quota::BucketKey;
@@ -585,7 +585,7 @@ where
         limit: &Limit,
         adjustment: Adjustment,
         expires: Option<Duration>,
-    ) -> Result<BucketLevel, RedisError> {
+    ) -> Result<Adjusted, RedisError> {
         // Beyond twice the capacity, a removal only reaches the floor of a capacity of debt;
         // kept below 2^54 so that Lua's doubles stay exact enough.
         let most = limit.capacity().saturating_mul(2);
@@ -596,8 +596,12 @@ where
             Adjustment::Remove(n) => (3, n.min(most)),
         };
         let args = [op, tokens, expiry_micros(expires)];
-        let level = self.run(&self.scripts.adjust, key, limit, args).await?;
-        Ok(bucket_level(level))
+        let (tokens, next_in, full_in, applied): (u64, u64, u64, u8) =
+            self.run(&self.scripts.adjust, key, limit, args).await?;
+        Ok(Adjusted {
+            level: bucket_level((tokens, next_in, full_in)),
+            applied: applied == 1,
+        })
     }
 
     /// One script per node (on a Cluster, per hash tag, all at once) for all the calls' buckets.

@@ -172,7 +172,9 @@ where
     /// when a stalled store resumes), ends it there, the limits before changed: `Reset` and
     /// `Drain` can be sent again as they are, `Add` and `Remove` could apply twice. A calendar
     /// quota's change is for the window it is made in: the store drops it if it reaches it
-    /// after that window's reset (by the store's clock), so it never changes the next window.
+    /// after that window's reset (by the store's clock), so it never changes the next window,
+    /// and the call ends with [`StoreError::WindowEnded`](crate::StoreError::WindowEnded) (the
+    /// limits before it changed, as after an error).
     ///
     /// This host applies it at once: it learns the buckets' levels after, and after a drain
     /// revokes the tokens it held. Other hosts keep the tokens already leased to

@@ -19,7 +19,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
 
     /// Applies `adjustment` to every global bucket of `key` at `level`, then to this host's
     /// leases of them: each learns its bucket's level after, as from an answer; a drain also
-    /// revokes the tokens it held (counted as forfeited). Returns each limit's level after.
+    /// revokes the tokens it held (counted as forfeited). Returns each limit's level after; a
+    /// change the store dropped as too late for its window ends it there, as an error does.
     pub(crate) async fn adjust(
         &self,
         level: u8,
@@ -38,9 +39,12 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             // it after the reset (one that stalled with it) drops it.
             let sent_at = self.now();
             let expires = limit.window_expiry(sent_at);
-            let after = self
+            let adjusted = self
                 .operator_call(self.global.adjust(&bucket, &limit, adjustment, expires))
                 .await?;
+            let after = adjusted.level;
+            // A dropped drain took nothing from the bucket: the lease keeps its tokens.
+            let revoke = revoke && adjusted.applied;
             let id = LeaseKey::new(key.clone(), level, slot);
             let now = self.now();
             // The answer is the bucket's under the limit it was asked with: if the key's limit
@@ -55,6 +59,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 false => 0,
             });
             self.stats.tokens_forfeited.add(revoked);
+            if !adjusted.applied {
+                return Err(StoreError::WindowEnded);
+            }
             out.push(self.remaining_global_of(key, name, level_name, limit, after));
         }
         Ok(out)

@@ -72,8 +72,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             return FetchOutcome::Failed;
         }
         self.note_limit(&limit);
-        // Near a calendar quota's reset, only what the waiting requests need.
-        let batch = match self.near_reset(&limit, now) {
+        // Near a calendar quota's reset, before or after it, only what the waiting requests
+        // need.
+        let batch = match self.keeps_no_tokens(&limit, now) {
             true => plan.needed,
             false => self.batch_size(&limit, &plan),
         };

@@ -34,6 +34,17 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         calendar.resets_between(now, now.saturating_add(quiet)) > 0
     }
 
+    /// Whether a lease of `limit` keeps none of the tokens an answer asked for at `now` brings
+    /// beyond what the requests waiting take: near a calendar quota's reset, before it (see
+    /// [`near_reset`](Self::near_reset)) or just after it (the store's clock may still be in
+    /// the window before; see [`may_take_back`](Self::may_take_back)). A batch asked for then
+    /// is only what those requests need: more would be taken from the window only to go back
+    /// at the next sweep, while this host, told the bucket is empty, refused requests the
+    /// window could serve.
+    pub(super) fn keeps_no_tokens(&self, limit: &Limit, now: u64) -> bool {
+        !self.may_take_back(limit, now, now)
+    }
+
     /// Whether tokens of `limit` that a use took from a lease at about `taken_at` (0: at a
     /// time not known) may go back into it at `now`. A calendar quota's may not when a reset
     /// lies between then and the quiet margin after now: the next window would spend them, or

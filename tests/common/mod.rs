@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use hierarchical_throttle::clock::ManualClock;
 use hierarchical_throttle::global::{
-    Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest, TokenReturn,
+    Adjusted, Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest, TokenReturn,
 };
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
@@ -380,7 +380,7 @@ impl<K: Sync, G: GlobalStore<K>> GlobalStore<K> for FaultyStore<G> {
         limit: &Limit,
         adjustment: Adjustment,
         expires: Option<Duration>,
-    ) -> impl Future<Output = Result<BucketLevel, StoreDown>> + Send {
+    ) -> impl Future<Output = Result<Adjusted, StoreDown>> + Send {
         // The memory store does its work when called: a failing store is not called at all.
         let done = (self.fault() == Fault::None as u8)
             .then(|| self.inner.adjust(key, limit, adjustment, expires));

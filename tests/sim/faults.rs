@@ -14,7 +14,7 @@ use std::time::Duration;
 use hierarchical_throttle::bucket::{TokenBucket, has_expired};
 use hierarchical_throttle::clock::{Clock, TokioClock};
 use hierarchical_throttle::global::{
-    Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest, TokenReturn,
+    Adjusted, Adjustment, BucketLevel, GlobalStore, Grant, TokenRequest, TokenReturn,
 };
 use hierarchical_throttle::{Limit, MemoryGlobalStore};
 
@@ -113,6 +113,9 @@ pub struct Ledger {
     /// Hand-backs and operators' changes dropped because they had expired when they reached
     /// the store.
     pub dropped_expired: u64,
+    /// Operators' changes dropped as expired whose answer reached their host (which must tell
+    /// the operator so).
+    pub dropped_answered: u64,
     /// A calendar quota's tokens taken back into a window after the one they were handed back
     /// in (the next window's allowance grown by the last one's), and operators' changes
     /// applied in a window after the one they were made in.
@@ -236,7 +239,7 @@ impl FaultyGlobal {
         adjustment: Adjustment,
         expires: Option<Duration>,
         sent_at: Duration,
-    ) -> BucketLevel {
+    ) -> Adjusted {
         let store = self.store();
         let now = (self.clock.now() + self.clock.unix_origin()).as_micros() as u64;
         if has_expired(expires, now) {
@@ -521,7 +524,7 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
         limit: &Limit,
         adjustment: Adjustment,
         expires: Option<Duration>,
-    ) -> impl Future<Output = Result<BucketLevel, Injected>> + Send {
+    ) -> impl Future<Output = Result<Adjusted, Injected>> + Send {
         let sent_at = self.clock.now();
         let (fault, latency, _) = self.draw();
         let fault = match fault {
@@ -548,6 +551,9 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
             let after = this.apply_adjustment(key, limit, adjustment, expires, sent_at);
             let after = after.await;
             answer(fault, latency - latency / 2).await?;
+            if !after.applied {
+                this.ledger.lock().unwrap().dropped_answered += 1;
+            }
             Ok(after)
         }
     }

@@ -21,22 +21,25 @@ where
     let limit = Limit::per(1, Duration::from_millis(3)).burst(4).unwrap();
     let key = BucketKey::new(format!("adjust-{}", clock.now().as_micros()), "default").unwrap();
     let adjust_expiring = async |adjustment, expires| {
-        let level = store
+        let adjusted = store
             .adjust(&key, &limit, adjustment, expires)
             .await
             .expect("adjust");
-        let read = store.level(&key, &limit).await.expect("level");
+        let (level, read) = (adjusted.level, store.level(&key, &limit).await);
         assert_eq!(
-            level, read,
+            level,
+            read.expect("level"),
             "the level after {adjustment:?} is the bucket's"
         );
-        (
-            level.tokens,
-            level.next_in.as_micros() as u64,
-            level.full_in.as_micros() as u64,
-        )
+        let micros = |d: Duration| d.as_micros() as u64;
+        let level = (level.tokens, micros(level.next_in), micros(level.full_in));
+        (level, adjusted.applied)
     };
-    let adjust = async |adjustment| adjust_expiring(adjustment, None).await;
+    let adjust = async |adjustment| {
+        let (level, applied) = adjust_expiring(adjustment, None).await;
+        assert!(applied, "{adjustment:?}, which never expires, is applied");
+        level
+    };
     store
         .acquire(&key, &limit, TokenRequest::now(3, 3))
         .await
@@ -66,22 +69,22 @@ where
     );
     assert_eq!(
         adjust_expiring(Adjustment::Reset, Some(clock.now())).await,
-        (0, 12_000, 21_000),
-        "dropped at the instant it expires"
+        ((0, 12_000, 21_000), false),
+        "dropped at the instant it expires, and said so"
     );
     let later = clock.now() + Duration::from_micros(1);
     assert_eq!(
         adjust_expiring(Adjustment::Reset, Some(later)).await,
-        (4, 0, 0),
+        ((4, 0, 0), true),
         "applied a microsecond before"
     );
     let fresh = BucketKey::new(format!("adjust-fresh-{}", clock.now().as_micros()), "x").unwrap();
-    let level = store
+    let adjusted = store
         .adjust(&fresh, &limit, Adjustment::Drain, None)
         .await
         .expect("adjust");
     assert_eq!(
-        (level.tokens, level.full_in),
+        (adjusted.level.tokens, adjusted.level.full_in),
         (0, Duration::from_millis(12))
     );
 }

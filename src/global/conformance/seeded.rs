@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::Limit;
 use crate::clock::{Clock, ManualClock};
-use crate::global::{Adjustment, GlobalStore, TokenRequest, TokenReturn};
+use crate::global::{Adjusted, Adjustment, GlobalStore, TokenRequest, TokenReturn};
 use crate::quota::BucketKey;
 
 /// Calendar quotas: a day's quota taken a second before midnight is whole again at midnight;
@@ -274,14 +274,9 @@ async fn against_the_model<G>(
                 2 => Adjustment::Add(1 + (roll >> 12) % 7),
                 _ => Adjustment::Remove(1 + (roll >> 12) % 7),
             };
-            let level = store.adjust(&key, limit, adjustment, expires).await;
-            let level = level.expect("adjust");
-            model.adjust(limit, now, adjustment, expires);
-            assert_eq!(
-                level,
-                BucketLevel::of(&model, limit, now),
-                "{limit} step {step}"
-            );
+            let adjusted = store.adjust(&key, limit, adjustment, expires).await;
+            let expected = Adjusted::apply(&mut model, limit, now, adjustment, expires);
+            assert_eq!(adjusted.expect("adjust"), expected, "{limit} step {step}");
             continue;
         }
         if roll % 5 == 0 {

@@ -1,9 +1,11 @@
 -- Applies an operator's adjustment (ARGV[7]: 0 reset, 1 drain, 2 add, 3 remove) of ARGV[8]
 -- tokens (add and remove), unless it expired at ARGV[9] (Unix us by Redis's clock, 0: never);
--- see TokenBucket::adjust. Returns the level after, as level.lua does.
+-- see TokenBucket::adjust. Returns the level after, as level.lua does, then 1 if the change
+-- was applied, 0 if it had expired.
 local op = tonumber(ARGV[7])
 local n = tonumber(ARGV[8])
-if in_time(tonumber(ARGV[9])) then
+local applied = in_time(tonumber(ARGV[9]))
+if applied then
   if op == 0 then
     tokens, remainder, cold = capacity, 0, cold_max
   elseif op == 1 then
@@ -21,4 +23,4 @@ if in_time(tonumber(ARGV[9])) then
 end
 local whole = math.max(tokens, 0)
 return { whole, math.min(micros_until(math.min(whole + 1, capacity)), 2 ^ 53),
-  math.min(micros_until(capacity), 2 ^ 53) }
+  math.min(micros_until(capacity), 2 ^ 53), applied and 1 or 0 }
