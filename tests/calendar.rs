@@ -90,6 +90,13 @@ async fn a_fleet_on_memory_keeps_paris_s_day_of_25_hours_whole() {
     common::calendar::fleet_crosses_the_end_of_a_long_day(&clock, store).await;
 }
 
+#[tokio::test]
+async fn a_day_spent_before_midnight_on_memory_is_whole_just_after() {
+    let clock = ManualClock::new();
+    let memory = MemoryGlobalStore::with_clock(clock.clone());
+    common::calendar::a_day_spent_before_midnight_is_whole_just_after(&clock, memory).await;
+}
+
 mod time_zones {
     //! Quotas in a zone whose offset changes: a day is 23 or 25 hours long on the days the
     //! clocks change, and resets at local midnight on both sides.
@@ -231,8 +238,6 @@ mod tokens_taken_back {
 
     /// 2024-02-28 12:00 UTC: half a day from the reset.
     const MIDDAY: Duration = Duration::from_secs(1_709_121_600);
-    /// 2024-02-29 00:00 UTC.
-    const LEAP_DAY: Duration = Duration::from_secs(1_709_164_800);
     /// 2024-02-29 00:00:10 UTC (a refund within a second or so of a reset is forfeited, as
     /// the store's clock may be that far from the host's).
     const AFTER_MIDNIGHT: Duration = Duration::from_secs(1_709_164_810);
@@ -264,31 +269,6 @@ mod tokens_taken_back {
             assert!(admitted <= 100, "never refused");
         }
         admitted
-    }
-
-    #[tokio::test]
-    async fn just_after_midnight_a_day_spent_in_full_admits_its_whole_allowance_again() {
-        // Within a second or so after a reset a host does not keep what an answer leaves
-        // over (the store's clock may still be in the day before): it asks for no more than
-        // the waiting requests need, so that nothing is taken from the new day only to wait in
-        // a hand-back while the host refuses, telling its clients to come back in a day.
-        for after in [
-            Duration::ZERO,
-            Duration::from_millis(10),
-            Duration::from_millis(900),
-        ] {
-            let clock = ManualClock::new();
-            clock.set(LEAP_DAY - Duration::from_secs(3));
-            let layer = jobs(&clock);
-            assert_eq!(admitted_before_refusal(&layer).await, 10);
-            clock.set(LEAP_DAY + after);
-            assert_eq!(admitted_before_refusal(&layer).await, 10, "{after:?} in");
-            let refused = layer.acquire("job".to_owned(), 1).await.unwrap_err();
-            let until_next_day = Duration::from_secs(86_400) - after;
-            assert_eq!(refused.retry_after, Some(until_next_day), "{after:?} in");
-            let stats = layer.stats();
-            assert_eq!(stats.tokens_forfeited, 0, "{after:?} in");
-        }
     }
 
     #[tokio::test]

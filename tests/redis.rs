@@ -947,6 +947,14 @@ async fn a_fleet_on_redis_never_carries_a_window_s_tokens_into_the_next() {
     common::calendar::fleet_crosses_midnight(&clock, redis).await;
 }
 
+#[tokio::test]
+async fn a_day_spent_before_midnight_on_redis_is_whole_just_after() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = server.store_on(&clock).await;
+    common::calendar::a_day_spent_before_midnight_is_whole_just_after(&clock, redis).await;
+}
+
 /// Paris's day of 25 hours on Redis: the script's window ends at local midnight, an hour
 /// after the day's morning offset would end it.
 #[tokio::test]
