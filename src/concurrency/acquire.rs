@@ -13,11 +13,13 @@ type Refuse<K> = Box<dyn FnOnce(NoSlot) -> Rejection<K> + Send + Sync>;
 /// A slot for one key, from
 /// [`HierarchicalConcurrencyLayer::acquire`](crate::HierarchicalConcurrencyLayer::acquire).
 ///
-/// Ready at once when this host holds a free slot for the key (or the key is refused at
-/// once); otherwise it waits for the slot store's answer. Dropped while waiting, it leaves its
-/// place to the next request, and a slot given to it meanwhile goes back. Polled again after
-/// it has completed, it stays pending.
-#[must_use = "a slot is taken only when the future is awaited"]
+/// The decision is made when `acquire` is called, as for the throttle's
+/// [`Acquire`](crate::Acquire): ready at once when this host holds a free slot for the key (or
+/// the key is refused at once); otherwise it waits for the slot store's answer. Dropped
+/// unawaited, it gives back the slot it took; dropped while waiting, it leaves its place to the
+/// next request, and a slot given to it meanwhile goes back. Polled again after it has
+/// completed, it stays pending.
+#[must_use = "dropped unawaited, it gives its slot back at once"]
 pub struct AcquireSlot<K> {
     state: State<K>,
 }
@@ -132,5 +134,11 @@ mod tests {
             Poll::Ready(Ok(_))
         ));
         assert!(Pin::new(&mut third).poll(&mut context).is_pending());
+        drop(third);
+        // Taken when called, given back when dropped unawaited.
+        let unawaited = layer.acquire("k".to_owned());
+        assert_eq!(layer.in_flight(), 1);
+        drop(unawaited);
+        assert_eq!(layer.in_flight(), 0);
     }
 }

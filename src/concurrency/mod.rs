@@ -167,7 +167,8 @@ where
 {
     /// A slot for `key`, outside a tower service (a WebSocket session, a job): held until the
     /// permit is dropped. Refused with [`RejectionReason::TooManyInFlight`] when the key's
-    /// slots are all in use fleet-wide. Runs on a Tokio runtime.
+    /// slots are all in use fleet-wide. Call it on a Tokio runtime: the slot is taken (or the
+    /// store asked) when it is called, and the returned future only waits for the answer.
     pub fn acquire(&self, key: K) -> AcquireSlot<K> {
         match self.shared.engine.try_acquire(&key) {
             Acquired::Now(permit) => AcquireSlot::taken(permit),
