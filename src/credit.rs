@@ -10,7 +10,8 @@ use crate::limit::Limit;
 /// With [`Credit`](Self::Credit) (the default), the request is admitted at once, and the tokens
 /// are owed until the fetch that asks for them pays; when the global bucket had run dry, they
 /// are charged into debt, which the fleet pays before admitting more of that key. A bucket
-/// never owes more than its credit on one host, so a bucket admits at most
+/// never owes more than its credit on one host, nor more than the global bucket held at that
+/// host's last answer (and has refilled since), so a bucket admits at most
 /// `capacity + rate × t + hosts × credit` by time `t`, and only keys already exhausted
 /// elsewhere reach the last term. [`Exact`](Self::Exact) makes such requests wait for the
 /// store, for `capacity + rate × t`.

@@ -97,6 +97,87 @@ async fn a_day_spent_before_midnight_on_memory_is_whole_just_after() {
     common::calendar::a_day_spent_before_midnight_is_whole_just_after(&clock, memory).await;
 }
 
+/// The same across many settings, each drawn from a seed: capacities from 1 to 50, batch
+/// policies, credit, lease times, reservations ahead, the day spent from a minute to 100 ms
+/// before midnight, and the next requests from the instant of the reset to 3 s after it. One
+/// host alone: the day before admits exactly its allowance, the new day exactly its own, and
+/// each first refusal tells the exact wait to the next reset.
+#[tokio::test]
+async fn a_day_spent_before_midnight_is_whole_after_it_whatever_the_settings() {
+    use hierarchical_throttle::batch::{FractionOfCapacity, WeightedDemand};
+    use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, RejectionReason};
+    const MIDNIGHT: Duration = Duration::from_secs(1_732_579_200);
+    const DAY: Duration = Duration::from_secs(86_400);
+    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+    let mut pick = |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    let ms = Duration::from_millis;
+    for case in 0..300 {
+        let capacity = [1, 3, 10, 50][pick(4)];
+        let cold_start = [
+            ColdStart::Exact,
+            ColdStart::default(),
+            ColdStart::Credit { share: 0.5 },
+            ColdStart::Credit { share: 1.0 },
+        ][pick(4)];
+        let lease_ttl = [ms(500), ms(2_000), ms(10_000)][pick(3)];
+        let ahead = [ms(0), ms(100), ms(1_000)][pick(3)];
+        let spent_before = [ms(60_000), ms(10_000), ms(3_000), ms(1_000), ms(100)][pick(5)];
+        let after = [ms(0), ms(1), ms(10), ms(500), ms(1_200), ms(3_000)][pick(6)];
+        let fraction = [None, Some(0.1), Some(0.5), Some(1.0)][pick(4)];
+        let clock = ManualClock::new();
+        clock.set(MIDNIGHT - spent_before);
+        let builder = HierarchicalThrottleLayer::builder()
+            .key(|job: &String| Some(job.clone()))
+            .clock(clock.clone())
+            .limit(
+                format!("{capacity} per day at 00:00 UTC")
+                    .parse::<Limit>()
+                    .unwrap(),
+            )
+            .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+            .cold_start(cold_start)
+            .lease_ttl(lease_ttl)
+            .max_reservation(ahead);
+        let layer = match fraction {
+            Some(f) => builder
+                .batch_policy(FractionOfCapacity::new(f).unwrap())
+                .build(),
+            None => builder.batch_policy(WeightedDemand).build(),
+        }
+        .unwrap();
+        let settings = format!(
+            "case {case}: {capacity} a day, {cold_start:?}, lease {lease_ttl:?}, ahead \
+             {ahead:?}, batches {fraction:?}, spent {spent_before:?} before, asked {after:?} after"
+        );
+        for (until_reset, day) in [
+            (spent_before, "the day before"),
+            (DAY - after, "the new day"),
+        ] {
+            let mut admitted = 0;
+            let refused = loop {
+                match layer.acquire("job".to_owned(), 1).await {
+                    Ok(_) => admitted += 1,
+                    Err(refused) => break refused,
+                }
+                assert!(admitted <= capacity, "{day} over its allowance: {settings}");
+            };
+            assert_eq!(admitted, capacity, "{day}: {settings}");
+            assert_eq!(
+                refused.reason,
+                RejectionReason::Throttled,
+                "{day}: {settings}"
+            );
+            assert_eq!(refused.retry_after, Some(until_reset), "{day}: {settings}");
+            clock.set(MIDNIGHT + after);
+        }
+    }
+}
+
 mod time_zones {
     //! Quotas in a zone whose offset changes: a day is 23 or 25 hours long on the days the
     //! clocks change, and resets at local midnight on both sides.

@@ -388,3 +388,22 @@ async fn a_sweep_of_many_unhurried_hand_backs_fills_batches_that_go_at_once() {
         "every lease back: {stats:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_host_alone_admits_exactly_the_capacity_whatever_its_credit() {
+    // Credit may exceed what is left only where the host has not heard the bucket's level: a
+    // host that last heard it held 4 owes it at most 4, so a burst on one host stops at the
+    // capacity, with half or all of it as credit.
+    for share in [0.5, 1.0] {
+        let store = slow_store(Duration::from_millis(5));
+        let limit = Limit::per_hour(10).burst(10).unwrap();
+        let layer = host(&store, limit, ColdStart::Credit { share });
+        let mut admitted = 0;
+        while layer.acquire("k".to_owned(), 1).await.is_ok() {
+            admitted += 1;
+            assert!(admitted <= 10, "past the capacity with a credit of {share}");
+        }
+        assert_eq!(admitted, 10, "a credit of {share}");
+        assert!(layer.stats().admitted_on_credit > 0);
+    }
+}

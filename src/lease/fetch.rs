@@ -229,7 +229,7 @@ impl LocalBucket {
         }
         // A key known short whose memory is due for a check is asked about, not credited.
         let rechecking = now < self.cold().next_token_at;
-        if store_up && !rechecking && self.take_on_credit(cost, credit, now, interval) {
+        if store_up && !rechecking && self.take_on_credit(cost, credit, now, interval, limit) {
             let start_fetch = !std::mem::replace(&mut self.fetching, true);
             return Miss::Credited { start_fetch };
         }
@@ -247,12 +247,23 @@ impl LocalBucket {
 
     /// Takes `cost` on credit if what the bucket would owe stays within `credit`: the lease's
     /// last tokens first, the rest owed. Never ahead of a request already waiting, nor while a
-    /// debt from an earlier credit is being charged or may not be paid yet.
-    fn take_on_credit(&mut self, cost: u64, credit: u64, now: u64, interval: u64) -> bool {
+    /// debt from an earlier credit is being charged or may not be paid yet, nor beyond what the
+    /// global bucket can hold by the last answer (credit past it would be an over-admission
+    /// known in advance: a key that host has seen nearly spent waits for the store instead).
+    fn take_on_credit(
+        &mut self,
+        cost: u64,
+        credit: u64,
+        now: u64,
+        interval: u64,
+        limit: &Limit,
+    ) -> bool {
         let lacking = cost.saturating_sub(self.tokens);
         let cold = self.cold();
         let owed = u64::from(cold.owed).saturating_add(lacking);
-        let credit = credit.min(u64::from(u32::MAX));
+        let credit = credit
+            .min(self.global_estimate(now, limit))
+            .min(u64::from(u32::MAX));
         let blocked = now < cold.credit_after || !cold.waiters.is_empty();
         if owed > credit || blocked {
             return false;

@@ -407,7 +407,7 @@ fn a_cold_bucket_admits_on_credit_and_its_batch_pays_first() {
 #[test]
 fn credit_takes_the_last_leased_tokens_first_and_owes_only_what_they_lack() {
     let mut b = LocalBucket::default();
-    b.settle(&grant(2, 0, 0, 0), 0, 0, &limit());
+    b.settle(&grant_leaving(2, 8), 0, 0, &limit());
     let (miss, _) = on_credit(&mut b, 3, 0, 1);
     assert_eq!(miss, Miss::Credited { start_fetch: true });
     assert_eq!((b.owed(), b.leased_tokens()), (1, 0));
@@ -463,7 +463,7 @@ fn credit_an_answer_cannot_pay_is_charged_and_blocks_credit_until_charged() {
     );
     // Once the key is no longer known short, still no credit while the charge runs.
     assert_eq!(on_credit(&mut b, 1, 400_000, 1).0, Miss::StartFetch);
-    b.settle(&grant(1, 0, 0, 0), 400_000, 0, &limit());
+    b.settle(&grant_leaving(1, 5), 400_000, 0, &limit());
     b.end_charge();
     b.take_leased(1);
     assert_eq!(
@@ -498,12 +498,39 @@ fn a_batch_answered_while_credit_is_charged_does_not_let_credit_go_again() {
     b.note_charge(&charge, 410_000, 411_000, &limit());
     b.end_charge();
     assert_eq!(on_credit(&mut b, 1, 415_000, 1).0, Miss::StartFetch);
-    b.settle(&grant(1, 0, 0, 0), 415_000, 0, &limit());
+    b.settle(&grant_leaving(1, 5), 415_000, 0, &limit());
     b.take_leased(1);
     assert_eq!(
         on_credit(&mut b, 1, 416_000, 1).0,
         Miss::Credited { start_fetch: true }
     );
+}
+
+#[test]
+fn credit_never_goes_beyond_what_the_global_bucket_holds_by_the_last_answer() {
+    // The last answer left 2 in the global bucket: a host owes it at most 2, whatever its
+    // credit (more would be admitted past the bucket for certain, on one host as on many).
+    let mut b = LocalBucket::default();
+    b.settle(&grant_leaving(0, 2), 0, 0, &limit());
+    let credited = |start_fetch| Miss::Credited { start_fetch };
+    assert_eq!(on_credit(&mut b, 1, 0, 5).0, credited(true));
+    assert_eq!(on_credit(&mut b, 1, 0, 5).0, credited(false));
+    let (third, _rx) = on_credit(&mut b, 1, 0, 5);
+    assert_eq!(third, Miss::Joined);
+    assert_eq!(b.owed(), 2);
+    // Short at its answer, its next token due in 100 ms (10 a second): then one of credit,
+    // and one more for each token refilled since.
+    let mut c = LocalBucket::default();
+    c.settle(&grant(0, 0, 0, 100), 0, 0, &limit());
+    assert_eq!(on_credit(&mut c, 1, 100_000, 5).0, credited(true));
+    let (second, _rx) = on_credit(&mut c, 1, 100_000, 5);
+    assert_eq!(second, Miss::Joined);
+    let mut d = LocalBucket::default();
+    d.settle(&grant(0, 0, 0, 100), 0, 0, &limit());
+    assert_eq!(on_credit(&mut d, 2, 200_000, 5).0, credited(true));
+    // No answer yet: the credit alone bounds it.
+    let mut fresh = LocalBucket::default();
+    assert_eq!(on_credit(&mut fresh, 5, 0, 5).0, credited(true));
 }
 
 #[test]
