@@ -518,8 +518,9 @@ impl LocalBucket {
     }
 
     /// What the global bucket holds at `now` by the last answer and what it has refilled
-    /// since (none while it is known to be short; the capacity when no answer came yet): the
-    /// most it can hold, as other hosts may have taken some since.
+    /// since, not capped at the capacity (none while it is known to be short; the capacity
+    /// when no answer came yet): the most it can hold, as other hosts may have taken some
+    /// since.
     pub(crate) fn global_estimate(&self, now: u64, limit: &Limit) -> u64 {
         let cold = self.cold();
         let now = now.max(cold.global_seen_at);
