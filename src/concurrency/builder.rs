@@ -250,7 +250,7 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
     /// the next one after its idle slots went back, then waits for no round trip. The bound
     /// becomes `max + hosts × credit` requests in flight per key, reached only by a key
     /// already full elsewhere; once an answer says the key is full, no more credit until one
-    /// leaves a slot free.
+    /// leaves a slot free, and never past the slots the last answer left this host.
     ///
     /// Exact by default, unlike the throttle layer's tokens: a slot taken beyond the limit is
     /// held as long as its request runs, and a concurrency limit usually guards a resource

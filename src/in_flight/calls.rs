@@ -93,7 +93,7 @@ where
                 let until = shared.usable_until(call.sent_at);
                 let next_seq = || shared.next_seq();
                 let full = holding.others.saturating_add(holding.held) >= max;
-                lease.note_others(holding.others, full);
+                lease.note_others(holding.others, full, max);
                 lease.answered(call.seq, holding.held, until, now, next_seq)
             }
             Ok(None) | Err(_) => {

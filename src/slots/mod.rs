@@ -115,6 +115,9 @@ pub(crate) struct SlotLease<W> {
     credit: u64,
     /// The store's last answer left no slot free in the fleet: no credit until one does.
     full: bool,
+    /// The most this host may have in flight by the store's last answer: the limit less what
+    /// the others held then (`u64::MAX` before any answer). Credit never goes past it.
+    room: u64,
 }
 
 impl<W> SlotLease<W> {
@@ -136,6 +139,7 @@ impl<W> SlotLease<W> {
             patient,
             credit,
             full: false,
+            room: u64::MAX,
         }
     }
 
@@ -152,11 +156,12 @@ impl<W> SlotLease<W> {
     }
 
     /// Notes what the other hosts held at an answer of the store (any answer, even to a call
-    /// superseded since: it is the latest word on them), and whether it left a slot free in
-    /// the fleet.
-    pub(crate) fn note_others(&mut self, others: u64, full: bool) {
+    /// superseded since: it is the latest word on them) of a limit of `max`, and whether it
+    /// left a slot free in the fleet.
+    pub(crate) fn note_others(&mut self, others: u64, full: bool, max: u64) {
         self.others = others;
         self.full = full;
+        self.room = max.saturating_sub(others);
     }
 
     /// Slots of `max` this host sees free: what the other hosts held at the store's last
@@ -232,7 +237,9 @@ impl<W> SlotLease<W> {
     }
 
     /// Whether one more request may go in flight on credit: the key is not known to be full,
-    /// no earlier request waits, and fewer than `credit` run beyond what the holding covers.
+    /// no earlier request waits, fewer than `credit` run beyond what the holding covers, and
+    /// fewer than the last answer left this host (credit past it would run over the limit for
+    /// certain: a key this host has seen nearly full waits for the store instead).
     fn credit_covers(&self, now: &mut Now<impl FnMut() -> u64>) -> bool {
         if self.credit == 0 || self.full || !self.waiters.is_empty() {
             return false;
@@ -241,7 +248,7 @@ impl<W> SlotLease<W> {
             true => self.usable_while_held(),
             false => 0,
         };
-        self.in_use < covered.saturating_add(self.credit)
+        self.in_use < covered.saturating_add(self.credit).min(self.room)
     }
 
     /// A request was admitted on credit at `now`: the call that asks the store to hold what
