@@ -1256,7 +1256,7 @@ mod credit {
         let layer: Layer<_> = HierarchicalConcurrencyLayer::builder()
             .key(api_key)
             .max_in_flight_per_key(|key: &String| if key == "banned" { 0 } else { 4 })
-            .cold_start(ColdStart::Credit { share: 1.0 })
+            .cold_start(hierarchical_throttle::ColdStart::Credit { share: 1.0 })
             .store(MemoryGlobalStore::with_clock(TokioClock::new()))
             .clock(TokioClock::new())
             .build()
@@ -1351,6 +1351,38 @@ mod credit {
         assert_eq!(b.free_slots(&key(), &b1), 0);
         drop((a1, a2, b1));
     }
+}
+
+/// Credit never runs past what the last answer left a host: the others hold 8 of 10, so a
+/// host with a credit of the whole limit runs 2, and the third request waits and is refused.
+#[tokio::test(start_paused = true)]
+async fn credit_stops_at_the_slots_the_last_answer_left() {
+    let memory = MemoryGlobalStore::with_clock(TokioClock::new());
+    let others = layer(memory.clone(), 10);
+    let key = || "tenant".to_owned();
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(others.acquire(key()).await.expect("within the limit"));
+    }
+    let credited = host(memory, 10)
+        .cold_start(hierarchical_throttle::ColdStart::Credit { share: 1.0 })
+        .build()
+        .unwrap();
+    let first = credited.acquire(key()).await.expect("on credit");
+    // Until this host has noted the store's answer (8 held elsewhere), it sees 9 free.
+    let noted = async {
+        while credited.free_slots(&key(), &first) != 1 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), noted)
+        .await
+        .expect("the answer is noted");
+    let second = credited.acquire(key()).await.expect("on credit: one left");
+    let refused = credited.acquire(key()).await.unwrap_err();
+    assert_eq!(refused.reason, RejectionReason::TooManyInFlight { max: 10 });
+    assert_eq!(credited.stats().admitted_on_credit, 2);
+    drop((first, second, held));
 }
 
 /// Slot calls of all keys made together go to the store as one batch (on Redis, one script
