@@ -245,6 +245,24 @@ impl LocalBucket {
         Miss::StartFetch
     }
 
+    /// What the global bucket holds at `now` by the last answer and what it has refilled
+    /// since, not capped at the capacity (none while it is known to be short; the capacity
+    /// when no answer came yet): the most it can hold, as other hosts may have taken some
+    /// since.
+    pub(crate) fn global_estimate(&self, now: u64, limit: &Limit) -> u64 {
+        let cold = self.cold();
+        let now = now.max(cold.global_seen_at);
+        match cold.global_left {
+            super::NO_ANSWER => limit.capacity(),
+            _ if now < cold.next_token_at => 0,
+            // It was short at its answer: its first token came at `next_token_at`.
+            _ if cold.next_token_at > cold.global_seen_at => {
+                1 + limit.accrued_between(cold.next_token_at, now)
+            }
+            left => left.saturating_add(limit.accrued_between(cold.global_seen_at, now)),
+        }
+    }
+
     /// Takes `cost` on credit if what the bucket would owe stays within `credit`: the lease's
     /// last tokens first, the rest owed. Never ahead of a request already waiting, nor while a
     /// debt from an earlier credit is being charged or may not be paid yet, nor beyond what the
