@@ -92,8 +92,7 @@ where
             Ok(Some(holding)) => {
                 let until = shared.usable_until(call.sent_at);
                 let next_seq = || shared.next_seq();
-                let full = holding.others.saturating_add(holding.held) >= max;
-                lease.note_others(holding.others, full, max);
+                lease.note_others(holding.others, holding.held, max);
                 lease.answered(call.seq, holding.held, until, now, next_seq)
             }
             Ok(None) | Err(_) => {

@@ -155,12 +155,12 @@ impl<W> SlotLease<W> {
         self.in_use
     }
 
-    /// Notes what the other hosts held at an answer of the store (any answer, even to a call
-    /// superseded since: it is the latest word on them) of a limit of `max`, and whether it
-    /// left a slot free in the fleet.
-    pub(crate) fn note_others(&mut self, others: u64, full: bool, max: u64) {
+    /// Notes an answer of the store (any answer, even to a call superseded since: it is the
+    /// latest word on the fleet) for a limit of `max`: what the other hosts held, and what it
+    /// held for this host. It left no slot free in the fleet when the two fill the limit.
+    pub(crate) fn note_others(&mut self, others: u64, held: u64, max: u64) {
         self.others = others;
-        self.full = full;
+        self.full = others.saturating_add(held) >= max;
         self.room = max.saturating_sub(others);
     }
 

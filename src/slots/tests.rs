@@ -367,7 +367,7 @@ fn no_admission_on_the_store_goes_past_the_usable_holding_over_random_steps() {
                     seq_no += 1;
                     lease.sweep(now, now + 100, || seq_no);
                 }
-                _ => lease.note_others(next(3), next(3) == 0, 3),
+                _ => lease.note_others(next(3), next(3), 3),
             }
             assert_eq!(lease.in_use(), running, "step {step}");
             assert_eq!(lease.waiting(), waiting.len(), "step {step}");
@@ -384,11 +384,11 @@ fn free_slots_are_what_the_others_and_this_hosts_requests_leave() {
     // Two in flight here, of a limit of 5, the others holding 2 at the last answer.
     let mut lease = holding(2);
     lease.try_take(&mut exactly(10));
-    lease.note_others(2, false, 5);
+    lease.note_others(2, 2, 5);
     assert_eq!(lease.in_use(), 2);
     assert_eq!(lease.free(5, || 10), 1);
     // The others took more than the limit leaves (it was lowered): none free, not a wrap.
-    lease.note_others(4, true, 5);
+    lease.note_others(4, 2, 5);
     assert_eq!(lease.free(5, || 10), 0);
     // While the store fails, the failure policy's share counts, whatever the others held.
     let mut failing = Lease::new(3, 0, false);
@@ -450,10 +450,10 @@ fn a_key_known_full_gets_no_credit_and_a_full_answer_is_not_asked_again() {
     // the credit's overshoot) and the store is not asked again in a loop.
     let decided = lease.answered(call.seq, 0, 1_000, 5, seq(2));
     assert!(decided.next.is_none());
-    lease.note_others(3, true, 3);
+    lease.note_others(3, 0, 3);
     assert_eq!(lease.try_take(&mut exactly(6)), TryTake::MustWait);
     // An answer that leaves a slot free gives credit again.
-    lease.note_others(1, false, 3);
+    lease.note_others(1, 0, 3);
     lease.forget_gone(|_| true);
     lease.release(|| 7);
     assert_eq!(lease.try_take(&mut exactly(8)), TryTake::OnCredit);
@@ -466,7 +466,7 @@ fn credit_never_runs_past_the_slots_the_last_answer_left_this_host() {
     let mut lease = Lease::new(0, 5, false);
     assert_eq!(lease.try_take(&mut exactly(0)), TryTake::OnCredit);
     let call = lease.ask(0, seq(1)).expect("a call");
-    lease.note_others(8, false, 10);
+    lease.note_others(8, 1, 10);
     lease.answered(call.seq, 1, 1_000, 5, seq(2));
     assert_eq!(lease.try_take(&mut exactly(6)), TryTake::OnCredit);
     assert_eq!(lease.try_take(&mut exactly(6)), TryTake::MustWait);

@@ -82,10 +82,8 @@ const fn give(after_us: u64, tokens: u64) -> Step {
 
 /// The hand-back of a step, on a case's clock that started at `origin`.
 fn token_return(tokens: u64, expires_at_us: Option<u64>, origin: Duration) -> TokenReturn {
-    match expires_at_us {
-        Some(at) => TokenReturn::expiring(tokens, origin + Duration::from_micros(at)),
-        None => TokenReturn::new(tokens),
-    }
+    let expires = expires_at_us.map(|at| origin + Duration::from_micros(at));
+    TokenReturn { tokens, expires }
 }
 
 const fn take(after_us: u64, min: u64, want: u64) -> Step {
