@@ -33,8 +33,8 @@ pub enum ConfigError {
         /// The period.
         period: Duration,
     },
-    /// A limit written as text could not be read, or a time zone's name is not in the
-    /// time-zone database (or needs the `tz` feature).
+    /// A limit written as text could not be read, a time zone's name is not in the
+    /// time-zone database (or needs the `tz` feature), or an IP network could not be read.
     Unreadable {
         /// The part that could not be read.
         part: String,
@@ -69,7 +69,7 @@ impl fmt::Display for ConfigError {
                 "{amount} tokens per {period:?} cannot be refilled exactly; choose a rounder rate"
             ),
             Self::Unreadable { part, expected } => {
-                write!(f, "cannot read `{part}` in a limit: expected {expected}")
+                write!(f, "cannot read `{part}`: expected {expected}")
             }
             Self::InvalidSetting { setting, expected } => {
                 write!(f, "invalid `{setting}`: expected {expected}")

@@ -242,3 +242,70 @@ async fn shadow_mode_serves_what_it_would_refuse_and_counts_it() {
     );
     assert_eq!((stats.missing_key, stats.shadow_admitted), (1, 4));
 }
+
+/// Behind a load balancer, each client gets its own bucket by the address the balancer
+/// forwarded, whatever the client writes into the header itself; IPv6 clients share their /64.
+#[tokio::test]
+async fn clients_behind_a_load_balancer_are_keyed_by_the_address_it_forwarded() {
+    use axum::extract::ConnectInfo;
+    use std::net::SocketAddr;
+
+    let clock = ManualClock::new();
+    let client_ip = key::ClientIp::behind_networks(["10.0.0.0/8"]).unwrap();
+    let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
+        .key(move |req: &Request<Body>| client_ip.key(req))
+        .clock(clock.clone())
+        .limit(Limit::per_minute(1).burst(1).unwrap())
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let send = |peer: &str, forwarded: Option<&str>| {
+        let mut req = Request::get("/");
+        if let Some(forwarded) = forwarded {
+            req = req.header("x-forwarded-for", forwarded);
+        }
+        let mut req = req.body(Body::empty()).unwrap();
+        let peer: SocketAddr = peer.parse().unwrap();
+        req.extensions_mut().insert(ConnectInfo(peer));
+        let app = app.clone();
+        async move { app.oneshot(req).await.unwrap().status() }
+    };
+    let balancer = "10.0.0.5:443";
+    assert_eq!(send(balancer, Some("203.0.113.7")).await, StatusCode::OK);
+    // The same client again, claiming to be someone else: still itself.
+    assert_eq!(
+        send(balancer, Some("198.51.100.1, 203.0.113.7")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another client through the same balancer has its own bucket.
+    assert_eq!(send(balancer, Some("203.0.113.8")).await, StatusCode::OK);
+    // A client reaching the host directly cannot take another's key by writing it.
+    assert_eq!(
+        send("192.0.2.50:5000", Some("203.0.113.9")).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send("192.0.2.50:5000", Some("203.0.113.10")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Two addresses of one IPv6 network are one client.
+    assert_eq!(
+        send(balancer, Some("2001:db8:0:1::a")).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(balancer, Some("2001:db8:0:1::b")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // No peer address at all (the app served without ConnectInfo): no key, refused as such.
+    let no_peer = app
+        .clone()
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(no_peer.status(), StatusCode::BAD_REQUEST);
+}

@@ -296,3 +296,26 @@ async fn a_call_over_its_concurrency_limit_gets_resource_exhausted() {
     assert!(client.say(say("k1")).await.is_ok());
     assert_eq!(in_flight.stats().refused_full, 1);
 }
+
+/// `ClientIp::key` reads the peer from tonic's `TcpConnectInfo`, and the client behind it.
+#[test]
+fn client_ip_reads_the_peer_of_a_tonic_request() {
+    use tonic::transport::server::TcpConnectInfo;
+    let client_ip = key::ClientIp::behind_networks(["10.0.0.0/8"]).unwrap();
+    let request = |peer: &str| {
+        let mut req = http::Request::builder()
+            .header("x-forwarded-for", "198.51.100.1, 203.0.113.7")
+            .body(())
+            .unwrap();
+        req.extensions_mut().insert(TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some(peer.parse().unwrap()),
+        });
+        req
+    };
+    let via_balancer = client_ip.key(&request("10.0.0.5:443"));
+    assert_eq!(via_balancer, Some("203.0.113.7".parse().unwrap()));
+    let direct = client_ip.key(&request("192.0.2.50:5000"));
+    assert_eq!(direct, Some("192.0.2.50".parse().unwrap()));
+    assert_eq!(client_ip.key(&http::Request::new(())), None);
+}

@@ -4,7 +4,8 @@
 //! ([`key`](crate::Builder::key)), or borrows it from the request
 //! ([`key_ref`](crate::Builder::key_ref): `Option<&[u8]>` for a [`CompactKey`], `Option<&str>`
 //! for a `String` one, so that a request served from the host's leased tokens never makes its
-//! key). These helpers read the usual sources; any closure works.
+//! key). These helpers read the usual sources; any closure works. Behind load balancers,
+//! [`ClientIp`] finds the client's address past the proxies you trust.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -12,6 +13,10 @@ use std::hash::{Hash, Hasher};
 use std::ops::Deref;
 
 use crate::rejection::{Rejection, RejectionReason};
+
+mod client_ip;
+
+pub use client_ip::{ClientIp, ForwardedHeader, IpNetwork};
 
 /// The longest key the header helpers ([`header_bytes`], [`header_str`], [`header_value`])
 /// read, in bytes: a longer value is no key (the [`MissingKey`] policy decides, a refusal by
