@@ -48,13 +48,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "try: for i in $(seq 7); do curl -si -H 'x-api-key: demo' http://127.0.0.1:3000/ | head -1; done"
     );
-    let server = axum::serve(
+    axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
-    );
-    tokio::select! {
-        result = server => result?,
-        _ = tokio::signal::ctrl_c() => println!("\n{:?}", throttle.stats()),
-    }
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await?;
+    // Drained: give the fleet back what this host leased, then report.
+    throttle.return_all_leases().await;
+    println!("\n{:?}", throttle.stats());
     Ok(())
 }

@@ -53,6 +53,8 @@
 //!
 //! Tokens leased to a host and not used within the lease time-to-live are handed back, so the
 //! fleet admits close to its limit: every leased token was dispensed once by the global bucket.
+//! A host about to stop hands back all it holds with
+//! [`HierarchicalThrottleLayer::return_all_leases`].
 //!
 //! Beyond one limit per key: a [`Quota`] of several named limits and further
 //! [levels](Builder::level) of keys, all or nothing; limits that [warm up](Limit::warm_up)
@@ -83,7 +85,8 @@
 //! - [`local`]: the [`LocalStore`](local::LocalStore) trait and [`MemoryLocalStore`];
 //! - [`batch`]: how many tokens a host asks for ([`batch::WeightedDemand`] by default);
 //! - [`clock`]: [`clock::MonotonicClock`], and [`clock::ManualClock`] for exact tests;
-//! - [`key`]: key helpers, the [`MissingKey`] policy, and [`Keys`] for uses on every level;
+//! - [`key`]: key helpers ([`key::ClientIp`] finds a client behind load balancers), the
+//!   [`MissingKey`] policy, and [`Keys`] for uses on every level;
 //! - [`metered`]: bodies charged by the byte as they stream ([`MeteredBody`]);
 //! - [`concurrency`]: at most N requests in flight per key over the fleet
 //!   ([`HierarchicalConcurrencyLayer`]), on the stores' [`SlotStore`](global::slots::SlotStore);

@@ -24,6 +24,39 @@ pub(crate) fn shard_index(hash: u64, bits: u32) -> usize {
     }
 }
 
+/// Tasks under way (a key's fetch, a slot call), counted so that a host about to stop can wait
+/// for them to end.
+#[derive(Default)]
+pub(crate) struct UnderWay {
+    count: std::sync::atomic::AtomicUsize,
+    none_left: tokio::sync::Notify,
+}
+
+impl UnderWay {
+    pub(crate) fn started(&self) {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    pub(crate) fn ended(&self) {
+        if self.count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            self.none_left.notify_waiters();
+        }
+    }
+
+    /// Returns once none is under way.
+    pub(crate) async fn none_left(&self) {
+        loop {
+            // Registered before the count is read, so that an end between the two wakes it.
+            let mut ended = std::pin::pin!(self.none_left.notified());
+            ended.as_mut().enable();
+            if self.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            ended.await;
+        }
+    }
+}
+
 /// A lock for critical sections of a few nanoseconds (a run of local-store shards): taking it
 /// is one compare-and-swap and releasing it a plain store, where a parking mutex pays a second
 /// atomic read-modify-write to release. A thread that finds it taken spins briefly, then yields

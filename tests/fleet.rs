@@ -58,3 +58,45 @@ async fn eight_hosts_far_over_the_limit_rarely_call_the_store() {
         );
     }
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_stopping_host_hands_back_what_it_holds() {
+    let clock = ManualClock::new();
+    let global = MemoryGlobalStore::with_clock(clock.clone());
+    common::stopping::a_stopping_host_hands_back_what_it_holds(&clock, global).await;
+}
+
+/// A host stopping while the fetch its credit started is under way (the store 50 ms away)
+/// waits for it: the credit is charged, and the batch's leftovers come back with the rest. The
+/// global bucket ends one token down, for the one request admitted.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn stopping_waits_for_the_fetch_under_way_and_charges_its_credit() {
+    use hierarchical_throttle::ColdStart;
+    use hierarchical_throttle::batch::FractionOfCapacity;
+
+    let clock = ManualClock::new();
+    let store = FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
+    store.delay(std::time::Duration::from_millis(50));
+    let layer = host_builder(&clock, Limit::per_minute(100).burst(100).unwrap())
+        .cold_start(ColdStart::Credit { share: 0.1 })
+        .batch_policy(FractionOfCapacity::new(0.5).unwrap())
+        .global_store(store.clone())
+        .build()
+        .unwrap();
+    let mut service = tower::Layer::layer(&layer, backend());
+    let started = tokio::time::Instant::now();
+    assert_eq!(send(&mut service, "k", 1).await, Outcome::Served);
+    assert_eq!(
+        started.elapsed(),
+        std::time::Duration::ZERO,
+        "on credit, at once"
+    );
+
+    layer.return_all_leases().await;
+    let level = layer.remaining_global("k").await.unwrap()[0].tokens;
+    assert_eq!(level, 99);
+    let stats = layer.stats();
+    assert_eq!(stats.admitted_on_credit, 1);
+    assert_eq!(stats.tokens_uncharged, 0);
+    assert_eq!(stats.tokens_returned, 49);
+}

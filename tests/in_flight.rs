@@ -1385,6 +1385,66 @@ async fn credit_stops_at_the_slots_the_last_answer_left() {
     drop((first, second, held));
 }
 
+/// A host about to stop gives back the slots it keeps free (here for a long linger), and keeps
+/// those of its requests still running: another host can then use them at once, not after the
+/// holding expires.
+mod stopping {
+    use super::*;
+
+    async fn a_stopping_host_gives_back_its_free_slots<S>(store: S)
+    where
+        S: SlotStore<BucketKey<String>> + Clone,
+    {
+        let key = || "tenant".to_owned();
+        let stopping = host(store.clone(), 10)
+            .slot_ttl(Duration::from_secs(3_600))
+            .linger(Duration::from_secs(900))
+            .build()
+            .unwrap();
+        let other = layer(store, 10);
+        let mut permits = Vec::new();
+        for _ in 0..6 {
+            permits.push(stopping.acquire(key()).await.expect("within the limit"));
+        }
+        let running = permits.pop();
+        drop(permits);
+        // The stopping host still holds six: the other gets four.
+        let mut elsewhere = Vec::new();
+        for _ in 0..4 {
+            elsewhere.push(other.acquire(key()).await.expect("four left"));
+        }
+        let full = other.acquire(key()).await.unwrap_err();
+        assert_eq!(full.reason, RejectionReason::TooManyInFlight { max: 10 });
+
+        stopping.return_all_slots().await;
+        assert_eq!(
+            stopping.in_flight(),
+            1,
+            "its running request keeps its slot"
+        );
+        for _ in 0..5 {
+            elsewhere.push(other.acquire(key()).await.expect("given back"));
+        }
+        let full = other.acquire(key()).await.unwrap_err();
+        assert_eq!(full.reason, RejectionReason::TooManyInFlight { max: 10 });
+        drop((running, elsewhere));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_memory() {
+        a_stopping_host_gives_back_its_free_slots(MemoryGlobalStore::with_clock(TokioClock::new()))
+            .await;
+    }
+
+    #[tokio::test]
+    async fn on_redis() {
+        let server = RedisServer::start();
+        let store: RedisGlobalStore<String> =
+            RedisGlobalStore::connect(&server.url()).await.unwrap();
+        a_stopping_host_gives_back_its_free_slots(store).await;
+    }
+}
+
 /// Slot calls of all keys made together go to the store as one batch (on Redis, one script
 /// per node), each answered on its own.
 mod batching {

@@ -1364,3 +1364,11 @@ async fn slot_holds_on_a_stalled_primary_delay_only_its_own_keys() {
     assert!(stalled.is_err(), "the stalled primary's own key waits");
     cluster.nodes[0].resume();
 }
+
+#[tokio::test]
+async fn a_stopping_host_hands_back_what_it_holds_on_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let redis = server.store_on(&clock).await;
+    common::stopping::a_stopping_host_hands_back_what_it_holds(&clock, redis).await;
+}

@@ -208,6 +208,17 @@ where
         self.shared.engine.keys()
     }
 
+    /// Gives back to the slot store every slot this host holds beyond its requests still in
+    /// flight, and returns once the store has answered: for a host about to stop, so that the
+    /// fleet can use them at once instead of after the holding expires
+    /// ([`slot_ttl`](crate::ConcurrencyBuilder::slot_ttl)). Call it after the server has
+    /// drained, on the runtime that served it; it first waits for the calls under way (each
+    /// wait at most two store time-outs). The layer keeps working: a request after it asks the
+    /// store anew.
+    pub async fn return_all_slots(&self) {
+        self.shared.engine.return_all_slots().await;
+    }
+
     /// This host's counters.
     pub fn stats(&self) -> ConcurrencyStats {
         let c = self.shared.engine.counters();

@@ -23,6 +23,7 @@ pub(super) fn spawn<K, S, C>(
     S: SlotStore<BucketKey<K>>,
     C: Clock,
 {
+    shared.calls_under_way.started();
     let guard = CallGuard {
         shared,
         entry,
@@ -55,6 +56,7 @@ where
     C: Clock,
 {
     fn drop(&mut self) {
+        self.shared.calls_under_way.ended();
         if let Some(seq) = self.seq.take() {
             let retry_at =
                 (self.shared.now()).saturating_add(micros(self.shared.settings.back_off));

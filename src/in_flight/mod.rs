@@ -19,7 +19,7 @@ use crate::credit::ColdStart;
 use crate::global::slots::SlotStore;
 use crate::quota::{BucketKey, Name};
 use crate::slots::{SlotLease, TryTake};
-use crate::sync::{ShardLock, shard_index};
+use crate::sync::{ShardLock, UnderWay, shard_index};
 
 use permit::Engine;
 pub(crate) use permit::Entry;
@@ -133,6 +133,8 @@ pub(crate) struct Shared<K, S, C> {
     max: MaxFn<K>,
     seq: AtomicU64,
     sweeper_running: AtomicBool,
+    /// Keys' call tasks under way.
+    calls_under_way: UnderWay,
     pub(crate) counters: Counters,
 }
 
@@ -172,6 +174,7 @@ where
                 max,
                 seq: AtomicU64::new(first_seq),
                 sweeper_running: AtomicBool::new(false),
+                calls_under_way: UnderWay::default(),
                 counters: Counters::default(),
             }),
         }
@@ -254,6 +257,33 @@ where
         }
         let deadline = shared.settings.max_wait;
         Acquired::Wait(WaitForSlot::new(entry, receiver, deadline))
+    }
+
+    /// Gives back every slot this host holds beyond its requests in flight, once the calls
+    /// under way have ended, and returns once the store has answered (each wait at most two
+    /// store time-outs): for a host about to stop.
+    pub(crate) async fn return_all_slots(&self) {
+        let shared = &self.shared;
+        let within = shared.settings.store_timeout * 2;
+        let _ = tokio::time::timeout(within, shared.calls_under_way.none_left()).await;
+        let now = shared.now();
+        let mut calls = Vec::new();
+        for shard in shared.shards.iter() {
+            let shard = shard.lock();
+            for (key, entry) in shard.keys.iter() {
+                let call = entry
+                    .lease
+                    .lock()
+                    .give_back_unused(now, || shared.next_seq());
+                if let Some(call) = call {
+                    calls.push((key.clone(), entry.clone(), call));
+                }
+            }
+        }
+        for (key, entry, call) in calls {
+            calls::spawn(shared.clone(), key, entry, call);
+        }
+        let _ = tokio::time::timeout(within, shared.calls_under_way.none_left()).await;
     }
 
     /// Requests admitted so far: at once (counted by shard) and after a wait.

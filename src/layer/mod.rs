@@ -238,6 +238,23 @@ where
         self.throttle.return_unused_leases().await;
     }
 
+    /// Hands back to the global store every token this host holds, used or not, and returns
+    /// once the store has answered: for a host about to stop, so that the fleet can spend them
+    /// at once instead of losing them (a day's quota leased in batches, say) until its buckets
+    /// refill.
+    ///
+    /// Call it after the server has drained (axum's `with_graceful_shutdown` returned), on the
+    /// runtime that served it. It first waits for the host's fetches under way, each with the
+    /// charge of the credit it settles, so that nothing admitted on credit goes uncharged; at
+    /// most two [store time-outs](crate::Builder::store_timeout) and a
+    /// [batch linger](crate::Builder::global_batch_linger), in case requests still arrive. A
+    /// bucket with requests waiting for tokens keeps its own. The layer keeps working: a
+    /// request after it fetches anew. What the store does not take (it is failing) stays for
+    /// the next sweep, and is lost if the host stops first.
+    pub async fn return_all_leases(&self) {
+        self.throttle.return_all_leases().await;
+    }
+
     /// The local store, to inspect it.
     pub fn local_store(&self) -> &L {
         &self.throttle.local

@@ -411,6 +411,19 @@ impl<W> SlotLease<W> {
         None
     }
 
+    /// The call that gives back every slot held beyond those in use, for a host about to
+    /// stop: none while a call is out (its answer may change the holding).
+    pub(crate) fn give_back_unused(
+        &mut self,
+        now: u64,
+        seq: impl FnOnce() -> u64,
+    ) -> Option<SlotCall> {
+        if self.held <= self.in_use {
+            return None;
+        }
+        self.start_call(self.in_use, now, seq)
+    }
+
     /// Forgets the waiters that have gone (their requests ended while they waited).
     pub(crate) fn forget_gone(&mut self, gone: impl Fn(&W) -> bool) {
         self.waiters.retain(|(waiter, _)| !gone(waiter));

@@ -497,3 +497,27 @@ fn no_credit_while_an_earlier_request_waits_or_the_store_fails() {
         TryTake::Fallback { admitted: false }
     );
 }
+
+#[test]
+fn a_stopping_host_gives_back_all_but_its_slots_in_use() {
+    // Three held, one in flight: the call keeps one.
+    let mut lease = holding(3);
+    let call = lease.give_back_unused(5, seq(20));
+    assert_eq!(
+        call,
+        Some(SlotCall {
+            seq: 20,
+            want: 1,
+            sent_at: 5
+        })
+    );
+    // Nothing more while it is out.
+    assert_eq!(lease.give_back_unused(6, seq(21)), None);
+    lease.answered(20, 1, 1_000, 7, seq(22));
+    assert_eq!((lease.in_use(), lease.held()), (1, 1));
+    // Nothing beyond what is in use: no call.
+    assert_eq!(lease.give_back_unused(8, seq(23)), None);
+    // The last request ends: everything goes.
+    lease.release(|| 9);
+    assert_eq!(lease.give_back_unused(9, seq(24)).map(|c| c.want), Some(0));
+}

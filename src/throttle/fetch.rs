@@ -29,6 +29,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     #[cold]
     #[inline(never)]
     pub(crate) fn start_fetch(self: &Arc<Self>, id: LeaseKey<K>) {
+        self.fetches.started();
         let fetch = FetchTask {
             throttle: self.clone(),
             id,
@@ -306,6 +307,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for CreditCharge<K, G, L,
 
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for FetchTask<K, G, L, C> {
     fn drop(&mut self) {
+        self.throttle.fetches.ended();
         if self.settled {
             return;
         }

@@ -323,6 +323,8 @@ pub(crate) struct Throttle<K, G, L, C> {
     calls: calls::GlobalCalls<K>,
     /// Tokens to hand back: evicted leases, and hand-backs the store did not take.
     returns: Mutex<Vec<Return<K>>>,
+    /// The fetch tasks under way, each with the credit charge that may follow its answer.
+    fetches: crate::sync::UnderWay,
     /// When a request without a key was last logged at warn (clock micros; 0: never).
     missing_key_warned_at: AtomicU64,
     /// Where the global store is, for logs.
@@ -357,6 +359,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             shaper: Arc::default(),
             calls: calls::GlobalCalls::default(),
             returns: Mutex::default(),
+            fetches: crate::sync::UnderWay::default(),
             missing_key_warned_at: AtomicU64::new(0),
             store_location: global.location(),
             registration: None,

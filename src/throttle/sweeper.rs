@@ -73,6 +73,40 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         for id in dated {
             returns.extend(self.take_before_reset(id, now));
         }
+        self.hand_back_all(returns).await;
+    }
+
+    /// Hands back every token this host holds, used or not, once the fetches under way have
+    /// ended (or two store time-outs and a linger have passed, in case traffic goes on): for a
+    /// host about to stop. Buckets with requests waiting for tokens keep theirs.
+    pub(crate) async fn return_all_leases(self: &Arc<Self>) {
+        let fetches_end_within = self.config.store_timeout * 2 + self.config.global_batch_linger;
+        // Traffic that goes on may keep fetches under way: a bounded wait, then what is held.
+        let _ = tokio::time::timeout(fetches_end_within, self.fetches.none_left()).await;
+        let now = self.now();
+        self.collect_evicted();
+        let mut returns = std::mem::take(&mut *lock(&self.returns));
+        self.local.for_each_bucket(|id, b| {
+            self.stats.admitted_local.add(b.take_uncounted());
+            if b.is_fetching() || b.waiting() > 0 {
+                return;
+            }
+            let tokens = b.take_all_leased();
+            if tokens > 0 {
+                returns.push(Return {
+                    id: id.clone(),
+                    dispenser: b.dispenser(),
+                    tokens,
+                    taken_at: now,
+                    unhurried: false,
+                });
+            }
+        });
+        self.hand_back_all(returns).await;
+    }
+
+    /// Sends `returns` to the store, many at once.
+    async fn hand_back_all(self: &Arc<Self>, returns: Vec<Return<K>>) {
         let returns_at_once = CONCURRENT_RETURNS.max(self.config.global_batch);
         stream::iter(returns)
             .for_each_concurrent(returns_at_once, |back| self.hand_back(back))

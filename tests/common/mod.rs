@@ -7,6 +7,7 @@ pub mod levels;
 pub mod proxy;
 pub mod redis_server;
 pub mod router;
+pub mod stopping;
 pub mod warm_up;
 
 use std::convert::Infallible;

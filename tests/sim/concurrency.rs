@@ -21,6 +21,9 @@
 //! - **nothing lost**: once every request has ended and the holdings have expired, no host
 //!   holds a slot or keeps a key, and the store holds nothing.
 //!
+//! Hosts give back their free slots mid-run, as one about to stop does, and serve on (drawn
+//! per seed).
+//!
 //! Each seed draws how many slot calls go in one round trip (`store_batch`: 1, 2 or 128), so
 //! that the calls of several keys and hosts queue behind one another or go together, and how
 //! long a key's requests go to the failure policy after a failed call (10 ms, 100 ms or 1 s).
@@ -88,6 +91,26 @@ pub struct Scenario {
     pub store_batch: usize,
     /// How long a key's requests go to the failure policy after a call for it failed.
     pub back_off: Duration,
+    /// Hosts that give back every slot they hold beyond their requests in flight, as one
+    /// about to stop does (when, which host); each goes on serving after it.
+    pub stops: Vec<(Duration, usize)>,
+}
+
+/// Hosts that give back their free slots during the run, on a stream of its own (so that the
+/// other draws keep their values per seed).
+fn stops(seed: u64, hosts: usize) -> Vec<(Duration, usize)> {
+    let mut rng = Rng::new(seed ^ 0x5709_0A11);
+    if !rng.chance(0.3) {
+        return Vec::new();
+    }
+    let mut stops: Vec<_> = (0..rng.range(1, 3))
+        .map(|_| {
+            let at = Duration::from_millis(rng.below(3_000));
+            (at, rng.below(hosts as u64) as usize)
+        })
+        .collect();
+    stops.sort_by_key(|(at, _)| *at);
+    stops
 }
 
 impl Scenario {
@@ -177,6 +200,7 @@ impl Scenario {
             back_off: Duration::from_millis(
                 [10, 100, 1_000][Rng::new(seed ^ 0xBAC0).below(3) as usize],
             ),
+            stops: stops(seed, hosts),
         }
     }
 
@@ -456,6 +480,13 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(start + at).await;
             limits[0].store(new, Ordering::SeqCst);
+        }));
+    }
+    for &(at, host) in &s.stops {
+        let layer = hosts[host].clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(start + at).await;
+            layer.return_all_slots().await;
         }));
     }
     if let Some((host, when)) = deaths_at {

@@ -28,7 +28,8 @@
 //! nothing, and never to refuse), uses outside a service (`acquire`, `acquire_ref` on a
 //! borrowed key, bodies streamed through `meter`, each frame a use), cold starts on credit,
 //! batch sizes, a second layer of other limits on the same store, and an operator's changes by
-//! hand (reset, drain, tokens added or removed) through one host's layer, limits that warm up,
+//! hand (reset, drain, tokens added or removed) through one host's layer, hosts that hand back
+//! every lease they hold as if about to stop (and serve on), limits that warm up,
 //! calendar quotas whose day ends during the run (each window held to its own allowance), a
 //! level of tenants above the keys (each tenant's bucket held to the bounds of a key's, its
 //! refusals exact, in shadow by level or by limit, its quota changed at run time), one
@@ -240,6 +241,9 @@ pub struct Scenario {
     pub tenant_change: Option<LimitChange>,
     /// The most a refusal's wait is lengthened by at random.
     pub retry_after_jitter: Duration,
+    /// Hosts that hand back every lease they hold, as one about to stop does (when, which
+    /// host), in time order; each goes on serving after it.
+    pub stops: Vec<(Duration, usize)>,
 }
 
 /// A level `tenant` above the keys: hot key `hot-i` belongs to tenant `t-{i % count}`; of the
@@ -429,6 +433,7 @@ impl Scenario {
             tenants: None,
             tenant_change: None,
             retry_after_jitter: Duration::ZERO,
+            stops: Vec::new(),
         }
         .draw_more(&mut rng)
     }
@@ -610,6 +615,16 @@ impl Scenario {
                 at: Duration::from_micros(level.below(self.duration.as_micros() as u64)),
                 kind: CHANGES[level.below(5) as usize],
             });
+        }
+        // Hosts about to stop hand back all they hold: a stream of its own.
+        let mut stopping = Rng::new(self.seed ^ 0x5709_0A11);
+        if stopping.chance(0.3) {
+            for _ in 0..stopping.range(1, 3) {
+                let at = Duration::from_micros(stopping.below(self.duration.as_micros() as u64));
+                let host = stopping.below(self.hosts as u64) as usize;
+                self.stops.push((at, host));
+            }
+            self.stops.sort_by_key(|(at, _)| *at);
         }
         self
     }
@@ -1114,6 +1129,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     let mut tenant_grace = vec![0u64; groups];
     let mut change = s.change;
     let mut adjustments = s.adjustments.iter().copied().peekable();
+    let mut stops = s.stops.iter().copied().peekable();
     // Operators told their change came too late for its window (the store dropped it).
     let window_ended = Arc::new(std::sync::atomic::AtomicU64::new(0));
     // Tokens hot-0's hosts could still admit without a limit added at the change.
@@ -1145,6 +1161,13 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                         window_ended.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                 });
+            }
+        }
+        while let Some((_, host)) = stops.next_if(|(at, _)| *at <= arrival.at) {
+            // Beside the traffic, which goes on reaching the host.
+            for group in &layers {
+                let layer = group[host].clone();
+                tasks.spawn(async move { layer.return_all_leases().await });
             }
         }
         if let Some(c) = change.take_if(|c| c.at <= arrival.at) {
