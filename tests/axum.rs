@@ -309,3 +309,52 @@ async fn clients_behind_a_load_balancer_are_keyed_by_the_address_it_forwarded() 
         .unwrap();
     assert_eq!(no_peer.status(), StatusCode::BAD_REQUEST);
 }
+
+/// With `x_ratelimit_headers(true)`, responses also carry the de facto `X-RateLimit-*`
+/// headers: the limit's capacity, the tokens left and the seconds until they are back; off by
+/// default.
+#[tokio::test]
+async fn x_ratelimit_headers_tell_the_capacity_what_is_left_and_when_it_is_back() {
+    use hierarchical_throttle::DefaultRejection;
+
+    let clock = ManualClock::new();
+    let layer = |x_ratelimit: bool| {
+        HierarchicalThrottleLayer::builder()
+            .cold_start(hierarchical_throttle::ColdStart::Exact)
+            .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+            .clock(clock.clone())
+            .limit(Limit::per_second(1).burst(3).unwrap())
+            .on_rejection(DefaultRejection::by_content_type().x_ratelimit_headers(x_ratelimit))
+            .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+            .build()
+            .unwrap()
+    };
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer(true));
+    let x = |response: &http::Response<Body>| {
+        [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ]
+        .map(|name| response.headers()[name].to_str().unwrap().to_owned())
+    };
+    let first = get_status(&app, "/", Some("k1")).await;
+    assert_eq!(x(&first), ["3", "2", "1"]);
+    get_status(&app, "/", Some("k1")).await;
+    let third = get_status(&app, "/", Some("k1")).await;
+    assert_eq!(x(&third), ["3", "0", "3"]);
+    clock.advance(Duration::from_millis(200));
+    let refused = get_status(&app, "/", Some("k1")).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(x(&refused), ["3", "0", "1"]);
+    assert_eq!(refused.headers()["retry-after"], "1");
+
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer(false));
+    let plain = get_status(&app, "/", Some("k2")).await;
+    assert!(plain.headers().get("x-ratelimit-remaining").is_none());
+    assert!(plain.headers().get("ratelimit").is_some());
+}

@@ -7,6 +7,7 @@ pub mod grpc;
 mod headers;
 mod http;
 mod settle;
+mod x_ratelimit;
 
 use ::http::Response;
 
@@ -86,7 +87,8 @@ where
 ///
 /// Admitted responses get `RateLimit-Policy` and `RateLimit` too, one item per limit the
 /// request drew on ([`append_ratelimit_fields`]), unless the layer is built with
-/// [`ratelimit_fields(false)`](crate::Builder::ratelimit_fields).
+/// [`ratelimit_fields(false)`](crate::Builder::ratelimit_fields);
+/// [`x_ratelimit_headers`](Self::x_ratelimit_headers) adds the de facto `X-RateLimit-*`.
 ///
 /// Bodies say why, in words, when the body type holds text ([`http_response`]), or as problem
 /// details ([`http_problem_response`]) to a client whose `Accept` names
@@ -106,6 +108,7 @@ where
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultRejection {
     protocol: Protocol,
+    x_ratelimit: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -126,6 +129,7 @@ impl DefaultRejection {
     pub fn http() -> Self {
         Self {
             protocol: Protocol::Http,
+            ..Self::default()
         }
     }
 
@@ -133,7 +137,23 @@ impl DefaultRejection {
     pub fn grpc() -> Self {
         Self {
             protocol: Protocol::Grpc,
+            ..Self::default()
         }
+    }
+
+    /// Also writes the de facto `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` headers (off by default), for clients written against them, beside
+    /// the IETF fields. They speak of one limit, as those clients expect: the limit's capacity,
+    /// the whole tokens left and, in seconds rounded up, how long until what is missing comes
+    /// back. On an admitted response that is the limit with the fewest tokens left (of every
+    /// layer that writes them), and the reset is when it is full again; on a throttled refusal
+    /// it is the refusing limit, with none left, and the reset is its `Retry-After`. Seconds
+    /// from now, not a time on the calendar: a client's clock may be off. Admitted responses
+    /// get them while the layer's [`RateLimit` fields](crate::Builder::ratelimit_fields) are
+    /// on (the default), which is when the limits' state is read.
+    pub fn x_ratelimit_headers(mut self, on: bool) -> Self {
+        self.x_ratelimit = on;
+        self
     }
 }
 
@@ -152,13 +172,17 @@ where
             Protocol::Http => false,
             Protocol::Grpc => true,
         };
-        Ok(if grpc {
+        let mut response = if grpc {
             grpc::grpc_response(&rejection)
         } else if self::http::accepts_problem(request.headers()) {
             http_problem_response(&rejection)
         } else {
             http_response(&rejection)
-        })
+        };
+        if self.x_ratelimit {
+            x_ratelimit::insert_refused(response.headers_mut(), &rejection);
+        }
+        Ok(response)
     }
 
     fn annotates_admitted(&self) -> bool {
@@ -167,5 +191,8 @@ where
 
     fn on_admitted(&self, response: &mut Response<ResB>, remaining: &[Remaining]) {
         append_ratelimit_fields(response.headers_mut(), remaining);
+        if self.x_ratelimit {
+            x_ratelimit::insert_admitted(response.headers_mut(), remaining);
+        }
     }
 }
