@@ -22,7 +22,8 @@ use super::HierarchicalThrottleLayer;
 /// A layer's uses outside a service, type-erased: [`acquire`](Self::acquire),
 /// [`acquire_keys`](Self::acquire_keys), [`remaining`](Self::remaining),
 /// [`remaining_keys`](Self::remaining_keys), [`stats`](Self::stats),
-/// [`store_up`](Self::store_up), and changes by hand ([`adjust`](Self::adjust)). Made by
+/// [`store_up`](Self::store_up), changes by hand ([`adjust`](Self::adjust)) and the hand-back
+/// of a host about to stop ([`return_all_leases`](Self::return_all_leases)). Made by
 /// [`HierarchicalThrottleLayer::handle`]; it shares the layer's buckets, counters and store
 /// (cloning it is a reference count). Each call costs one dynamic dispatch more than on the
 /// layer itself (BENCHMARKS.md measures it).
@@ -84,6 +85,7 @@ trait Uses<K>: Send + Sync + 'static {
     fn stats(&self) -> ThrottleStats;
     fn store_up(&self) -> bool;
     fn adjust(&self, key: K, adjustment: Adjustment) -> Adjusting<'_>;
+    fn return_all_leases(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
 /// A change by hand under way, its store's error boxed.
@@ -134,6 +136,10 @@ where
                 .map_err(|error| Box::new(error) as BoxError)
         })
     }
+
+    fn return_all_leases(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(HierarchicalThrottleLayer::return_all_leases(self))
+    }
 }
 
 impl<K: 'static> ThrottleHandle<K> {
@@ -177,6 +183,12 @@ impl<K: 'static> ThrottleHandle<K> {
     /// application.
     pub async fn adjust(&self, key: K, adjustment: Adjustment) -> Result<Vec<Remaining>, BoxError> {
         self.uses.adjust(key, adjustment).await
+    }
+
+    /// [`HierarchicalThrottleLayer::return_all_leases`]: for shutdown code that holds only the
+    /// handle.
+    pub async fn return_all_leases(&self) {
+        self.uses.return_all_leases().await;
     }
 }
 

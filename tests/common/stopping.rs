@@ -38,7 +38,8 @@ where
     assert_eq!(send(&mut a_service, "tenant", 1).await, Outcome::Served);
     assert_eq!(level(&a).await, 50, "A leased half the day");
 
-    a.return_all_leases().await;
+    // Through the type-erased handle, as shutdown code holding application state would.
+    a.handle().return_all_leases().await;
     assert_eq!(level(&a).await, 99, "A handed back all it did not use");
     assert_eq!(a.stats().tokens_returned, 49);
 
