@@ -813,8 +813,7 @@ mod fleet {
     #[tokio::test]
     async fn on_redis() {
         let server = RedisServer::start();
-        let store: RedisGlobalStore<String> =
-            RedisGlobalStore::connect(&server.url()).await.unwrap();
+        let store = server.store().await;
         fleet_on_real_time(store).await;
     }
 
@@ -1198,8 +1197,7 @@ mod admitted_fields {
     #[tokio::test]
     async fn fleet_on_redis() {
         let server = RedisServer::start();
-        let store: RedisGlobalStore<String> =
-            RedisGlobalStore::connect(&server.url()).await.unwrap();
+        let store = server.store().await;
         a_host_sees_what_the_others_hold(store).await;
     }
 }
@@ -1295,8 +1293,7 @@ mod credit {
     #[tokio::test]
     async fn on_redis() {
         let server = RedisServer::start();
-        let store: RedisGlobalStore<String> =
-            RedisGlobalStore::connect(&server.url()).await.unwrap();
+        let store = server.store().await;
         credit_stops_where_the_fleet_is_full(store).await;
     }
 
@@ -1439,8 +1436,7 @@ mod stopping {
     #[tokio::test]
     async fn on_redis() {
         let server = RedisServer::start();
-        let store: RedisGlobalStore<String> =
-            RedisGlobalStore::connect(&server.url()).await.unwrap();
+        let store = server.store().await;
         a_stopping_host_gives_back_its_free_slots(store).await;
     }
 }
@@ -1499,8 +1495,7 @@ mod batching {
     #[tokio::test]
     async fn on_redis() {
         let server = RedisServer::start();
-        let store: RedisGlobalStore<String> =
-            RedisGlobalStore::connect(&server.url()).await.unwrap();
+        let store = server.store().await;
         many_cold_keys_share_a_round_trip(store).await;
     }
 

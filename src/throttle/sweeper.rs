@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Clock;
+use crate::local::LocalBucket;
 use crate::quota::LeaseKey;
 
 /// Hand-backs in flight at once during a sweep, at least: as many as a batch holds, so that the
@@ -37,6 +38,25 @@ pub(crate) struct Return<K> {
     /// The key was far from its limit: no host needs these tokens soon, so the hand-back may
     /// linger for other calls to join its round trip.
     unhurried: bool,
+}
+
+impl<K: Clone> Return<K> {
+    /// `tokens` taken out of bucket `id`'s lease at `now`, to hand back (none: nothing to).
+    fn taken(
+        id: &LeaseKey<K>,
+        bucket: &LocalBucket,
+        tokens: u64,
+        now: u64,
+        unhurried: bool,
+    ) -> Option<Self> {
+        (tokens > 0).then(|| Self {
+            id: id.clone(),
+            dispenser: bucket.dispenser(),
+            tokens,
+            taken_at: now,
+            unhurried,
+        })
+    }
 }
 
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
@@ -59,15 +79,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             // Read first: a lease that gives back everything drops what it knew of the store.
             let unhurried = b.is_far_from_limit();
             let tokens = b.take_expired(now, ttl, interval);
-            if tokens > 0 {
-                returns.push(Return {
-                    id: id.clone(),
-                    dispenser: b.dispenser(),
-                    tokens,
-                    taken_at: now,
-                    unhurried,
-                });
-            }
+            returns.extend(Return::taken(id, b, tokens, now, unhurried));
         });
         self.waiting_for_batches.store(waiting, Ordering::Relaxed);
         for id in dated {
@@ -92,15 +104,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 return;
             }
             let tokens = b.take_all_leased();
-            if tokens > 0 {
-                returns.push(Return {
-                    id: id.clone(),
-                    dispenser: b.dispenser(),
-                    tokens,
-                    taken_at: now,
-                    unhurried: false,
-                });
-            }
+            returns.extend(Return::taken(id, b, tokens, now, false));
         });
         self.hand_back_all(returns).await;
     }
@@ -221,15 +225,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         if !self.near_reset(&bucket.limit, now) {
             return None;
         }
-        let (tokens, dispenser) = self
-            .local
-            .with_bucket(&id, |b| (b.take_usable(), b.dispenser()));
-        (tokens > 0).then_some(Return {
-            id,
-            dispenser,
-            tokens,
-            taken_at: now,
-            unhurried: false,
+        self.local.with_bucket(&id, |b| {
+            let tokens = b.take_usable();
+            Return::taken(&id, b, tokens, now, false)
         })
     }
 
@@ -243,16 +241,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         for (id, mut bucket) in evicted {
             self.stats.admitted_local.add(bucket.take_uncounted());
             let tokens = bucket.take_all_leased();
-            if tokens > 0 {
-                let dispenser = bucket.dispenser();
-                returns.push(Return {
-                    id,
-                    dispenser,
-                    tokens,
-                    taken_at: self.now(),
-                    unhurried: false,
-                });
-            }
+            returns.extend(Return::taken(&id, &bucket, tokens, self.now(), false));
         }
     }
 

@@ -170,6 +170,13 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// A store on this server, by Redis's own clock.
+    pub async fn store(&self) -> hierarchical_throttle::global::redis::RedisGlobalStore<String> {
+        hierarchical_throttle::global::redis::RedisGlobalStore::connect(&self.url())
+            .await
+            .expect("connect to the test's redis-server")
+    }
+
     /// A store on this server whose buckets refill by `clock`, set far from zero first (a
     /// bucket's times are then never negative), for exact fleet tests.
     pub async fn store_on(
