@@ -610,6 +610,66 @@ mod tests {
         assert_eq!(mapped_peer, ip("203.0.113.7"));
     }
 
+    /// Chains of every shape, drawn from a fixed seed: whatever the client writes to the
+    /// left, however the entries are spread over lines and written (ports, brackets, spaces),
+    /// the key is the address the first trusted proxy saw, grouped; by hops as by networks.
+    #[test]
+    fn the_key_is_the_address_the_first_trusted_proxy_saw_whatever_the_client_wrote() {
+        let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut next = |below: u64| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            (state >> 33) % below
+        };
+        let v4 = |n: u64| IpAddr::V4(Ipv4Addr::from_bits(0xCB00_7100 | n as u32 & 0xff));
+        let v6 = |n: u128| IpAddr::V6(Ipv6Addr::from_bits(0x2001_0db8_u128 << 96 | n));
+        let proxy = |n: u64| IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1 + (n % 200) as u8));
+        let write = |ip: IpAddr, style: u64| match (ip, style % 3) {
+            (IpAddr::V6(v6), 1) => format!("[{v6}]"),
+            (IpAddr::V6(v6), 2) => format!("[{v6}]:443"),
+            (ip, 1) => format!(" {ip} "),
+            (ip, 2) => format!("{ip}:4711"),
+            (ip, _) => ip.to_string(),
+        };
+        for _ in 0..2_000 {
+            let client = match next(2) {
+                0 => v4(next(256)),
+                _ => v6(u128::from(next(1 << 20)) << 64 | u128::from(next(1 << 20))),
+            };
+            let mut entries: Vec<String> = (0..next(4))
+                .map(|_| match next(3) {
+                    0 => "garbage".to_owned(),
+                    _ => write(v4(next(256)), next(3)),
+                })
+                .collect();
+            entries.push(write(client, next(3)));
+            let hops = 1 + next(3) as usize;
+            // The proxies between the first and the host appended what they saw: each other.
+            entries.extend((1..hops).map(|_| write(proxy(next(200)), next(3))));
+            // Spread over lines at random cuts.
+            let mut lines = vec![String::new()];
+            for (i, entry) in entries.iter().enumerate() {
+                if i > 0 && next(3) == 0 {
+                    lines.push(String::new());
+                }
+                let line = lines.last_mut().unwrap();
+                if !line.is_empty() {
+                    line.push(',');
+                }
+                line.push_str(entry);
+            }
+            let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+            let headers = xff(&lines);
+            let peer = proxy(next(200));
+            let expected = ClientIp::direct().of(client, &HeaderMap::new());
+            let by_hops = ClientIp::behind_hops(hops).unwrap().of(peer, &headers);
+            assert_eq!(by_hops, expected, "{lines:?} by {hops} hops");
+            let by_networks = ClientIp::behind_networks(["10.0.0.0/8"]).unwrap();
+            assert_eq!(by_networks.of(peer, &headers), expected, "{lines:?}");
+        }
+    }
+
     #[test]
     fn bad_settings_are_errors() {
         for network in [
