@@ -1,5 +1,6 @@
 //! Small synchronisation helpers.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Locks `m`, recovering from poisoning: the guarded data are plain counters that stay
@@ -28,17 +29,17 @@ pub(crate) fn shard_index(hash: u64, bits: u32) -> usize {
 /// for them to end.
 #[derive(Default)]
 pub(crate) struct UnderWay {
-    count: std::sync::atomic::AtomicUsize,
+    count: AtomicUsize,
     none_left: tokio::sync::Notify,
 }
 
 impl UnderWay {
     pub(crate) fn started(&self) {
-        self.count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.count.fetch_add(1, Ordering::AcqRel);
     }
 
     pub(crate) fn ended(&self) {
-        if self.count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+        if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.none_left.notify_waiters();
         }
     }
@@ -49,7 +50,7 @@ impl UnderWay {
             // Registered before the count is read, so that an end between the two wakes it.
             let mut ended = std::pin::pin!(self.none_left.notified());
             ended.as_mut().enable();
-            if self.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            if self.count.load(Ordering::Acquire) == 0 {
                 return;
             }
             ended.await;
@@ -97,7 +98,7 @@ impl<T> ShardLock<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::{ShardLock, shard_index};
+    use super::{ShardLock, UnderWay, shard_index};
 
     #[test]
     fn a_shard_is_picked_from_bits_outside_the_control_byte() {
@@ -153,5 +154,26 @@ mod tests {
             }
         });
         assert_eq!(*counter.lock(), 400_000);
+    }
+
+    #[tokio::test]
+    async fn the_wait_for_tasks_under_way_ends_with_the_last_of_them() {
+        let under_way = std::sync::Arc::new(UnderWay::default());
+        under_way.none_left().await;
+        under_way.started();
+        under_way.started();
+        let waiting = tokio::spawn({
+            let under_way = under_way.clone();
+            async move { under_way.none_left().await }
+        });
+        tokio::task::yield_now().await;
+        under_way.ended();
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "one is still under way");
+        under_way.ended();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("woken by the last end")
+            .expect("the waiting task");
     }
 }
