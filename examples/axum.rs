@@ -1,7 +1,8 @@
 //! Run with: cargo run --example axum
 //!
 //! An axum server on 127.0.0.1:3000, throttled per API key (the `x-api-key` header), or per
-//! peer IP for requests without one: 5 requests per 10 seconds, bursts of 5.
+//! client IP for requests without one (IPv6 clients by their /64; behind a load balancer, use
+//! `ClientIp::behind_networks` with its addresses): 5 requests per 10 seconds, bursts of 5.
 //!
 //! Then, in another terminal:
 //!
@@ -16,26 +17,25 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::ConnectInfo;
 use axum::routing::get;
-use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
+use hierarchical_throttle::key::{self, ClientIp};
+use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
 use http::Request;
 
-/// The API key, or the peer's IP when there is none: nobody escapes the limit by leaving the
-/// header out.
-fn throttle_key(req: &Request<Body>) -> Option<String> {
+/// The API key, or the client's IP when there is none: nobody escapes the limit by leaving
+/// the header out.
+fn throttle_key(client_ip: &ClientIp, req: &Request<Body>) -> Option<String> {
     key::header_value(req, "x-api-key")
         .map(|k| format!("key:{k}"))
-        .or_else(|| {
-            let ConnectInfo(peer) = req.extensions().get::<ConnectInfo<SocketAddr>>()?;
-            Some(format!("ip:{}", peer.ip()))
-        })
+        .or_else(|| Some(format!("ip:{}", client_ip.key(req)?)))
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Served directly here; `ClientIp::behind_networks([..])` behind your load balancers.
+    let client_ip = ClientIp::direct();
     let throttle = HierarchicalThrottleLayer::builder()
-        .key(throttle_key)
+        .key(move |req: &Request<Body>| throttle_key(&client_ip, req))
         .limit(Limit::per(5, Duration::from_secs(10)).burst(5)?)
         .global_store(MemoryGlobalStore::new())
         .build()?;
