@@ -307,36 +307,24 @@ impl ClientIp {
 
 fn peer_of<B>(request: &http::Request<B>) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
-    if let Some(info) = request
-        .extensions()
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-    {
-        return Some(info.0.ip());
+    if let Some(ip) = super::axum_connect_info_ip(request) {
+        return Some(ip);
     }
     #[cfg(feature = "tonic")]
-    if let Some(info) = request
-        .extensions()
-        .get::<tonic::transport::server::TcpConnectInfo>()
-    {
-        return info.remote_addr().map(|a| a.ip());
+    if let Some(ip) = super::tonic_peer_ip(request) {
+        return Some(ip);
     }
     if let Some(peer) = request.extensions().get::<std::net::SocketAddr>() {
         return Some(peer.ip());
     }
-    warn_once_without_peer();
-    None
-}
-
-#[cold]
-fn warn_once_without_peer() {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        tracing::warn!(
-            "key::ClientIp found no peer address: serve an axum app with \
-             into_make_service_with_connect_info::<SocketAddr>(), a tonic one with its Server, \
-             or put the peer's SocketAddr in the request's extensions"
-        );
-    }
+    super::warn_once(
+        &WARNED,
+        "key::ClientIp found no peer address: serve an axum app with \
+         into_make_service_with_connect_info::<SocketAddr>(), a tonic one with its Server, \
+         or put the peer's SocketAddr in the request's extensions",
+    );
+    None
 }
 
 fn mask_u32(bits: u8) -> u32 {

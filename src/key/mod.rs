@@ -159,24 +159,33 @@ pub fn path<B>(request: &http::Request<B>) -> String {
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub fn axum_peer_ip<B>(request: &http::Request<B>) -> Option<std::net::IpAddr> {
-    let info = request
-        .extensions()
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>();
-    if info.is_none() {
-        warn_once_without_connect_info();
+    let ip = axum_connect_info_ip(request);
+    if ip.is_none() {
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        warn_once(
+            &WARNED,
+            "key::axum_peer_ip found no ConnectInfo: serve the app with \
+             into_make_service_with_connect_info::<SocketAddr>()",
+        );
     }
-    Some(info?.0.ip())
+    ip
 }
 
+/// The peer's IP address from axum's `ConnectInfo<SocketAddr>`, if the request has one.
 #[cfg(feature = "axum")]
+fn axum_connect_info_ip<B>(request: &http::Request<B>) -> Option<std::net::IpAddr> {
+    let info = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()?;
+    Some(info.0.ip())
+}
+
+/// Logs `message` at warn, the first time `warned` is passed: a key closure that finds no
+/// peer address fails on every request, and one line says why.
 #[cold]
-fn warn_once_without_connect_info() {
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        tracing::warn!(
-            "key::axum_peer_ip found no ConnectInfo: serve the app with \
-             into_make_service_with_connect_info::<SocketAddr>()"
-        );
+fn warn_once(warned: &std::sync::atomic::AtomicBool, message: &str) {
+    if !warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!("{message}");
     }
 }
 
