@@ -7,7 +7,7 @@
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `throttle_requests_total` | counter | `layer`, `outcome` (`admitted`, `refused`, `shadow_admitted`: a partition, each request once) |
+//! | `throttle_requests_total` | counter | `layer`, `outcome` (`admitted`, `refused`, `shadow_admitted`, `exempt`: a partition, each request once) |
 //! | `throttle_decisions_total` | counter | `layer`, `outcome` (`admitted`, `refused`, `policy`, `shadow_admitted`, `waited`), `reason` |
 //! | `throttle_refusals_total` | counter | `layer`, `limit` (`per-second`, `tenant/per-day`; `none` when no limit refused), `reason` (`throttled`, `cost_above_capacity`, `missing_key`, `store_unavailable`; `shadow`: a limit in [shadow](crate::Builder::shadow_limit) would have refused) |
 //! | `throttle_global_calls_total` | counter | `layer`, `result` (`ok`, `error`, `timeout`: a partition, they add up to the calls made) |
@@ -16,7 +16,7 @@
 //! | `throttle_store_up` | gauge (1: the store answered the last call any layer on it made; 0: it failed, or never answered yet) | `layer` |
 //! | `throttle_local_keys` | gauge | `layer` |
 //! | `throttle_waiting` | gauge | `layer`: requests waiting for a batch or (shaping) for their tokens |
-//! | `throttle_concurrency_requests_total` | counter | `layer`, `outcome` (`admitted`, `refused_full`, `refused_unavailable`) of a [concurrency layer](crate::HierarchicalConcurrencyLayer) |
+//! | `throttle_concurrency_requests_total` | counter | `layer`, `outcome` (`admitted`, `refused_full`, `refused_unavailable`, `exempt`) of a [concurrency layer](crate::HierarchicalConcurrencyLayer) |
 //! | `throttle_concurrency_admitted_on_credit_total` | counter | `layer`: of the admitted, those admitted at once on [credit](crate::ConcurrencyBuilder::cold_start) |
 //! | `throttle_concurrency_store_round_trips_total` | counter | `layer`: batches of slot calls sent to the store (one round trip each) |
 //! | `throttle_concurrency_store_calls_total` | counter | `layer`, `result` (`ok`, `failed`: errors and time-outs) |
@@ -149,6 +149,7 @@ pub(crate) fn publish(snapshot: &Snapshot<'_>) {
         ("admitted", stats.requests_admitted),
         ("refused", stats.requests_refused),
         ("shadow_admitted", stats.shadow_admitted),
+        ("exempt", stats.requests_exempt),
     ] {
         ::metrics::counter!("throttle_requests_total", "layer" => layer.clone(), "outcome" => outcome)
             .absolute(value);
@@ -207,6 +208,7 @@ pub(crate) struct ConcurrencySnapshot<'a> {
     pub(crate) store_calls: u64,
     pub(crate) store_round_trips: u64,
     pub(crate) store_failures: u64,
+    pub(crate) exempt: u64,
     pub(crate) in_flight: u64,
     pub(crate) keys: usize,
 }
@@ -219,6 +221,7 @@ pub(crate) fn publish_concurrency(s: &ConcurrencySnapshot<'_>) {
         ("admitted", s.admitted),
         ("refused_full", s.refused_full),
         ("refused_unavailable", s.refused_unavailable),
+        ("exempt", s.exempt),
     ] {
         ::metrics::counter!(
             "throttle_concurrency_requests_total",

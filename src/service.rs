@@ -104,6 +104,9 @@ where
 
     #[inline(always)]
     fn call(&mut self, request: Req) -> Self::Future {
+        if self.policy.exempts(&request) {
+            return self.exempted(request);
+        }
         let cost = self.policy.cost(&request);
         if self.annotates() || self.settles() || self.throttle.shapes() {
             return self.call_annotated(request, cost);
@@ -232,6 +235,13 @@ where
             Check::Reject(rejection) => self.reject(&request, rejection),
             Check::Wait(decision) => self.park(decision, request, keys, cost),
         }
+    }
+
+    /// A request no limit applies to: straight to the inner service, counted.
+    #[inline(never)]
+    fn exempted(&mut self, request: Req) -> ResponseFuture<S, Req, K, R> {
+        self.throttle.count_exempt();
+        ResponseFuture::called(self.inner.call(request))
     }
 
     #[inline(never)]

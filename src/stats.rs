@@ -80,6 +80,9 @@ pub struct ThrottleStats {
     /// at the same time may count too). By limit in `throttle_refusals_total` with reason
     /// `shadow`.
     pub shadow_limit_refusals: u64,
+    /// Requests passed through without a decision: [exempt](crate::Builder::exempt) from
+    /// every limit. Not counted in any counter above.
+    pub requests_exempt: u64,
 }
 
 macro_rules! counters {
@@ -123,6 +126,7 @@ counters!(
     requests_admitted,
     requests_refused,
     shadow_limit_refusals,
+    requests_exempt,
 );
 
 /// Requests refused, by the refusing limit (`per-second`, `tenant/per-day`) and reason: once per

@@ -358,3 +358,65 @@ async fn x_ratelimit_headers_tell_the_capacity_what_is_left_and_when_it_is_back(
     assert!(plain.headers().get("x-ratelimit-remaining").is_none());
     assert!(plain.headers().get("ratelimit").is_some());
 }
+
+#[tokio::test]
+async fn exempt_requests_pass_untouched_while_their_key_is_throttled() {
+    let clock = ManualClock::new();
+    let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
+        .key(|req: &Request<Body>| key::header_value(req, "x-api-key"))
+        .clock(clock.clone())
+        .limit(Limit::per_second(1).burst(2).unwrap())
+        .exempt(|req: &Request<Body>| req.uri().path() == "/health")
+        .global_store(MemoryGlobalStore::with_clock(clock.clone()))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/health", get(|| async { "up" }))
+        .layer(layer.clone());
+
+    // k1 spends its burst and is throttled; its health checks still pass, told nothing.
+    for _ in 0..2 {
+        assert_eq!(
+            get_status(&app, "/", Some("k1")).await.status(),
+            StatusCode::OK
+        );
+    }
+    let refused = get_status(&app, "/", Some("k1")).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let health = get_status(&app, "/health", Some("k1")).await;
+    assert_eq!(health.status(), StatusCode::OK);
+    assert!(health.headers().get("ratelimit").is_none());
+    assert!(health.headers().get("ratelimit-policy").is_none());
+    assert_eq!(text(health).await, "up");
+    // Without a key: not refused as missing one.
+    let keyless = get_status(&app, "/health", None).await;
+    assert_eq!(keyless.status(), StatusCode::OK);
+
+    // Exempt requests take nothing: k2 keeps its whole burst, and no store call is made.
+    let calls = layer.stats().global_calls;
+    for _ in 0..5 {
+        assert_eq!(
+            get_status(&app, "/health", Some("k2")).await.status(),
+            StatusCode::OK
+        );
+    }
+    assert_eq!(layer.stats().global_calls, calls);
+    for _ in 0..2 {
+        assert_eq!(
+            get_status(&app, "/", Some("k2")).await.status(),
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        get_status(&app, "/", Some("k2")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    let stats = layer.stats();
+    assert_eq!(stats.requests_exempt, 7);
+    assert_eq!(stats.requests_admitted, 4);
+    assert_eq!(stats.requests_refused, 2);
+    assert_eq!(stats.missing_key, 0);
+}

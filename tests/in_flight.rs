@@ -243,6 +243,58 @@ mod one_host {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_exempt_request_runs_beside_a_full_key_and_takes_no_slot() {
+        let store = MemoryGlobalStore::with_clock(TokioClock::new());
+        let layer: Layer<_> = host(store, 1)
+            .exempt(|req: &Request<Body>| req.headers().contains_key("x-internal"))
+            .build()
+            .unwrap();
+        let mut host = Host::new(layer.clone());
+        let exempt = |key: Option<&str>| {
+            let mut req = Request::get("/").header("x-internal", "1");
+            if let Some(key) = key {
+                req = req.header("x-api-key", key);
+            }
+            req.body(Body::empty()).unwrap()
+        };
+        // k1's one slot held by a request still running.
+        let running = host.send("k1");
+        host.running(1).await;
+        assert_eq!(
+            host.app
+                .clone()
+                .oneshot(request("k1"))
+                .await
+                .unwrap()
+                .status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        // Two exempt requests of k1, and one without a key, run beside it.
+        let app = host.app.clone();
+        let exempted: Vec<_> = [Some("k1"), Some("k1"), None]
+            .into_iter()
+            .map(|key| tokio::spawn(app.clone().oneshot(exempt(key))))
+            .collect();
+        host.running(3).await;
+        let probe = layer.acquire("k2".to_owned()).await.unwrap();
+        host.gate.add_permits(4);
+        for answer in exempted {
+            let response = answer.await.unwrap().unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            assert!(response.headers().get("ratelimit").is_none());
+            response.into_body().collect().await.unwrap();
+        }
+        assert_eq!(running.await.unwrap(), StatusCode::OK);
+        // The slot k1's running request held is free again, and no exempt one took it.
+        let k1 = layer.acquire("k1".to_owned()).await.unwrap();
+        assert_eq!(layer.free_slots(&"k1".to_owned(), &k1), 0);
+        let stats = layer.stats();
+        assert_eq!(stats.requests_exempt, 3);
+        assert_eq!((stats.admitted, stats.refused_full), (3, 1));
+        drop((k1, probe));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_grpc_call_is_refused_with_resource_exhausted() {
         let layer = layer(MemoryGlobalStore::with_clock(TokioClock::new()), 1);
         let _held = layer.acquire("k".to_owned()).await.unwrap();

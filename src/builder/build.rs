@@ -87,6 +87,7 @@ where
             key: self.key,
             levels: level_keys.into_boxed_slice(),
             cost: self.cost,
+            exempt: self.exempt,
             missing_key: self.missing_key,
             on_rejection: self.on_rejection,
             one_limit: throttle.one_limit_template(),

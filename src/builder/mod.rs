@@ -18,7 +18,7 @@ use crate::layer::HierarchicalThrottleLayer;
 use crate::limit::Limit;
 use crate::local::LocalStore;
 use crate::local::memory::MemoryLocalStore;
-use crate::policy::CostFn;
+use crate::policy::{CostFn, ExemptFn};
 use crate::quota::{BucketKey, LeaseKey, Name, Quota};
 use crate::response::DefaultRejection;
 use crate::throttle::key::{BorrowKey, KeyFn, KeyReader};
@@ -45,6 +45,7 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
             // Until `key` is set the builder cannot build: `Unset` is not a key.
             key: KeyReader::Owned(Box::new(|_| None)),
             cost: None,
+            exempt: None,
             quota: None,
             levels: Vec::new(),
             missing_key: MissingKey::Reject,
@@ -112,6 +113,7 @@ struct LevelSetting<Req, K> {
 pub struct Builder<Req, K, G, L, C, R> {
     key: KeyReader<Req, K>,
     cost: Option<CostFn<Req>>,
+    exempt: Option<ExemptFn<Req>>,
     quota: Option<QuotaSetting<K>>,
     levels: Vec<LevelSetting<Req, K>>,
     missing_key: MissingKey<K>,
@@ -201,6 +203,7 @@ impl<C, R> Builder<Unset, Unset, Unset, Unset, C, R> {
         Builder {
             key,
             cost: None,
+            exempt: None,
             quota: match self.quota {
                 Some(QuotaSetting::Fixed(quota)) => Some(QuotaSetting::Fixed(quota)),
                 _ => None,
@@ -447,6 +450,7 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
         Builder {
             key: self.key,
             cost: self.cost,
+            exempt: self.exempt,
             quota: self.quota,
             levels: self.levels,
             missing_key: self.missing_key,
@@ -484,6 +488,37 @@ where
     pub fn cost(mut self, cost: impl Fn(&Req) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Some(Box::new(cost));
         self.config.costs_vary = true;
+        self
+    }
+
+    /// Requests no limit applies to: those for which `exempt` returns true go straight to
+    /// the inner service, before their key is read. They take no token, make no store call,
+    /// are never refused (not even for a missing key), get no `RateLimit` fields and leave
+    /// their key's state as it was; each is counted in
+    /// [`ThrottleStats::requests_exempt`](crate::ThrottleStats). For health checks, internal
+    /// networks, operators' keys. Default: none.
+    ///
+    /// ```
+    /// use axum::body::Body;
+    /// use http::Request;
+    /// use hierarchical_throttle::key::{ClientIp, IpNetwork};
+    /// use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, key};
+    ///
+    /// let internal: IpNetwork = "10.0.0.0/8".parse()?;
+    /// let client_ip = ClientIp::direct();
+    /// let layer = HierarchicalThrottleLayer::builder()
+    ///     .key_ref(|req: &Request<Body>| key::header_bytes(req, "x-api-key"))
+    ///     .limit(Limit::per_second(100).burst(200)?)
+    ///     .exempt(move |req: &Request<Body>| {
+    ///         req.uri().path() == "/health"
+    ///             || client_ip.key(req).is_some_and(|ip| internal.contains(ip))
+    ///     })
+    ///     .global_store(MemoryGlobalStore::new())
+    ///     .build()?;
+    /// # Ok::<(), hierarchical_throttle::ConfigError>(())
+    /// ```
+    pub fn exempt(mut self, exempt: impl Fn(&Req) -> bool + Send + Sync + 'static) -> Self {
+        self.exempt = Some(Box::new(exempt));
         self
     }
 

@@ -13,6 +13,7 @@ use crate::failure::FailurePolicy;
 use crate::global::slots::SlotStore;
 use crate::in_flight::{Fallback, InFlight, MaxFn, Settings};
 use crate::key::MissingKey;
+use crate::policy::ExemptFn;
 use crate::quota::{BucketKey, DEFAULT_LAYER, Name, item_name};
 
 /// The name a concurrency limit goes by unless told (in the `RateLimit` fields and the
@@ -23,6 +24,7 @@ pub const DEFAULT_CONCURRENCY_NAME: &str = "concurrency";
 /// the builder; [`build`](Self::build) checks every setting.
 pub struct ConcurrencyBuilder<Req, K, S, C = MonotonicClock> {
     key: Option<KeyFn<Req, K>>,
+    exempt: Option<ExemptFn<Req>>,
     missing_key: MissingKey<K>,
     max_per_key: Option<MaxFn<K>>,
     store: S,
@@ -56,6 +58,7 @@ impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
     pub fn builder() -> ConcurrencyBuilder<Unset, Unset, Unset> {
         ConcurrencyBuilder {
             key: None,
+            exempt: None,
             missing_key: MissingKey::Reject,
             max_per_key: None,
             store: Unset,
@@ -89,6 +92,7 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
     {
         ConcurrencyBuilder {
             key: Some(Box::new(key)),
+            exempt: None,
             missing_key: MissingKey::Reject,
             // A limit per key of the earlier key type means nothing for the new one.
             max_per_key: None,
@@ -103,6 +107,7 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
     pub fn store<S2>(self, store: S2) -> ConcurrencyBuilder<Req, K, S2, C> {
         ConcurrencyBuilder {
             key: self.key,
+            exempt: self.exempt,
             missing_key: self.missing_key,
             max_per_key: self.max_per_key,
             store,
@@ -117,6 +122,7 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
     pub fn clock<C2: Clock>(self, clock: C2) -> ConcurrencyBuilder<Req, K, S, C2> {
         ConcurrencyBuilder {
             key: self.key,
+            exempt: self.exempt,
             missing_key: self.missing_key,
             max_per_key: self.max_per_key,
             store: self.store,
@@ -142,6 +148,15 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
         max: impl Fn(&K) -> u64 + Send + Sync + 'static,
     ) -> Self {
         self.max_per_key = Some(Arc::new(max));
+        self
+    }
+
+    /// Requests the limit does not apply to: those for which `exempt` returns true go
+    /// straight to the inner service, before their key is read, and take no slot (counted in
+    /// [`ConcurrencyStats::requests_exempt`](crate::ConcurrencyStats)). Default: none. See
+    /// the throttle layer's [`exempt`](crate::Builder::exempt).
+    pub fn exempt(mut self, exempt: impl Fn(&Req) -> bool + Send + Sync + 'static) -> Self {
+        self.exempt = Some(Box::new(exempt));
         self
     }
 
@@ -344,6 +359,7 @@ where
         Ok(HierarchicalConcurrencyLayer {
             shared: Arc::new(Shared {
                 key,
+                exempt: self.exempt,
                 missing_key: self.missing_key,
                 engine: InFlight::new(self.store, self.clock, settings, max),
                 retry_after: t.retry_after,

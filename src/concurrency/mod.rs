@@ -22,6 +22,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::global::slots::SlotStore;
 use crate::in_flight::{Acquired, InFlight, NoSlot};
 use crate::key::MissingKey;
+use crate::policy::ExemptFn;
 use crate::quota::BucketKey;
 use crate::rejection::{Rejection, RejectionReason};
 
@@ -73,6 +74,8 @@ pub struct HierarchicalConcurrencyLayer<Req, K, S, C = MonotonicClock> {
 
 pub(crate) struct Shared<Req, K, S, C> {
     key: KeyFn<Req, K>,
+    /// Requests passed straight through, before their key is read.
+    exempt: Option<ExemptFn<Req>>,
     missing_key: MissingKey<K>,
     engine: InFlight<K, S, C>,
     retry_after: Duration,
@@ -157,6 +160,9 @@ pub struct ConcurrencyStats {
     pub store_round_trips: u64,
     /// Calls to the slot store that failed or timed out.
     pub store_failures: u64,
+    /// Requests passed through without a slot: [exempt](crate::ConcurrencyBuilder::exempt)
+    /// from the limit. Not counted above.
+    pub requests_exempt: u64,
 }
 
 impl<Req, K, S, C> HierarchicalConcurrencyLayer<Req, K, S, C>
@@ -230,6 +236,7 @@ where
             store_calls: c.store_calls.load(Ordering::Relaxed),
             store_round_trips: c.store_round_trips.load(Ordering::Relaxed),
             store_failures: c.store_failures.load(Ordering::Relaxed),
+            requests_exempt: c.exempt.load(Ordering::Relaxed),
         }
     }
 }
@@ -240,6 +247,15 @@ where
     S: SlotStore<BucketKey<K>>,
     C: Clock,
 {
+    /// Whether `request` is exempt from the limit (counted when it is).
+    fn exempts(&self, request: &Req) -> bool {
+        let exempt = self.exempt.as_ref().is_some_and(|exempt| exempt(request));
+        if exempt {
+            self.engine.count_exempt();
+        }
+        exempt
+    }
+
     /// The fields of an admitted response for `key`, when they are on.
     fn admitted_fields(&self, key: &K) -> Option<AdmittedFields> {
         let of = self.fields.as_ref()?;

@@ -89,6 +89,9 @@ where
 
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
         let shared = &self.layer.shared;
+        if shared.exempts(&request) {
+            return ResponseFuture::calling(self.inner.call(request), None, None);
+        }
         let key = match (shared.key)(&request)
             .map_or_else(|| shared.missing_key.resolve(), |k| Ok(Some(k)))
         {

@@ -108,6 +108,8 @@ pub(crate) struct Counters {
     /// Batches of calls sent to the store (one round trip each).
     pub(crate) store_round_trips: AtomicU64,
     pub(crate) store_failures: AtomicU64,
+    /// Requests exempt from the limit, passed through without a slot.
+    pub(crate) exempt: AtomicU64,
 }
 
 /// The engine. Cloning shares it.
@@ -287,6 +289,11 @@ where
     }
 
     /// Requests admitted so far: at once (counted by shard) and after a wait.
+    /// Counts a request exempt from the limit.
+    pub(crate) fn count_exempt(&self) {
+        self.shared.counters.exempt.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn admitted(&self) -> u64 {
         let at_once: u64 = self.shared.shards.iter().map(|s| s.lock().admitted).sum();
         at_once + self.shared.counters.admitted.load(Ordering::Relaxed)

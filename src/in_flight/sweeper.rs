@@ -85,6 +85,7 @@ where
             store_calls: c.store_calls.load(Ordering::Relaxed),
             store_round_trips: c.store_round_trips.load(Ordering::Relaxed),
             store_failures: c.store_failures.load(Ordering::Relaxed),
+            exempt: c.exempt.load(Ordering::Relaxed),
             in_flight,
             keys,
         });

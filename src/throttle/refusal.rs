@@ -50,6 +50,11 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         admitted
     }
 
+    /// Counts a request exempt from every limit.
+    pub(crate) fn count_exempt(&self) {
+        self.stats.requests_exempt.incr();
+    }
+
     /// Counts a request without a key, and logs it at warn: the first, then at most one a
     /// minute, so that a key closure that never finds its key (a mistyped header name) shows.
     pub(crate) fn note_missing_key(&self, policy: &str) {

@@ -76,6 +76,8 @@ pub struct Job {
     pub actual: u64,
     /// When it was sent (tokio time since the run began).
     pub sent: Duration,
+    /// Exempt from every limit: the hosts pass it through untouched.
+    pub exempt: bool,
 }
 
 /// What a request got.
@@ -244,6 +246,8 @@ pub struct Scenario {
     /// Hosts that hand back every lease they hold, as one about to stop does (when, which
     /// host), in time order; each goes on serving after it.
     pub stops: Vec<(Duration, usize)>,
+    /// One request in this many (sent to a service) is exempt from every limit (0: none).
+    pub exempt_one_in: u64,
 }
 
 /// A level `tenant` above the keys: hot key `hot-i` belongs to tenant `t-{i % count}`; of the
@@ -434,6 +438,7 @@ impl Scenario {
             tenant_change: None,
             retry_after_jitter: Duration::ZERO,
             stops: Vec::new(),
+            exempt_one_in: 0,
         }
         .draw_more(&mut rng)
     }
@@ -626,6 +631,11 @@ impl Scenario {
             }
             self.stops.sort_by_key(|(at, _)| *at);
         }
+        // Requests exempt from every limit, mixed into the traffic: a stream of its own.
+        let mut exempting = Rng::new(self.seed ^ 0xE8E3_7A11);
+        if exempting.chance(0.3) {
+            self.exempt_one_in = exempting.range(2, 8);
+        }
         self
     }
 
@@ -784,6 +794,9 @@ pub struct Log {
     pub annotated: u64,
     /// States told of admitted responses that no bucket can hold, described.
     pub misreported: Vec<String>,
+    /// Exempt requests sent to a host, and served.
+    pub exempt_sent: u64,
+    pub exempt_served: u64,
 }
 
 /// The hosts' `OnRejection`: records the refusal, and checks on the spot that a throttled
@@ -885,6 +898,10 @@ impl Recorder {
 impl OnRejection<Job, String, Outcome, Infallible> for Recorder {
     fn on_rejection(&self, job: &Job, rejection: Rejection<String>) -> Result<Outcome, Infallible> {
         let mut log = self.log.lock().unwrap();
+        if job.exempt {
+            log.inexact
+                .push(format!("{} refused though exempt: {rejection}", job.key));
+        }
         log.refused += 1;
         log.refused_by_tenant += u64::from(rejection.level == Some(TENANT));
         let now = self.clock.now();
@@ -1091,6 +1108,8 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     // Choices drawn later than the traffic, from a generator of their own, so that the
     // traffic of earlier seeds stays as it was.
     let mut more = Rng::new(s.seed ^ 0x7a11);
+    // Which requests are exempt: a stream of its own, so the others' draws stay as they were.
+    let mut exempting = Rng::new(s.seed ^ 0xE8E3_7A12);
     let mut tasks = tokio::task::JoinSet::new();
     let start = tokio::time::Instant::now();
     let all_buckets = || -> Vec<(BucketKey<String>, Limit)> {
@@ -1207,6 +1226,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             actual,
             cost: arrival.cost,
             sent: clock.now(),
+            exempt: false,
         };
         let reserve = s.reserve_one_in > 0 && more.below(s.reserve_one_in) == 0;
         let park = reserve && s.park_one_in > 0 && more.below(s.park_one_in) == 0;
@@ -1243,6 +1263,9 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             continue;
         }
         let service = hosts[group][arrival.host].clone();
+        let mut job = job;
+        job.exempt = s.exempt_one_in > 0 && exempting.below(s.exempt_one_in) == 0;
+        log.lock().unwrap().exempt_sent += u64::from(job.exempt);
         tasks.spawn(async move {
             let sent = clock.now();
             let call = service.oneshot(job.clone());
@@ -1324,6 +1347,13 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         ));
     }
     let stats: Vec<_> = every_layer().map(|l| l.stats()).collect();
+    let counted_exempt: u64 = stats.iter().map(|st| st.requests_exempt).sum();
+    if (log_now.exempt_served, counted_exempt) != (log_now.exempt_sent, log_now.exempt_sent) {
+        return Err(format!(
+            "{} exempt requests sent, {} served, {counted_exempt} counted exempt",
+            log_now.exempt_sent, log_now.exempt_served
+        ));
+    }
     if s.shadow {
         return check_shadow(&log_now, &stats);
     }
@@ -1443,6 +1473,10 @@ fn build_host(
         None => builder,
     };
     let builder = builder.name(LAYERS[group]).cost(|job: &Job| job.cost);
+    let builder = match s.exempt_one_in {
+        0 => builder,
+        _ => builder.exempt(|job: &Job| job.exempt),
+    };
     // The same one limit for every key: a fixed quota (with the response's state read in the
     // take's lookup, for hosts that borrow the key).
     let builder = match s.fixed_quota {
@@ -1519,6 +1553,11 @@ fn served(
     service_fn(move |job: Job| {
         let log = log.clone();
         async move {
+            if job.exempt {
+                // Invisible to the oracle: no limit applies to it.
+                log.lock().unwrap().exempt_served += 1;
+                return Ok::<_, Infallible>(Outcome::Served);
+            }
             let used = if settle { job.actual } else { job.cost };
             log.lock().unwrap().admitted.push(Admission {
                 group,
@@ -2183,6 +2222,7 @@ async fn check_liveness(
                 cost: 1,
                 actual: 1,
                 sent: clock.now(),
+                exempt: false,
             };
             let answer = tokio::time::timeout(s.store_timeout * 4, host.clone().oneshot(job)).await;
             if !matches!(answer, Ok(Ok(Outcome::Served | Outcome::Used(_)))) {
