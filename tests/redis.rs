@@ -48,6 +48,56 @@ async fn redis_passes_the_same_conformance_suite_as_memory() {
 }
 
 #[tokio::test]
+async fn with_hashed_keys_redis_passes_the_suite_shares_buckets_and_never_holds_a_key() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(1_000_000));
+    let secret = [42; 16];
+    let hashed = store(&server).await.with_hashed_keys(secret);
+    hierarchical_throttle::global::conformance::assert_conformance(
+        &hashed.clone().with_clock_override(clock.clone()),
+        &clock,
+    )
+    .await;
+
+    // Two hosts with the secret share one bucket of burst 3 for a key that is a secret.
+    let api_key = "sk_live_4f3c2a1b";
+    let hosts: Vec<_> = (0..2)
+        .map(|_| {
+            HierarchicalThrottleLayer::builder()
+                .key(|k: &String| Some(k.clone()))
+                .limit(Limit::per_hour(1).burst(3).unwrap())
+                .cold_start(hierarchical_throttle::ColdStart::Exact)
+                .failure_policy(FailurePolicy::Reject)
+                .global_store(hashed.clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut admitted = 0;
+    for host in hosts.iter().cycle().take(6) {
+        admitted += u64::from(host.acquire(api_key.to_owned(), 1).await.is_ok());
+    }
+    assert_eq!(admitted, 3, "one bucket for the fleet");
+
+    let names = server.cli(&["keys", "*"]);
+    let hashed_name = String::from_utf8(hashed.redis_key(&bucket(api_key))).unwrap();
+    assert!(names.contains(&hashed_name), "{hashed_name} not in {names}");
+    assert!(!names.contains("sk_live"), "a key written out: {names}");
+    // The same key written out is another bucket, full.
+    let plain = store(&server).await;
+    let grant = plain
+        .acquire(
+            &bucket(api_key),
+            &Limit::per_hour(1).burst(3).unwrap(),
+            TokenRequest::now(3, 3),
+        )
+        .await
+        .unwrap();
+    assert_eq!(grant.granted, 3);
+}
+
+#[tokio::test]
 async fn hand_backs_and_changes_expire_by_redis_s_own_clock() {
     let server = RedisServer::start();
     let redis = store(&server).await;

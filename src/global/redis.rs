@@ -1,9 +1,7 @@
 //! The fleet-wide global store on Redis and Redis Cluster.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +21,10 @@ use crate::limit::Limit;
 use crate::quota::BucketKey;
 
 mod batch;
+mod keys;
 mod slots;
+
+pub use keys::RedisKey;
 
 /// A global store on Redis: one hash per key holding the bucket, updated atomically by a Lua
 /// script that reads **Redis's clock** (`TIME`), so hosts' clocks never matter.
@@ -50,6 +51,8 @@ mod slots;
 /// bytes percent-encoded except for ASCII letters, digits and `-_.:@`: any key (spaces, braces,
 /// newlines, binary) maps to exactly one Redis key, no two keys to the same one, and the braces
 /// form a hash tag that keeps each bucket on one cluster slot.
+/// [`with_hashed_keys`](Self::with_hashed_keys) writes a keyed hash of the key instead, so
+/// that Redis never holds the keys themselves (API keys, client addresses).
 pub struct RedisGlobalStore<K> {
     connection: Connection,
     /// Where it connects, for logs (no password).
@@ -57,6 +60,8 @@ pub struct RedisGlobalStore<K> {
     layers: Arc<LayerRegistry>,
     scripts: Arc<Scripts>,
     prefix: Arc<[u8]>,
+    /// The secret keys are hashed with in Redis's key names (`None`: written out).
+    hashed_keys: Option<[u8; 16]>,
     now_override: Option<Arc<dyn Fn() -> u64 + Send + Sync>>,
     _key: PhantomData<fn(&K)>,
 }
@@ -212,6 +217,7 @@ impl<K> Clone for RedisGlobalStore<K> {
             layers: self.layers.clone(),
             scripts: self.scripts.clone(),
             prefix: self.prefix.clone(),
+            hashed_keys: self.hashed_keys,
             now_override: self.now_override.clone(),
             _key: PhantomData,
         }
@@ -375,6 +381,7 @@ impl<K> RedisGlobalStore<K> {
                 slots_many: LuaScript::new(slots::SLOTS_MANY),
             }),
             prefix: Arc::from(&b"throttle:"[..]),
+            hashed_keys: None,
             now_override: None,
             _key: PhantomData,
         }
@@ -410,35 +417,6 @@ impl<K> RedisGlobalStore<K> {
 }
 
 impl<K: RedisKey> RedisGlobalStore<K> {
-    /// The Redis key holding bucket `key`: `<prefix>{<key>}:<scope>` for the layer called
-    /// `default`, such as `throttle:{user-1}:per-second` or `throttle:{acme}:tenant/per-day`,
-    /// and `<prefix>{<key>}:<layer>:<scope>` for another, such as
-    /// `throttle:{user-1}:api:per-second`.
-    pub fn redis_key(&self, key: &BucketKey<K>) -> Vec<u8> {
-        let bytes = key.key().key_bytes();
-        let scope = key.scope();
-        let mut out = Vec::with_capacity(self.prefix.len() + bytes.len() + 2);
-        out.extend_from_slice(&self.prefix);
-        out.push(b'{');
-        for &b in bytes.iter() {
-            if b.is_ascii_alphanumeric() || b"-_.:@".contains(&b) {
-                out.push(b);
-            } else {
-                out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
-            }
-        }
-        out.push(b'}');
-        out.push(b':');
-        // Names are ASCII letters, digits and `-_.` (`/` in scopes): nothing to encode, and
-        // no `:`, so a layer's part never reads as a scope.
-        if !key.in_default_layer() {
-            out.extend_from_slice(key.layer().as_bytes());
-            out.push(b':');
-        }
-        out.extend_from_slice(scope.as_bytes());
-        out
-    }
-
     /// Runs `script` on `key`'s node: `EVALSHA`, and `EVAL` with the whole script when that
     /// node does not know it (after a restart or a failover), which also caches it there. The
     /// script is never loaded on other nodes, so a stalled node of a cluster delays only the
@@ -531,8 +509,6 @@ impl<K> RedisGlobalStore<K> {
         }))
     }
 }
-
-const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 impl<K> GlobalStore<BucketKey<K>> for RedisGlobalStore<K>
 where
@@ -640,54 +616,6 @@ where
     }
 }
 
-/// A throttle key that can name a Redis key: its bytes.
-pub trait RedisKey {
-    /// The key's bytes; distinct keys must have distinct bytes.
-    fn key_bytes(&self) -> Cow<'_, [u8]>;
-}
-
-impl RedisKey for String {
-    fn key_bytes(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.as_bytes())
-    }
-}
-
-impl RedisKey for &'static str {
-    fn key_bytes(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.as_bytes())
-    }
-}
-
-impl RedisKey for crate::key::CompactKey {
-    fn key_bytes(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.as_bytes())
-    }
-}
-
-impl RedisKey for Vec<u8> {
-    fn key_bytes(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self)
-    }
-}
-
-impl RedisKey for Arc<str> {
-    fn key_bytes(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(self.as_bytes())
-    }
-}
-
-macro_rules! display_keys {
-    ($($t:ty),*) => {$(
-        impl RedisKey for $t {
-            fn key_bytes(&self) -> Cow<'_, [u8]> {
-                Cow::Owned(self.to_string().into_bytes())
-            }
-        }
-    )*};
-}
-
-display_keys!(u32, u64, u128, i32, i64, IpAddr);
-
 /// A level as `level.lua` and `adjust.lua` return it: whole tokens, microseconds until one
 /// more, microseconds until full.
 fn bucket_level((tokens, next_in, full_in): (u64, u64, u64)) -> BucketLevel {
@@ -701,7 +629,6 @@ fn bucket_level((tokens, next_in, full_in): (u64, u64, u64)) -> BucketLevel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::CompactKey;
 
     #[test]
     fn an_unreadable_url_is_echoed_with_its_password_masked() {
@@ -715,20 +642,5 @@ mod tests {
         assert!(!error.contains("s3cret"), "{error}");
         assert_eq!(masked("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
         assert_eq!(masked("rediss://:pw@h:1"), "rediss://:***@h:1");
-    }
-
-    #[test]
-    fn keys_of_the_same_text_name_the_same_redis_key() {
-        // So a fleet can move from one key type to another (a `String` key to a compact one)
-        // host by host, every host drawing on the same global buckets.
-        for text in ["k1", "a-key-longer-than-twenty-two-bytes"] {
-            let names = [
-                text.to_owned().key_bytes().into_owned(),
-                Vec::from(text).key_bytes().into_owned(),
-                Arc::<str>::from(text).key_bytes().into_owned(),
-                CompactKey::from(text).key_bytes().into_owned(),
-            ];
-            assert!(names.iter().all(|name| name == text.as_bytes()), "{text}");
-        }
     }
 }
