@@ -64,8 +64,9 @@
 //! and levels in shadow ([`Builder::shadow_limit`]); uses outside a service on every level
 //! ([`HierarchicalThrottleLayer::acquire_keys`]); bodies charged by the byte ([`MeteredBody`]);
 //! a type-erased [`ThrottleHandle`] for application state; read-only views
-//! ([`HierarchicalThrottleLayer::remaining`]); and fleet-wide limits on requests in flight
-//! ([`HierarchicalConcurrencyLayer`], slots leased to hosts like tokens).
+//! ([`HierarchicalThrottleLayer::remaining`]); requests [exempt](Builder::exempt) from every
+//! limit; clients keyed past trusted proxies ([`key::ClientIp`]); and fleet-wide limits on
+//! requests in flight ([`HierarchicalConcurrencyLayer`], slots leased to hosts like tokens).
 //!
 //! # Modules
 //!

@@ -246,6 +246,8 @@ pub struct Scenario {
     /// Hosts that hand back every lease they hold, as one about to stop does (when, which
     /// host), in time order; each goes on serving after it.
     pub stops: Vec<(Duration, usize)>,
+    /// A host that hands back everything while the run winds down, racing the last sweeps.
+    pub stop_at_end: Option<usize>,
     /// One request in this many (sent to a service) is exempt from every limit (0: none).
     pub exempt_one_in: u64,
 }
@@ -438,6 +440,7 @@ impl Scenario {
             tenant_change: None,
             retry_after_jitter: Duration::ZERO,
             stops: Vec::new(),
+            stop_at_end: None,
             exempt_one_in: 0,
         }
         .draw_more(&mut rng)
@@ -630,6 +633,9 @@ impl Scenario {
                 self.stops.push((at, host));
             }
             self.stops.sort_by_key(|(at, _)| *at);
+        }
+        if stopping.chance(0.2) {
+            self.stop_at_end = Some(stopping.below(self.hosts as u64) as usize);
         }
         // Requests exempt from every limit, mixed into the traffic: a stream of its own.
         let mut exempting = Rng::new(self.seed ^ 0xE8E3_7A11);
@@ -1302,9 +1308,21 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     tokio::time::sleep(quiet).await;
     global.late_calls_applied().await;
     let every_layer = || layers.iter().flatten();
-    for layer in every_layer() {
-        layer.return_unused_leases().await;
-    }
+    let sweeps = async {
+        for layer in every_layer() {
+            layer.return_unused_leases().await;
+        }
+    };
+    let stop = async {
+        for group in s
+            .stop_at_end
+            .iter()
+            .flat_map(|&host| layers.iter().map(move |g| &g[host]))
+        {
+            group.return_all_leases().await;
+        }
+    };
+    tokio::join!(sweeps, stop);
     // Tokens reserved ahead behind a debt may fall due long after the run: a lease's time to
     // live counts from when they do, so the last sweeps come once none is pending.
     let pending = |layer: &Host| {
