@@ -10,6 +10,7 @@
 //! for i in $(seq 7); do curl -si -H 'x-api-key: demo' http://127.0.0.1:3000/ | head -1; done
 //! curl -si -H 'x-api-key: demo' http://127.0.0.1:3000/    # 429, Retry-After, RateLimit fields
 //! curl -si http://127.0.0.1:3000/                          # keyed by your IP instead
+//! curl -si http://127.0.0.1:3000/health                    # exempt: never limited
 //! ```
 
 use std::net::SocketAddr;
@@ -37,10 +38,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let throttle = HierarchicalThrottleLayer::builder()
         .key(move |req: &Request<Body>| throttle_key(&client_ip, req))
         .limit(Limit::per(5, Duration::from_secs(10)).burst(5)?)
+        // The load balancer's health checks are never limited (nor counted against anyone).
+        .exempt(|req: &Request<Body>| req.uri().path() == "/health")
         .global_store(MemoryGlobalStore::new())
         .build()?;
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))
+        .route("/health", get(|| async { "up\n" }))
         .layer(throttle.clone());
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
