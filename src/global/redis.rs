@@ -236,6 +236,8 @@ impl<K> fmt::Debug for RedisGlobalStore<K> {
             .field("connection", &mode)
             .field("location", &self.location)
             .field("prefix", &String::from_utf8_lossy(&self.prefix))
+            // Whether, never the secret.
+            .field("hashed_keys", &self.hashed_keys.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -288,12 +288,12 @@ where
         let _ = tokio::time::timeout(within, shared.calls_under_way.none_left()).await;
     }
 
-    /// Requests admitted so far: at once (counted by shard) and after a wait.
     /// Counts a request exempt from the limit.
     pub(crate) fn count_exempt(&self) {
         self.shared.counters.exempt.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Requests admitted so far: at once (counted by shard) and after a wait.
     pub(crate) fn admitted(&self) -> u64 {
         let at_once: u64 = self.shared.shards.iter().map(|s| s.lock().admitted).sum();
         at_once + self.shared.counters.admitted.load(Ordering::Relaxed)

@@ -201,5 +201,11 @@ mod tests {
             name(&store(), "k 1", "per-second"),
             "throttle:{k%201}:per-second"
         );
+        // Debug output says whether keys are hashed, never with what.
+        let debug = format!("{hashed:?}");
+        assert!(
+            debug.contains("hashed_keys: true") && !debug.contains("[7, 7"),
+            "{debug}"
+        );
     }
 }
