@@ -29,7 +29,10 @@
 //! borrowed key, bodies streamed through `meter`, each frame a use), cold starts on credit,
 //! batch sizes, a second layer of other limits on the same store, and an operator's changes by
 //! hand (reset, drain, tokens added or removed) through one host's layer, hosts that hand back
-//! every lease they hold as if about to stop (and serve on), limits that warm up,
+//! every lease they hold as if about to stop (and serve on; one also while the run winds
+//! down, racing the last sweeps), requests exempt from every limit (never refused, counted,
+//! and taking nothing), requests without a key under an admitting or a refusing
+//! `MissingKey` policy (each counted once and decided as it says), limits that warm up,
 //! calendar quotas whose day ends during the run (each window held to its own allowance), a
 //! level of tenants above the keys (each tenant's bucket held to the bounds of a key's, its
 //! refusals exact, in shadow by level or by limit, its quota changed at run time), one
@@ -59,7 +62,7 @@ use hierarchical_throttle::global::Adjustment;
 use hierarchical_throttle::local::LocalStore;
 use hierarchical_throttle::quota::{BucketKey, LeaseKey};
 use hierarchical_throttle::{
-    ColdStart, FailurePolicy, HierarchicalThrottleLayer, Keys, Limit, MemoryLocalStore,
+    ColdStart, FailurePolicy, HierarchicalThrottleLayer, Keys, Limit, MemoryLocalStore, MissingKey,
     OnRejection, Quota, Rejection, RejectionReason, Remaining, Shaping, StoreError,
 };
 use tower::{Layer, ServiceExt, service_fn};
@@ -78,6 +81,8 @@ pub struct Job {
     pub sent: Duration,
     /// Exempt from every limit: the hosts pass it through untouched.
     pub exempt: bool,
+    /// Sent without a key: the `MissingKey` policy decides it.
+    pub keyless: bool,
 }
 
 /// What a request got.
@@ -250,6 +255,9 @@ pub struct Scenario {
     pub stop_at_end: Option<usize>,
     /// One request in this many (sent to a service) is exempt from every limit (0: none).
     pub exempt_one_in: u64,
+    /// One request in this many (sent to a service, not exempt) has no key, and whether the
+    /// hosts admit such requests (`MissingKey::Admit`) or refuse them (`MissingKey::Reject`).
+    pub keyless: Option<(u64, bool)>,
 }
 
 /// A level `tenant` above the keys: hot key `hot-i` belongs to tenant `t-{i % count}`; of the
@@ -442,6 +450,7 @@ impl Scenario {
             stops: Vec::new(),
             stop_at_end: None,
             exempt_one_in: 0,
+            keyless: None,
         }
         .draw_more(&mut rng)
     }
@@ -642,6 +651,11 @@ impl Scenario {
         if exempting.chance(0.3) {
             self.exempt_one_in = exempting.range(2, 8);
         }
+        // Requests without a key, and the policy for them: a stream of its own.
+        let mut keyless = Rng::new(self.seed ^ 0x4E71_E555);
+        if keyless.chance(0.25) {
+            self.keyless = Some((keyless.range(3, 10), keyless.chance(0.5)));
+        }
         self
     }
 
@@ -803,6 +817,10 @@ pub struct Log {
     /// Exempt requests sent to a host, and served.
     pub exempt_sent: u64,
     pub exempt_served: u64,
+    /// Requests without a key sent to a host, served, and refused as missing their key.
+    pub keyless_sent: u64,
+    pub keyless_served: u64,
+    pub keyless_refused: u64,
 }
 
 /// The hosts' `OnRejection`: records the refusal, and checks on the spot that a throttled
@@ -907,6 +925,16 @@ impl OnRejection<Job, String, Outcome, Infallible> for Recorder {
         if job.exempt {
             log.inexact
                 .push(format!("{} refused though exempt: {rejection}", job.key));
+        }
+        if job.keyless || rejection.reason == RejectionReason::MissingKey {
+            if !job.keyless || rejection.reason != RejectionReason::MissingKey {
+                log.inexact.push(format!(
+                    "{} (sent with a key: {}) refused: {rejection}",
+                    job.key, !job.keyless
+                ));
+            }
+            log.keyless_refused += 1;
+            return Ok(Outcome::Refused(rejection.reason));
         }
         log.refused += 1;
         log.refused_by_tenant += u64::from(rejection.level == Some(TENANT));
@@ -1114,8 +1142,10 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     // Choices drawn later than the traffic, from a generator of their own, so that the
     // traffic of earlier seeds stays as it was.
     let mut more = Rng::new(s.seed ^ 0x7a11);
-    // Which requests are exempt: a stream of its own, so the others' draws stay as they were.
+    // Which requests are exempt, or have no key: streams of their own, so the others' draws
+    // stay as they were.
     let mut exempting = Rng::new(s.seed ^ 0xE8E3_7A12);
+    let mut drawing_keyless = Rng::new(s.seed ^ 0x4E71_E556);
     let mut tasks = tokio::task::JoinSet::new();
     let start = tokio::time::Instant::now();
     let all_buckets = || -> Vec<(BucketKey<String>, Limit)> {
@@ -1233,6 +1263,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             cost: arrival.cost,
             sent: clock.now(),
             exempt: false,
+            keyless: false,
         };
         let reserve = s.reserve_one_in > 0 && more.below(s.reserve_one_in) == 0;
         let park = reserve && s.park_one_in > 0 && more.below(s.park_one_in) == 0;
@@ -1271,7 +1302,14 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         let service = hosts[group][arrival.host].clone();
         let mut job = job;
         job.exempt = s.exempt_one_in > 0 && exempting.below(s.exempt_one_in) == 0;
-        log.lock().unwrap().exempt_sent += u64::from(job.exempt);
+        job.keyless = !job.exempt
+            && s.keyless
+                .is_some_and(|(one_in, _)| drawing_keyless.below(one_in) == 0);
+        {
+            let mut log = log.lock().unwrap();
+            log.exempt_sent += u64::from(job.exempt);
+            log.keyless_sent += u64::from(job.keyless);
+        }
         tasks.spawn(async move {
             let sent = clock.now();
             let call = service.oneshot(job.clone());
@@ -1372,6 +1410,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             log_now.exempt_sent, log_now.exempt_served
         ));
     }
+    check_keyless(&s, &log_now, &stats)?;
     if s.shadow {
         return check_shadow(&log_now, &stats);
     }
@@ -1478,9 +1517,16 @@ fn build_host(
     let tenant_quotas = tenant_quotas.clone();
     // Half the hosts borrow the key, half make it: the two ways must decide alike.
     let builder = if host.is_multiple_of(2) {
-        HierarchicalThrottleLayer::builder().key_ref(|job: &Job| Some(job.key.as_str()))
+        HierarchicalThrottleLayer::builder()
+            .key_ref(|job: &Job| (!job.keyless).then_some(job.key.as_str()))
     } else {
-        HierarchicalThrottleLayer::builder().key(|job: &Job| Some(job.key.clone()))
+        HierarchicalThrottleLayer::builder()
+            .key(|job: &Job| (!job.keyless).then(|| job.key.clone()))
+    };
+    let builder = match s.keyless {
+        Some((_, true)) => builder.missing_key(MissingKey::Admit),
+        Some((_, false)) => builder.missing_key(MissingKey::Reject),
+        None => builder,
     };
     let builder = match s.shadow_slow {
         true => builder.shadow_limit("slow"),
@@ -1503,7 +1549,10 @@ fn build_host(
     };
     let builder = match s.tenants {
         Some(tenants) => {
-            let tenant = move |job: &Job| tenant_of(Some(tenants), &job.key);
+            let tenant = move |job: &Job| {
+                // A request without a key has none at any level.
+                (!job.keyless).then(|| tenant_of(Some(tenants), &job.key))?
+            };
             let builder = match tenants.per_key {
                 true => builder.level_per_key(TENANT, tenant, move |t: &String| {
                     tenant_quotas.lock().unwrap()[t].clone()
@@ -1571,9 +1620,11 @@ fn served(
     service_fn(move |job: Job| {
         let log = log.clone();
         async move {
-            if job.exempt {
+            if job.exempt || job.keyless {
                 // Invisible to the oracle: no limit applies to it.
-                log.lock().unwrap().exempt_served += 1;
+                let mut log = log.lock().unwrap();
+                log.exempt_served += u64::from(job.exempt);
+                log.keyless_served += u64::from(job.keyless);
                 return Ok::<_, Infallible>(Outcome::Served);
             }
             let used = if settle { job.actual } else { job.cost };
@@ -1800,6 +1851,28 @@ fn poll_once(reservation: &mut hierarchical_throttle::Reservation<String>) -> Op
 }
 
 /// Shadow mode: nothing is refused.
+/// Requests without a key: each counted once, and served or refused as the policy says
+/// (served in shadow mode, which refuses nothing).
+fn check_keyless(
+    s: &Scenario,
+    log: &Log,
+    stats: &[hierarchical_throttle::ThrottleStats],
+) -> Result<(), String> {
+    let counted: u64 = stats.iter().map(|st| st.missing_key).sum();
+    let admits = matches!(s.keyless, Some((_, true))) || s.shadow;
+    let (served, refused) = match admits {
+        true => (log.keyless_sent, 0),
+        false => (0, log.keyless_sent),
+    };
+    if (counted, log.keyless_served, log.keyless_refused) != (log.keyless_sent, served, refused) {
+        return Err(format!(
+            "{} requests sent without a key ({:?}): {counted} counted, {} served, {} refused",
+            log.keyless_sent, s.keyless, log.keyless_served, log.keyless_refused
+        ));
+    }
+    Ok(())
+}
+
 fn check_shadow(
     log: &Log,
     stats: &[hierarchical_throttle::ThrottleStats],
@@ -2241,6 +2314,7 @@ async fn check_liveness(
                 actual: 1,
                 sent: clock.now(),
                 exempt: false,
+                keyless: false,
             };
             let answer = tokio::time::timeout(s.store_timeout * 4, host.clone().oneshot(job)).await;
             if !matches!(answer, Ok(Ok(Outcome::Served | Outcome::Used(_)))) {
