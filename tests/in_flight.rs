@@ -22,7 +22,7 @@ use hierarchical_throttle::global::slots::{Holding, SlotHold, SlotStore};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
     ConcurrencyBuilder, ConcurrencyStats, ConfigError, FailurePolicy, HierarchicalConcurrencyLayer,
-    MemoryGlobalStore, MissingKey, RejectionReason, SlotPermit, key,
+    MemoryGlobalStore, MissingKey, Rejection, RejectionReason, SlotPermit, key,
 };
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -292,6 +292,61 @@ mod one_host {
         assert_eq!(stats.requests_exempt, 3);
         assert_eq!((stats.admitted, stats.refused_full), (3, 1));
         drop((k1, probe));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_are_answered_by_the_layers_own_handler() {
+        // An API answering its errors as JSON: full, missing key, and a wait that ran out.
+        let store = MemoryGlobalStore::with_clock(TokioClock::new());
+        let in_flight = host(store, 1)
+            .wait_for_slot(Duration::from_millis(200))
+            .on_rejection(|_: &Request<Body>, rejection: Rejection<String>| {
+                let why = match rejection.reason {
+                    RejectionReason::TooManyInFlight { max } => format!("busy (at most {max})"),
+                    other => other.to_string(),
+                };
+                let key = rejection.key.unwrap_or_default();
+                let body = format!(r#"{{"error":"{why}","key":"{key}"}}"#);
+                let status = match rejection.reason {
+                    RejectionReason::MissingKey => StatusCode::UNAUTHORIZED,
+                    _ => StatusCode::SERVICE_UNAVAILABLE,
+                };
+                let response = http::Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(Body::from(body));
+                Ok::<_, Infallible>(response.expect("a valid response"))
+            })
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(in_flight.clone());
+        let body = |response: http::Response<_>| async move {
+            let bytes = BodyExt::collect(response.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            String::from_utf8(bytes.to_vec()).unwrap()
+        };
+
+        let held = in_flight.acquire("k1".to_owned()).await.unwrap();
+        // Waits its 200 ms for k1's one slot, then is answered by the handler.
+        let refused = app.clone().oneshot(request("k1")).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.headers()["content-type"], "application/json");
+        assert_eq!(
+            body(refused).await,
+            r#"{"error":"busy (at most 1)","key":"k1"}"#
+        );
+        let no_key = Request::get("/").body(Body::empty()).unwrap();
+        let refused = app.clone().oneshot(no_key).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+        drop(held);
+        let admitted = app.oneshot(request("k1")).await.unwrap();
+        assert_eq!(admitted.status(), StatusCode::OK);
+        assert_eq!(body(admitted).await, "ok");
+        assert_eq!(in_flight.stats().refused_full, 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -15,6 +15,7 @@ use crate::in_flight::{Fallback, InFlight, MaxFn, Settings};
 use crate::key::MissingKey;
 use crate::policy::ExemptFn;
 use crate::quota::{BucketKey, DEFAULT_LAYER, Name, item_name};
+use crate::response::DefaultRejection;
 
 /// The name a concurrency limit goes by unless told (in the `RateLimit` fields and the
 /// store's keys).
@@ -22,13 +23,14 @@ pub const DEFAULT_CONCURRENCY_NAME: &str = "concurrency";
 
 /// Builds a [`HierarchicalConcurrencyLayer`]; see its example. Setters consume and return
 /// the builder; [`build`](Self::build) checks every setting.
-pub struct ConcurrencyBuilder<Req, K, S, C = MonotonicClock> {
+pub struct ConcurrencyBuilder<Req, K, S, C = MonotonicClock, R = DefaultRejection> {
     key: Option<KeyFn<Req, K>>,
     exempt: Option<ExemptFn<Req>>,
     missing_key: MissingKey<K>,
     max_per_key: Option<MaxFn<K>>,
     store: S,
     clock: C,
+    on_rejection: R,
     tuning: Tuning,
 }
 
@@ -63,6 +65,7 @@ impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
             max_per_key: None,
             store: Unset,
             clock: MonotonicClock::new(),
+            on_rejection: DefaultRejection::by_content_type(),
             tuning: Tuning {
                 max: 0,
                 name: DEFAULT_CONCURRENCY_NAME.to_owned(),
@@ -83,10 +86,10 @@ impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
     }
 }
 
-impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
+impl<Req, K, S, C, R> ConcurrencyBuilder<Req, K, S, C, R> {
     /// How a request's key is found: `None` when it has none (see
     /// [`missing_key`](Self::missing_key)).
-    pub fn key<Req2, K2, F>(self, key: F) -> ConcurrencyBuilder<Req2, K2, S, C>
+    pub fn key<Req2, K2, F>(self, key: F) -> ConcurrencyBuilder<Req2, K2, S, C, R>
     where
         F: Fn(&Req2) -> Option<K2> + Send + Sync + 'static,
     {
@@ -98,13 +101,14 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
             max_per_key: None,
             store: self.store,
             clock: self.clock,
+            on_rejection: self.on_rejection,
             tuning: self.tuning,
         }
     }
 
     /// The store the hosts share: a [`MemoryGlobalStore`](crate::MemoryGlobalStore) in one
     /// process, a `RedisGlobalStore` for a fleet (the one a throttle layer uses will do).
-    pub fn store<S2>(self, store: S2) -> ConcurrencyBuilder<Req, K, S2, C> {
+    pub fn store<S2>(self, store: S2) -> ConcurrencyBuilder<Req, K, S2, C, R> {
         ConcurrencyBuilder {
             key: self.key,
             exempt: self.exempt,
@@ -112,6 +116,7 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
             max_per_key: self.max_per_key,
             store,
             clock: self.clock,
+            on_rejection: self.on_rejection,
             tuning: self.tuning,
         }
     }
@@ -119,7 +124,7 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
     /// The clock slot holdings are timed by on this host (a
     /// [`ManualClock`](crate::clock::ManualClock) or [`TokioClock`](crate::clock::TokioClock)
     /// in tests).
-    pub fn clock<C2: Clock>(self, clock: C2) -> ConcurrencyBuilder<Req, K, S, C2> {
+    pub fn clock<C2: Clock>(self, clock: C2) -> ConcurrencyBuilder<Req, K, S, C2, R> {
         ConcurrencyBuilder {
             key: self.key,
             exempt: self.exempt,
@@ -127,6 +132,7 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
             max_per_key: self.max_per_key,
             store: self.store,
             clock,
+            on_rejection: self.on_rejection,
             tuning: self.tuning,
         }
     }
@@ -158,6 +164,26 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
     pub fn exempt(mut self, exempt: impl Fn(&Req) -> bool + Send + Sync + 'static) -> Self {
         self.exempt = Some(Box::new(exempt));
         self
+    }
+
+    /// How a refused request is answered, as the throttle layer's
+    /// [`on_rejection`](crate::Builder::on_rejection): an `Fn(&Req, Rejection<K>) ->
+    /// Result<Response, Error>` or any [`OnRejection`](crate::OnRejection). Default:
+    /// [`DefaultRejection`] (HTTP 429 with `Retry-After` and the `RateLimit` fields, or gRPC
+    /// `RESOURCE_EXHAUSTED`, by the request's content type). The rejection's
+    /// [`reason`](crate::Rejection) is [`TooManyInFlight`](crate::RejectionReason) for a key
+    /// whose slots are all in use, `StoreUnavailable` or `MissingKey` otherwise.
+    pub fn on_rejection<R2>(self, on_rejection: R2) -> ConcurrencyBuilder<Req, K, S, C, R2> {
+        ConcurrencyBuilder {
+            key: self.key,
+            exempt: self.exempt,
+            missing_key: self.missing_key,
+            max_per_key: self.max_per_key,
+            store: self.store,
+            clock: self.clock,
+            on_rejection,
+            tuning: self.tuning,
+        }
     }
 
     /// What to do with a request without a key (default: refuse it, HTTP 400).
@@ -284,14 +310,14 @@ impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C> {
     }
 }
 
-impl<Req, K, S, C> ConcurrencyBuilder<Req, K, S, C>
+impl<Req, K, S, C, R> ConcurrencyBuilder<Req, K, S, C, R>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     S: SlotStore<BucketKey<K>>,
     C: Clock,
 {
     /// The layer, or the first setting that is invalid.
-    pub fn build(self) -> Result<HierarchicalConcurrencyLayer<Req, K, S, C>, ConfigError> {
+    pub fn build(self) -> Result<HierarchicalConcurrencyLayer<Req, K, S, C, R>, ConfigError> {
         let invalid = |setting, expected| ConfigError::InvalidSetting { setting, expected };
         let t = self.tuning;
         let key = self.key.ok_or(invalid("key", "a key closure"))?;
@@ -363,6 +389,7 @@ where
                 missing_key: self.missing_key,
                 engine: InFlight::new(self.store, self.clock, settings, max),
                 retry_after: t.retry_after,
+                on_rejection: self.on_rejection,
                 fields,
             }),
         })

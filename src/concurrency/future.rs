@@ -12,7 +12,7 @@ use crate::concurrency::{AdmittedFields, SlotBody};
 use crate::in_flight::{NoSlot, SlotPermit, WaitForSlot};
 
 /// Answers a request refused after its wait (it reads the request's headers).
-pub(crate) type Refuse<Req, B> = Box<dyn FnOnce(NoSlot, &Req) -> Response<B> + Send>;
+pub(crate) type Refuse<Req, B, E> = Box<dyn FnOnce(NoSlot, &Req) -> Result<Response<B>, E> + Send>;
 
 pin_project! {
     /// The response future of [`HierarchicalConcurrency`](crate::HierarchicalConcurrency):
@@ -37,7 +37,7 @@ pin_project! {
             #[pin]
             wait: WaitForSlot,
             // Taken once the wait ends: what calls the service, or answers the refusal.
-            then: Option<(S, Req, Refuse<Req, B>)>,
+            then: Option<(S, Req, Refuse<Req, B, S::Error>)>,
             fields: Option<AdmittedFields>,
         },
         Calling {
@@ -47,7 +47,7 @@ pin_project! {
             fields: Option<AdmittedFields>,
         },
         Answered {
-            response: Option<Response<B>>,
+            response: Option<Result<Response<B>, S::Error>>,
         },
     }
 }
@@ -70,7 +70,7 @@ where
         }
     }
 
-    pub(crate) fn answered(response: Response<B>) -> Self {
+    pub(crate) fn answered(response: Result<Response<B>, S::Error>) -> Self {
         Self {
             state: State::Answered {
                 response: Some(response),
@@ -81,7 +81,7 @@ where
     pub(crate) fn waiting(
         wait: WaitForSlot,
         (service, request): (S, Req),
-        refuse: Refuse<Req, B>,
+        refuse: Refuse<Req, B, S::Error>,
         fields: Option<AdmittedFields>,
     ) -> Self {
         Self {
@@ -138,7 +138,7 @@ where
                     let Some(response) = response.take() else {
                         return Poll::Pending;
                     };
-                    return Poll::Ready(Ok(response.map(|body| SlotBody::new(body, None))));
+                    return Poll::Ready(response.map(|r| r.map(|body| SlotBody::new(body, None))));
                 }
             }
         }

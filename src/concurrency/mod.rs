@@ -25,6 +25,7 @@ use crate::key::MissingKey;
 use crate::policy::ExemptFn;
 use crate::quota::BucketKey;
 use crate::rejection::{Rejection, RejectionReason};
+use crate::response::DefaultRejection;
 
 pub use crate::in_flight::SlotPermit;
 pub use acquire::AcquireSlot;
@@ -68,17 +69,19 @@ type KeyFn<Req, K> = Box<dyn Fn(&Req) -> Option<K> + Send + Sync>;
 ///
 /// Cloning the layer (or a service it made) shares its slots, its store and its counters: it
 /// is one host's view of the key's slots, not a new limit.
-pub struct HierarchicalConcurrencyLayer<Req, K, S, C = MonotonicClock> {
-    shared: Arc<Shared<Req, K, S, C>>,
+pub struct HierarchicalConcurrencyLayer<Req, K, S, C = MonotonicClock, R = DefaultRejection> {
+    shared: Arc<Shared<Req, K, S, C, R>>,
 }
 
-pub(crate) struct Shared<Req, K, S, C> {
+pub(crate) struct Shared<Req, K, S, C, R> {
     key: KeyFn<Req, K>,
     /// Requests passed straight through, before their key is read.
     exempt: Option<ExemptFn<Req>>,
     missing_key: MissingKey<K>,
     engine: InFlight<K, S, C>,
     retry_after: Duration,
+    /// What a refused request is answered with.
+    on_rejection: R,
     /// The `RateLimit` fields of admitted responses (`None`: off).
     fields: Option<Arc<FieldsOf>>,
 }
@@ -125,7 +128,7 @@ impl AdmittedFields {
     }
 }
 
-impl<Req, K, S, C> Clone for HierarchicalConcurrencyLayer<Req, K, S, C> {
+impl<Req, K, S, C, R> Clone for HierarchicalConcurrencyLayer<Req, K, S, C, R> {
     fn clone(&self) -> Self {
         Self {
             shared: self.shared.clone(),
@@ -133,7 +136,7 @@ impl<Req, K, S, C> Clone for HierarchicalConcurrencyLayer<Req, K, S, C> {
     }
 }
 
-impl<Req, K, S, C> std::fmt::Debug for HierarchicalConcurrencyLayer<Req, K, S, C> {
+impl<Req, K, S, C, R> std::fmt::Debug for HierarchicalConcurrencyLayer<Req, K, S, C, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HierarchicalConcurrencyLayer")
             .finish_non_exhaustive()
@@ -165,7 +168,7 @@ pub struct ConcurrencyStats {
     pub requests_exempt: u64,
 }
 
-impl<Req, K, S, C> HierarchicalConcurrencyLayer<Req, K, S, C>
+impl<Req, K, S, C, R> HierarchicalConcurrencyLayer<Req, K, S, C, R>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     S: SlotStore<BucketKey<K>>,
@@ -241,7 +244,7 @@ where
     }
 }
 
-impl<Req, K, S, C> Shared<Req, K, S, C>
+impl<Req, K, S, C, R> Shared<Req, K, S, C, R>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     S: SlotStore<BucketKey<K>>,
@@ -299,8 +302,10 @@ where
     rejection
 }
 
-impl<Inner, Req, K, S, C> tower_layer::Layer<Inner> for HierarchicalConcurrencyLayer<Req, K, S, C> {
-    type Service = HierarchicalConcurrency<Inner, Req, K, S, C>;
+impl<Inner, Req, K, S, C, R> tower_layer::Layer<Inner>
+    for HierarchicalConcurrencyLayer<Req, K, S, C, R>
+{
+    type Service = HierarchicalConcurrency<Inner, Req, K, S, C, R>;
 
     fn layer(&self, inner: Inner) -> Self::Service {
         HierarchicalConcurrency::new(inner, self.clone())

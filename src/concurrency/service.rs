@@ -12,19 +12,18 @@ use crate::concurrency::{HierarchicalConcurrencyLayer, SlotBody};
 use crate::global::slots::SlotStore;
 use crate::in_flight::Acquired;
 use crate::quota::BucketKey;
-use crate::rejection::Rejection;
 use crate::response::{DefaultRejection, OnRejection};
 
 /// A service that limits each key to a number of requests in flight, fleet-wide; made by
 /// [`HierarchicalConcurrencyLayer`]. Clones share the layer's slots.
-pub struct HierarchicalConcurrency<Inner, Req, K, S, C> {
+pub struct HierarchicalConcurrency<Inner, Req, K, S, C, R = DefaultRejection> {
     inner: Inner,
-    layer: HierarchicalConcurrencyLayer<Req, K, S, C>,
+    layer: HierarchicalConcurrencyLayer<Req, K, S, C, R>,
 }
 
-impl<Inner, Req, K, S, C> HierarchicalConcurrency<Inner, Req, K, S, C> {
+impl<Inner, Req, K, S, C, R> HierarchicalConcurrency<Inner, Req, K, S, C, R> {
     /// Wraps `inner` with the limits of `layer` (sharing its slots).
-    pub fn new(inner: Inner, layer: HierarchicalConcurrencyLayer<Req, K, S, C>) -> Self {
+    pub fn new(inner: Inner, layer: HierarchicalConcurrencyLayer<Req, K, S, C, R>) -> Self {
         Self { inner, layer }
     }
 
@@ -44,12 +43,12 @@ impl<Inner, Req, K, S, C> HierarchicalConcurrency<Inner, Req, K, S, C> {
     }
 
     /// The layer whose slots this service shares.
-    pub fn layer(&self) -> &HierarchicalConcurrencyLayer<Req, K, S, C> {
+    pub fn layer(&self) -> &HierarchicalConcurrencyLayer<Req, K, S, C, R> {
         &self.layer
     }
 }
 
-impl<Inner: Clone, Req, K, S, C> Clone for HierarchicalConcurrency<Inner, Req, K, S, C> {
+impl<Inner: Clone, Req, K, S, C, R> Clone for HierarchicalConcurrency<Inner, Req, K, S, C, R> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -58,7 +57,7 @@ impl<Inner: Clone, Req, K, S, C> Clone for HierarchicalConcurrency<Inner, Req, K
     }
 }
 
-impl<Inner, Req, K, S, C> std::fmt::Debug for HierarchicalConcurrency<Inner, Req, K, S, C>
+impl<Inner, Req, K, S, C, R> std::fmt::Debug for HierarchicalConcurrency<Inner, Req, K, S, C, R>
 where
     Inner: std::fmt::Debug,
 {
@@ -69,8 +68,8 @@ where
     }
 }
 
-impl<Inner, ReqB, ResB, K, S, C> Service<Request<ReqB>>
-    for HierarchicalConcurrency<Inner, Request<ReqB>, K, S, C>
+impl<Inner, ReqB, ResB, K, S, C, R> Service<Request<ReqB>>
+    for HierarchicalConcurrency<Inner, Request<ReqB>, K, S, C, R>
 where
     Inner: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
     ReqB: Send + 'static,
@@ -78,6 +77,7 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     S: SlotStore<BucketKey<K>>,
     C: Clock,
+    R: OnRejection<Request<ReqB>, K, Response<ResB>, Inner::Error> + Send + Sync + 'static,
 {
     type Response = Response<SlotBody<ResB>>;
     type Error = Inner::Error;
@@ -97,7 +97,11 @@ where
         {
             Ok(Some(key)) => key,
             Ok(None) => return ResponseFuture::calling(self.inner.call(request), None, None),
-            Err(rejection) => return ResponseFuture::answered(answer(&request, rejection)),
+            Err(rejection) => {
+                return ResponseFuture::answered(
+                    shared.on_rejection.on_rejection(&request, rejection),
+                );
+            }
         };
         match shared.engine.try_acquire(&key) {
             Acquired::Now(permit) => {
@@ -106,7 +110,7 @@ where
             }
             Acquired::Refused(no_slot) => {
                 let rejection = shared.rejection(Some(key), no_slot);
-                ResponseFuture::answered(answer(&request, rejection))
+                ResponseFuture::answered(shared.on_rejection.on_rejection(&request, rejection))
             }
             Acquired::Wait(wait) => {
                 // The ready service goes with the request; a clone may not be ready.
@@ -115,24 +119,11 @@ where
                 let fields = shared.admitted_fields(&key);
                 let layer = self.layer.clone();
                 let refuse = Box::new(move |no_slot, request: &Request<ReqB>| {
-                    answer(request, layer.shared.rejection(Some(key), no_slot))
+                    let rejection = layer.shared.rejection(Some(key), no_slot);
+                    layer.shared.on_rejection.on_rejection(request, rejection)
                 });
                 ResponseFuture::waiting(wait, (service, request), refuse, fields)
             }
         }
-    }
-}
-
-/// The default answer to `rejection`: HTTP 429 with `Retry-After` and the `RateLimit`
-/// fields, or gRPC `RESOURCE_EXHAUSTED`, by the request's content type.
-fn answer<ReqB, ResB: Default + 'static, K: 'static>(
-    request: &Request<ReqB>,
-    rejection: Rejection<K>,
-) -> Response<ResB> {
-    let answered: Result<Response<ResB>, std::convert::Infallible> =
-        DefaultRejection::by_content_type().on_rejection(request, rejection);
-    match answered {
-        Ok(response) => response,
-        Err(never) => match never {},
     }
 }
