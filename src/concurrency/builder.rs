@@ -109,32 +109,14 @@ impl<Req, K, S, C, R> ConcurrencyBuilder<Req, K, S, C, R> {
     /// The store the hosts share: a [`MemoryGlobalStore`](crate::MemoryGlobalStore) in one
     /// process, a `RedisGlobalStore` for a fleet (the one a throttle layer uses will do).
     pub fn store<S2>(self, store: S2) -> ConcurrencyBuilder<Req, K, S2, C, R> {
-        ConcurrencyBuilder {
-            key: self.key,
-            exempt: self.exempt,
-            missing_key: self.missing_key,
-            max_per_key: self.max_per_key,
-            store,
-            clock: self.clock,
-            on_rejection: self.on_rejection,
-            tuning: self.tuning,
-        }
+        self.swap(|_, clock, on_rejection| (store, clock, on_rejection))
     }
 
     /// The clock slot holdings are timed by on this host (a
     /// [`ManualClock`](crate::clock::ManualClock) or [`TokioClock`](crate::clock::TokioClock)
     /// in tests).
     pub fn clock<C2: Clock>(self, clock: C2) -> ConcurrencyBuilder<Req, K, S, C2, R> {
-        ConcurrencyBuilder {
-            key: self.key,
-            exempt: self.exempt,
-            missing_key: self.missing_key,
-            max_per_key: self.max_per_key,
-            store: self.store,
-            clock,
-            on_rejection: self.on_rejection,
-            tuning: self.tuning,
-        }
+        self.swap(|store, _, on_rejection| (store, clock, on_rejection))
     }
 
     /// The most requests a key may have in flight, over all hosts, the same for every key
@@ -174,13 +156,22 @@ impl<Req, K, S, C, R> ConcurrencyBuilder<Req, K, S, C, R> {
     /// [`reason`](crate::Rejection) is [`TooManyInFlight`](crate::RejectionReason) for a key
     /// whose slots are all in use, `StoreUnavailable` or `MissingKey` otherwise.
     pub fn on_rejection<R2>(self, on_rejection: R2) -> ConcurrencyBuilder<Req, K, S, C, R2> {
+        self.swap(|store, clock, _| (store, clock, on_rejection))
+    }
+
+    /// This builder with its store, clock and rejection types replaced by `f`'s.
+    fn swap<S2, C2, R2>(
+        self,
+        f: impl FnOnce(S, C, R) -> (S2, C2, R2),
+    ) -> ConcurrencyBuilder<Req, K, S2, C2, R2> {
+        let (store, clock, on_rejection) = f(self.store, self.clock, self.on_rejection);
         ConcurrencyBuilder {
             key: self.key,
             exempt: self.exempt,
             missing_key: self.missing_key,
             max_per_key: self.max_per_key,
-            store: self.store,
-            clock: self.clock,
+            store,
+            clock,
             on_rejection,
             tuning: self.tuning,
         }
