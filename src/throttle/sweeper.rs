@@ -237,11 +237,13 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         if evicted.is_empty() {
             return;
         }
+        // One clock read for the lot, outside the lock: a key flood evicts many at once.
+        let now = self.now();
         let mut returns = lock(&self.returns);
         for (id, mut bucket) in evicted {
             self.stats.admitted_local.add(bucket.take_uncounted());
             let tokens = bucket.take_all_leased();
-            returns.extend(Return::taken(&id, &bucket, tokens, self.now(), false));
+            returns.extend(Return::taken(&id, &bucket, tokens, now, false));
         }
     }
 
