@@ -3,7 +3,8 @@
 //! for over-admission, liveness, token conservation, exact refusals, the waits refusals tell
 //! and bounded waits, at every key and every tenant above them. Each seed
 //! also draws a fleet under a concurrency limit (`tests/sim/concurrency.rs`), checked for the
-//! requests in flight, exact refusals, bounded waits and slots left held.
+//! requests in flight, exact refusals, bounded waits and slots left held, some seeds through
+//! the layer's tower service (exempt requests, refusals' answers).
 //!
 //! A failing seed prints the command that replays it alone:
 //! `SIM_SEED=<seed> cargo test -p hierarchical-throttle-suite --test simulation -- --nocapture`. `SIM_SEEDS=<n>` runs more,

@@ -13,7 +13,8 @@
 //! - **exact refusals** (runs without faults): a request refused as full arrived at a moment
 //!   from which, before its refusal, the key's slots were all in use or freed within the
 //!   linger and a round trip (still held by their host); refusals while a dead host's holding
-//!   may last are not checked;
+//!   may last are not checked; a refusal blames a failed store only in a run where the store
+//!   fails or a host dies;
 //! - **bounded waits**: every decision within two store time-outs and a little more;
 //! - **the slots seen free** (what an admitted response's `RateLimit` field says; drawn per
 //!   seed): never more than the limit less the host's own requests of the key in flight, and
@@ -23,6 +24,13 @@
 //!
 //! Hosts give back their free slots mid-run, as one about to stop does, and serve on (drawn
 //! per seed).
+//!
+//! Some seeds send their requests through the layer's tower service instead of `acquire`
+//! (the inner service running each admitted request): then one request in a few may be
+//! exempt from the limit (never refused, no slot, each counted once in `requests_exempt`),
+//! and refusals are answered by `DefaultRejection` (429 for full, 503 for a failed store)
+//! or by a handler of the run's own, which must be told the request's own key. The same
+//! oracle decides; the slots seen free are read through `acquire`'s permit only.
 //!
 //! Each seed draws how many slot calls go in one round trip (`store_batch`: 1, 2 or 128), so
 //! that the calls of several keys and hosts queue behind one another or go together, and how
@@ -37,12 +45,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use hierarchical_throttle::clock::TokioClock;
 use hierarchical_throttle::global::slots::{Holding, SlotHold, SlotStore};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
-    ColdStart, FailurePolicy, HierarchicalConcurrencyLayer, MemoryGlobalStore, RejectionReason,
+    ColdStart, DefaultRejection, FailurePolicy, HierarchicalConcurrencyLayer, MemoryGlobalStore,
+    OnRejection, Rejection, RejectionReason, SlotBody,
 };
+use http::{HeaderValue, Request, Response, StatusCode};
+use tower::{Layer as _, Service, ServiceExt};
 
 use super::TickedClock;
 use super::rng::Rng;
@@ -94,6 +110,26 @@ pub struct Scenario {
     /// Hosts that give back every slot they hold beyond their requests in flight, as one
     /// about to stop does (when, which host); each goes on serving after it.
     pub stops: Vec<(Duration, usize)>,
+    /// Requests go through the layer's tower service instead of `acquire`.
+    pub service: Option<ThroughService>,
+}
+
+/// How a run's requests go through the layer's tower service.
+#[derive(Debug, Clone, Copy)]
+pub struct ThroughService {
+    /// One request in this many is exempt from the limit (`None`: none is).
+    pub exempt_every: Option<u64>,
+    /// Refusals are answered by a handler of the run's own, else by `DefaultRejection`.
+    pub own_answers: bool,
+}
+
+/// Whether a run's requests go through the tower service, on a stream of its own.
+fn through_service(seed: u64) -> Option<ThroughService> {
+    let mut rng = Rng::new(seed ^ 0x5E2F_1CE0);
+    rng.chance(0.4).then(|| ThroughService {
+        exempt_every: rng.chance(0.5).then(|| rng.range(2, 7)),
+        own_answers: rng.chance(0.5),
+    })
 }
 
 /// Hosts that give back their free slots during the run, on a stream of its own (so that the
@@ -201,6 +237,7 @@ impl Scenario {
                 [10, 100, 1_000][Rng::new(seed ^ 0xBAC0).below(3) as usize],
             ),
             stops: stops(seed, hosts),
+            service: through_service(seed),
         }
     }
 
@@ -338,9 +375,111 @@ struct Oracle {
     refusals: Vec<(usize, Duration, Duration)>,
     decisions: u64,
     refused_full: u64,
+    /// Exempt requests sent through the service, and those its inner service ran.
+    exempt_sent: u64,
+    exempt_served: u64,
 }
 
-type Layer = HierarchicalConcurrencyLayer<(), String, SimStore, TickedClock>;
+type Layer = HierarchicalConcurrencyLayer<Request<()>, String, SimStore, TickedClock, Answers>;
+
+/// How a run answers refusals through the service: `DefaultRejection`, or its own answer
+/// naming the reason and whether the handler was told the request's own key.
+#[derive(Debug, Clone, Copy)]
+struct Answers {
+    own: bool,
+}
+
+impl OnRejection<Request<()>, String, Response<()>, Infallible> for Answers {
+    fn on_rejection(
+        &self,
+        request: &Request<()>,
+        rejection: Rejection<String>,
+    ) -> Result<Response<()>, Infallible> {
+        if !self.own {
+            return DefaultRejection::default().on_rejection(request, rejection);
+        }
+        let reason = match rejection.reason {
+            RejectionReason::TooManyInFlight { .. } => "full",
+            RejectionReason::StoreUnavailable => "unavailable",
+            _ => "other",
+        };
+        let own_key = rejection.key.as_deref() == key_of(request);
+        let mut response = Response::new(());
+        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        let headers = response.headers_mut();
+        headers.insert("x-refused", HeaderValue::from_static(reason));
+        headers.insert(
+            "x-own-key",
+            HeaderValue::from_static(if own_key { "yes" } else { "no" }),
+        );
+        Ok(response)
+    }
+}
+
+/// A request's key, from its `k` header.
+fn key_of(request: &Request<()>) -> Option<&str> {
+    request.headers().get("k").and_then(|v| v.to_str().ok())
+}
+
+/// What a request sent through the service carries to the inner service.
+#[derive(Clone)]
+struct Ticket {
+    host: usize,
+    key: usize,
+    came: Duration,
+    runs_for: Duration,
+    exempt: bool,
+    /// Set when the inner service admits it: its span.
+    span: Arc<Mutex<Option<usize>>>,
+}
+
+/// The run's state the inner service records admissions in.
+struct Run {
+    oracle: Arc<Mutex<Oracle>>,
+    s: Scenario,
+    hosts: Vec<Layer>,
+    failed_before: Arc<AtomicBool>,
+    start: tokio::time::Instant,
+}
+
+/// The service behind the layer: records an admission the moment it is called, then runs
+/// the request for its time.
+#[derive(Clone)]
+struct Handler {
+    run: Arc<Run>,
+}
+
+impl Service<Request<()>> for Handler {
+    type Response = Response<()>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<()>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<()>) -> Self::Future {
+        let ticket = request.extensions().get::<Ticket>().cloned();
+        let runs_for = ticket.as_ref().map_or(Duration::ZERO, |t| t.runs_for);
+        if let Some(t) = ticket.filter(|t| !t.exempt) {
+            let run = &self.run;
+            let decided = run.start.elapsed();
+            let mut o = run.oracle.lock().expect("oracle");
+            let failed = &run.failed_before;
+            count_decision(&mut o, &run.s, &run.hosts, failed, t.key, t.came, decided);
+            let (span, _) = admit(&mut o, &run.s, failed, (t.host, t.key), t.came, decided);
+            *t.span.lock().expect("span") = Some(span);
+        }
+        Box::pin(async move {
+            tokio::time::sleep(runs_for).await;
+            let mut response = Response::new(());
+            response
+                .headers_mut()
+                .insert("x-served", HeaderValue::from_static("1"));
+            Ok(response)
+        })
+    }
+}
 
 pub fn run(seed: u64) -> Result<String, String> {
     super::paused_runtime().block_on(simulate(Scenario::draw(seed)))
@@ -377,8 +516,15 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 late: late.clone(),
             };
             let limits = limits.clone();
-            HierarchicalConcurrencyLayer::builder()
-                .key(|_: &()| None::<String>)
+            let builder = HierarchicalConcurrencyLayer::builder()
+                .key(|request: &Request<()>| key_of(request).map(str::to_owned));
+            let builder = match s.service.and_then(|t| t.exempt_every) {
+                Some(_) => {
+                    builder.exempt(|request: &Request<()>| request.headers().contains_key("exempt"))
+                }
+                None => builder,
+            };
+            builder
                 .max_in_flight_per_key(move |key: &String| {
                     let index: usize = key[1..].parse().unwrap_or(0);
                     limits.get(index).map_or(0, |m| m.load(Ordering::SeqCst))
@@ -394,6 +540,9 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 .host_id(h as u64 + 1)
                 .cold_start(s.cold_start)
                 .store_batch(s.store_batch)
+                .on_rejection(Answers {
+                    own: s.service.is_some_and(|t| t.own_answers),
+                })
                 .build()
                 .expect("valid settings")
         })
@@ -415,11 +564,35 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         arrivals.sort_by_key(|a| a.0);
     }
     let deaths_at = s.death;
-    for (arrival, host, key) in arrivals {
+    let run = Arc::new(Run {
+        oracle: oracle.clone(),
+        s: s.clone(),
+        hosts: hosts.clone(),
+        failed_before: failed_before.clone(),
+        start,
+    });
+    for (index, (arrival, host, key)) in arrivals.into_iter().enumerate() {
         let cancel_after = traffic
             .chance(s.cancel)
             .then(|| Duration::from_micros(traffic.below(s.longest.as_micros() as u64 + 80_000)));
         let runs_for = Duration::from_micros(traffic.below(s.longest.as_micros() as u64 + 1));
+        if let Some(through) = s.service {
+            let exempt = through
+                .exempt_every
+                .is_some_and(|every| (index as u64).is_multiple_of(every));
+            let request = Sent {
+                arrival,
+                host,
+                key,
+                exempt,
+                runs_for,
+                cancel_after,
+            };
+            let service = hosts[host].clone().layer(Handler { run: run.clone() });
+            let (run, dead) = (run.clone(), dead[host].clone());
+            tasks.push(tokio::spawn(serve(run, service, dead, request)));
+            continue;
+        }
         let layer = hosts[host].clone();
         let oracle = oracle.clone();
         let dead = dead[host].clone();
@@ -454,19 +627,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             let waited = decided - came;
             let run = cancel_after.map_or(runs_for, |c| runs_for.min(c.saturating_sub(waited)));
             tokio::time::sleep(run).await;
-            let ended = {
-                let mut o = oracle.lock().expect("oracle");
-                *o.in_flight.entry(key).or_default() -= 1;
-                *o.on_host.entry((host, key)).or_default() -= 1;
-                if dead.load(Ordering::SeqCst) {
-                    false
-                } else {
-                    if let Some(span) = o.spans.get_mut(&key).and_then(|s| s.get_mut(span)) {
-                        span.1 = Some(start.elapsed());
-                    }
-                    true
-                }
-            };
+            let ended = end(&oracle, (host, key), span, &dead, start.elapsed());
             if ended {
                 drop(permit);
             } else {
@@ -526,6 +687,13 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             ));
         }
     }
+    let exempt_counted: u64 = hosts.iter().map(|h| h.stats().requests_exempt).sum();
+    if exempt_counted != o.exempt_sent || o.exempt_served > o.exempt_sent {
+        failures.push(format!(
+            "{} exempt requests sent, {} served, {exempt_counted} counted by the hosts",
+            o.exempt_sent, o.exempt_served
+        ));
+    }
     if memory.keys_with_slots_held() != 0 {
         failures.push(format!(
             "the store holds slots of {} keys at the end",
@@ -535,8 +703,8 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     match failures.first() {
         Some(first) => Err(format!("{first} (and {} more)", failures.len() - 1)),
         None => Ok(format!(
-            "{} decisions, {} refused as full, {applied_late} calls applied late",
-            o.decisions, o.refused_full
+            "{} decisions, {} refused as full, {} exempt served, {applied_late} calls applied late",
+            o.decisions, o.refused_full, o.exempt_served
         )),
     }
 }
@@ -569,11 +737,42 @@ fn decide(
     } = d;
     let mut o = oracle.lock().expect("oracle");
     let Ok(outcome) = outcome else {
-        // Cancelled while waiting: a slot its call brings stays on its host for the linger,
-        // which the exactness check counts as it does a request's end.
-        o.spans.entry(key).or_default().push((came, Some(decided)));
+        cancelled_waiting(&mut o, key, came, decided);
         return None;
     };
+    count_decision(&mut o, s, hosts, failed_before, key, came, decided);
+    match outcome {
+        Ok(permit) => {
+            let (span, here) = admit(&mut o, s, failed_before, (host, key), came, decided);
+            if s.read_free {
+                check_free(&mut o, s, &hosts[host], &permit, (host, key, here), decided);
+            }
+            Some((permit, span))
+        }
+        Err(rejection) => {
+            let full = matches!(rejection.reason, RejectionReason::TooManyInFlight { .. });
+            refused(&mut o, s, key, came, decided, full);
+            None
+        }
+    }
+}
+
+/// A request cancelled while it waited: a slot its call brings stays on its host for the
+/// linger, which the exactness check counts as it does a request's end.
+fn cancelled_waiting(o: &mut Oracle, key: usize, came: Duration, decided: Duration) {
+    o.spans.entry(key).or_default().push((came, Some(decided)));
+}
+
+/// Counts a decision and checks how long it took.
+fn count_decision(
+    o: &mut Oracle,
+    s: &Scenario,
+    hosts: &[Layer],
+    failed_before: &AtomicBool,
+    key: usize,
+    came: Duration,
+    decided: Duration,
+) {
     o.decisions += 1;
     let waited = decided - came;
     if waited > s.max_wait + s.store_timeout * 2 + Duration::from_millis(60) {
@@ -583,40 +782,211 @@ fn decide(
     if hosts.iter().any(|h| h.stats().store_failures > 0) {
         failed_before.store(true, Ordering::SeqCst);
     }
-    match outcome {
-        Ok(permit) => {
-            let n = o.in_flight.entry(key).or_default();
-            *n += 1;
-            let n = *n;
-            let (_, max) = s.limits_at(key, decided);
-            if n > bound(s, max, failed_before.load(Ordering::SeqCst)) {
-                o.failures
-                    .push(format!("k{key}: {n} in flight of {max} at {decided:?}"));
-            }
-            let here = o.on_host.entry((host, key)).or_default();
-            *here += 1;
-            let here = *here;
-            if s.read_free {
-                check_free(&mut o, s, &hosts[host], &permit, (host, key, here), decided);
-            }
-            // Its slot may have been taken at the store any time after it came (the answer
-            // that brings it takes a round trip).
-            let spans = o.spans.entry(key).or_default();
-            spans.push((came, None));
-            Some((permit, spans.len() - 1))
-        }
-        Err(rejection) => {
-            if let RejectionReason::TooManyInFlight { .. } = rejection.reason {
-                o.refused_full += 1;
-                // A patient request refused when its wait runs out is not checked: its host
-                // asks again only every linger.
-                if !s.faulty() && s.max_wait.is_zero() {
-                    o.refusals.push((key, came, decided));
-                }
-            }
-            None
+}
+
+/// Records an admission and checks the key's requests in flight against the bound; returns
+/// its span and the host's requests of the key in flight.
+fn admit(
+    o: &mut Oracle,
+    s: &Scenario,
+    failed_before: &AtomicBool,
+    (host, key): (usize, usize),
+    came: Duration,
+    decided: Duration,
+) -> (usize, u64) {
+    let n = o.in_flight.entry(key).or_default();
+    *n += 1;
+    let n = *n;
+    let (_, max) = s.limits_at(key, decided);
+    if n > bound(s, max, failed_before.load(Ordering::SeqCst)) {
+        o.failures
+            .push(format!("k{key}: {n} in flight of {max} at {decided:?}"));
+    }
+    let here = o.on_host.entry((host, key)).or_default();
+    *here += 1;
+    let here = *here;
+    // Its slot may have been taken at the store any time after it came (the answer that
+    // brings it takes a round trip).
+    let spans = o.spans.entry(key).or_default();
+    spans.push((came, None));
+    (spans.len() - 1, here)
+}
+
+/// Records a refusal (as full, or for a failed store: only ever in a run whose store fails).
+fn refused(
+    o: &mut Oracle,
+    s: &Scenario,
+    key: usize,
+    came: Duration,
+    decided: Duration,
+    full: bool,
+) {
+    if !full && !s.faulty() && s.death.is_none() {
+        o.failures.push(format!(
+            "k{key} refused for a failed store at {decided:?} in a run whose store never fails"
+        ));
+    }
+    if full {
+        o.refused_full += 1;
+        // A patient request refused when its wait runs out is not checked: its host asks
+        // again only every linger.
+        if !s.faulty() && s.max_wait.is_zero() {
+            o.refusals.push((key, came, decided));
         }
     }
+}
+
+/// An admitted request ended at `at`; false when its host died under it (then it vanished
+/// with its slot, and its span stays open).
+fn end(
+    oracle: &Mutex<Oracle>,
+    (host, key): (usize, usize),
+    span: usize,
+    dead: &AtomicBool,
+    at: Duration,
+) -> bool {
+    let mut o = oracle.lock().expect("oracle");
+    *o.in_flight.entry(key).or_default() -= 1;
+    *o.on_host.entry((host, key)).or_default() -= 1;
+    if dead.load(Ordering::SeqCst) {
+        return false;
+    }
+    if let Some(span) = o.spans.get_mut(&key).and_then(|s| s.get_mut(span)) {
+        span.1 = Some(at);
+    }
+    true
+}
+
+/// A request sent through the tower service.
+struct Sent {
+    arrival: Duration,
+    host: usize,
+    key: usize,
+    exempt: bool,
+    runs_for: Duration,
+    cancel_after: Option<Duration>,
+}
+
+/// Sends one request through its host's service, cancelled at its time if it has one, and
+/// records what became of it.
+async fn serve<S>(run: Arc<Run>, service: S, dead: Arc<AtomicBool>, sent: Sent)
+where
+    S: Service<Request<()>, Response = Response<SlotBody<()>>, Error = Infallible>,
+{
+    let start = run.start;
+    tokio::time::sleep_until(start + sent.arrival).await;
+    if dead.load(Ordering::SeqCst) {
+        return;
+    }
+    let came = start.elapsed();
+    let span = Arc::new(Mutex::new(None));
+    let mut request = Request::new(());
+    let key = HeaderValue::from_str(&format!("k{}", sent.key)).expect("a header value");
+    request.headers_mut().insert("k", key);
+    if sent.exempt {
+        request
+            .headers_mut()
+            .insert("exempt", HeaderValue::from_static("1"));
+        run.oracle.lock().expect("oracle").exempt_sent += 1;
+    }
+    request.extensions_mut().insert(Ticket {
+        host: sent.host,
+        key: sent.key,
+        came,
+        runs_for: sent.runs_for,
+        exempt: sent.exempt,
+        span: span.clone(),
+    });
+    let mut call = Box::pin(service.oneshot(request));
+    let cancel = sent.cancel_after.unwrap_or(Duration::from_secs(86_400));
+    let response = tokio::select! {
+        biased;
+        response = &mut call => Some(response),
+        () = tokio::time::sleep(cancel) => None,
+    };
+    let at = start.elapsed();
+    let admitted = span.lock().expect("span").take();
+    let response = response.map(|r| match r {
+        Ok(response) => response,
+        Err(never) => match never {},
+    });
+    match (admitted, response) {
+        (Some(span), response) => {
+            if end(&run.oracle, (sent.host, sent.key), span, &dead, at) {
+                drop((response, call));
+            } else {
+                // Its host died under it: the request vanished with its slot.
+                std::mem::forget((response, call));
+            }
+        }
+        (None, None) if !sent.exempt => {
+            cancelled_waiting(&mut run.oracle.lock().expect("oracle"), sent.key, came, at);
+        }
+        (None, None) => {}
+        (None, Some(response)) => answered(&run, &sent, came, at, &response),
+    }
+}
+
+/// Checks a response whose request the inner service did not admit: an exempt request's
+/// must come from the inner service, any other is a refusal answered as the run's handler
+/// answers.
+fn answered(
+    run: &Run,
+    sent: &Sent,
+    came: Duration,
+    at: Duration,
+    response: &Response<SlotBody<()>>,
+) {
+    let mut o = run.oracle.lock().expect("oracle");
+    let served = response.headers().contains_key("x-served");
+    if sent.exempt {
+        match served {
+            true => o.exempt_served += 1,
+            false => o.failures.push(format!(
+                "an exempt request of k{} was refused ({}) at {at:?}",
+                sent.key,
+                response.status()
+            )),
+        }
+        return;
+    }
+    let own = run.s.service.is_some_and(|t| t.own_answers);
+    let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok());
+    let full = match (own, response.status(), header("x-refused")) {
+        (_, _, _) if served => {
+            o.failures
+                .push(format!("k{} served without being admitted", sent.key));
+            return;
+        }
+        (true, _, _) if header("x-own-key") != Some("yes") => {
+            o.failures.push(format!(
+                "the handler was told another key than k{}",
+                sent.key
+            ));
+            return;
+        }
+        (true, StatusCode::SERVICE_UNAVAILABLE, Some("full")) => true,
+        (true, StatusCode::SERVICE_UNAVAILABLE, Some("unavailable")) => false,
+        (false, StatusCode::TOO_MANY_REQUESTS, None) => true,
+        (false, StatusCode::SERVICE_UNAVAILABLE, None) => false,
+        (_, status, reason) => {
+            o.failures.push(format!(
+                "k{} refused with {status} ({reason:?}), own answers: {own}",
+                sent.key
+            ));
+            return;
+        }
+    };
+    count_decision(
+        &mut o,
+        &run.s,
+        &run.hosts,
+        &run.failed_before,
+        sent.key,
+        came,
+        at,
+    );
+    refused(&mut o, &run.s, sent.key, came, at, full);
 }
 
 /// The slots an admitted request's host sees free (its `RateLimit` field): never more than
