@@ -6,6 +6,10 @@
 //! `INFO commandstats` tells the script's microseconds. The anchor, in the same run, is a
 //! script that runs, for each key, just the commands a bucket needs (`TIME`, `HMGET`, `HSET`,
 //! `PEXPIRE`): the ratio is what the bucket's arithmetic and its argument handling add.
+//!
+//! The client's side too: the CPU time this process spent per key on the crate's batches
+//! (making each script's arguments, reading its replies; Linux only, from
+//! `/proc/self/task/*/schedstat`), which every host of a fleet pays for its global calls.
 
 use std::time::{Duration, Instant};
 
@@ -50,11 +54,12 @@ async fn main() -> Result<(), Error> {
         format!("bench-{next_key}")
     };
     println!("batches of {BATCH} keys new to Redis, {BATCHES} per measure; microseconds per key");
-    println!("| round | this crate's script | the commands alone | ratio |");
-    println!("|---:|---:|---:|---:|");
+    println!("| round | this crate's script | the commands alone | ratio | client CPU per key |");
+    println!("|---:|---:|---:|---:|---:|");
     for round in 1..=ROUNDS {
         reset(&mut raw).await?;
         let started = Instant::now();
+        let cpu_before = process_cpu_nanos();
         for _ in 0..BATCHES {
             let mut calls = Vec::with_capacity(BATCH);
             for _ in 0..BATCH {
@@ -69,6 +74,13 @@ async fn main() -> Result<(), Error> {
                 return Err(format!("a call failed: {error}").into());
             }
         }
+        let client = match (cpu_before, process_cpu_nanos()) {
+            (Some(before), Some(after)) => {
+                let per_key = (after - before) as f64 / 1_000.0 / (BATCHES * BATCH) as f64;
+                format!("{per_key:.2}")
+            }
+            _ => "-".to_owned(),
+        };
         let ours = per_key(&mut raw, "evalsha").await?;
         let wall = started.elapsed();
         reset(&mut raw).await?;
@@ -81,7 +93,7 @@ async fn main() -> Result<(), Error> {
         }
         let alone = per_key(&mut raw, "evalsha").await?;
         println!(
-            "| {round} | {ours:.2} | {alone:.2} | {:.2}x |",
+            "| {round} | {ours:.2} | {alone:.2} | {:.2}x | {client} |",
             ours / alone.max(f64::MIN_POSITIVE)
         );
         if wall > Duration::from_secs(60) {
@@ -90,6 +102,17 @@ async fn main() -> Result<(), Error> {
     }
     let _: () = redis::cmd("FLUSHDB").query_async(&mut raw).await?;
     Ok(())
+}
+
+/// The CPU time of every thread of this process so far, in nanoseconds (Linux's
+/// `/proc/self/task/*/schedstat`); `None` elsewhere.
+fn process_cpu_nanos() -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
 }
 
 async fn reset(raw: &mut redis::aio::MultiplexedConnection) -> Result<(), Error> {

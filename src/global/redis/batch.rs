@@ -22,14 +22,47 @@ pub(super) const MANY: &str = concat!(
     include_str!("many.lua"),
 );
 
-/// The calls of one script: their indexes in the batch, whether each acquires, and the
-/// script's keys and arguments.
+/// The calls of one script: their indexes in the batch, and the script's keys and each
+/// bucket's arguments.
 #[derive(Default)]
 struct Group {
     indexes: Vec<usize>,
-    acquires: Vec<bool>,
     keys: Vec<Vec<u8>>,
-    args: Vec<Vec<u8>>,
+    buckets: Vec<BucketArgs>,
+}
+
+/// One bucket's arguments, in the order `many.lua` reads them, kept as numbers until they are
+/// written into the command (no text made per argument).
+struct BucketArgs {
+    acquire: bool,
+    /// Capacity, refill amount and period, most cold permits, calendar period.
+    limit: [u64; 5],
+    /// A calendar quota's resets' distance from midnight UTC (`None`: `0`).
+    shift: Option<String>,
+    /// The operation's own three arguments.
+    op: [u64; 3],
+}
+
+impl BucketArgs {
+    /// The bucket's ten arguments.
+    fn write(&self, cmd: &mut redis::Cmd) {
+        cmd.arg(if self.acquire { "a" } else { "r" });
+        for n in self.limit {
+            cmd.arg(n);
+        }
+        match &self.shift {
+            Some(shift) => cmd.arg(shift.as_str()),
+            None => cmd.arg(0),
+        };
+        for n in self.op {
+            cmd.arg(n);
+        }
+    }
+
+    /// How many numbers the script replies for this bucket.
+    fn reply_len(&self) -> usize {
+        if self.acquire { 5 } else { 1 }
+    }
 }
 
 impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
@@ -53,7 +86,7 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
     fn groups(&self, calls: Vec<Call<BucketKey<K>>>) -> Vec<Group> {
         let mut groups: Vec<(Vec<u8>, Group)> = Vec::new();
         for (i, call) in calls.into_iter().enumerate() {
-            let (key, limit, op, args) = match call {
+            let (key, limit, acquire, op) = match call {
                 Call::Acquire {
                     key,
                     limit,
@@ -61,36 +94,29 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
                 } => (
                     key,
                     limit,
-                    "a",
+                    true,
                     [request.min, request.want, micros(request.max_delay)],
                 ),
                 Call::Release { key, limit, back } => {
-                    (key, limit, "r", [back.tokens, back.expires_micros(), 0])
+                    (key, limit, false, [back.tokens, back.expires_micros(), 0])
                 }
             };
             let redis_key = self.redis_key(&key);
             let group = self.group_of(&mut groups, &redis_key);
             group.indexes.push(i);
-            group.acquires.push(op == "a");
             group.keys.push(redis_key);
-            group.args.push(op.as_bytes().to_vec());
-            let numbers = [
-                limit.capacity(),
-                limit.refill_amount(),
-                limit.period_micros(),
-                limit.cold_max(),
-                u64::from(super::calendar_code(&limit)),
-            ];
-            for n in numbers {
-                group.args.push(n.to_string().into_bytes());
-            }
-            let shift = self.calendar_shift(&limit);
-            group
-                .args
-                .push(shift.map_or_else(|| b"0".to_vec(), String::into_bytes));
-            for n in args {
-                group.args.push(n.to_string().into_bytes());
-            }
+            group.buckets.push(BucketArgs {
+                acquire,
+                limit: [
+                    limit.capacity(),
+                    limit.refill_amount(),
+                    limit.period_micros(),
+                    limit.cold_max(),
+                    u64::from(super::calendar_code(&limit)),
+                ],
+                shift: self.calendar_shift(&limit),
+                op,
+            });
         }
         groups.into_iter().map(|(_, group)| group).collect()
     }
@@ -116,22 +142,27 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
         &mut groups[at].1
     }
 
-    /// Runs one group's script: `EVALSHA`, and `EVAL` when the node does not know it.
-    async fn run_group(&self, group: &Group) -> Result<Vec<Vec<u64>>, RedisError> {
+    /// Runs one group's script: `EVALSHA`, and `EVAL` when the node does not know it. The
+    /// replies of all its buckets come as one list of numbers.
+    async fn run_group(&self, group: &Group) -> Result<Vec<u64>, RedisError> {
         self.eval(&self.scripts.many, |cmd| {
-            cmd.arg(group.keys.len()).arg(&group.keys).arg(&group.args);
+            cmd.arg(group.keys.len()).arg(&group.keys);
+            for bucket in &group.buckets {
+                bucket.write(cmd);
+            }
         })
         .await
     }
 }
 
-/// Each call of `group` with its reply, or the script's error.
+/// Each call of `group` with its reply (its numbers, taken in turn from the script's list), or
+/// the script's error.
 fn answers(
     group: Group,
-    replies: Result<Vec<Vec<u64>>, RedisError>,
+    replies: Result<Vec<u64>, RedisError>,
 ) -> Vec<(usize, Result<Answer, RedisError>)> {
-    let mut replies = match replies {
-        Ok(replies) => replies.into_iter().map(Some).collect(),
+    let replies = match replies {
+        Ok(replies) => replies,
         Err(error) => {
             return group
                 .indexes
@@ -140,22 +171,23 @@ fn answers(
                 .collect();
         }
     };
-    let replies: &mut Vec<Option<Vec<u64>>> = &mut replies;
+    let mut next = 0;
     group
         .indexes
         .into_iter()
-        .zip(group.acquires)
-        .enumerate()
-        .map(|(n, (i, acquire))| {
-            let reply = replies.get_mut(n).and_then(Option::take);
-            (i, answer(acquire, reply))
+        .zip(&group.buckets)
+        .map(|(i, bucket)| {
+            let end = next + bucket.reply_len();
+            let reply = replies.get(next..end);
+            next = end;
+            (i, answer(bucket.acquire, reply))
         })
         .collect()
 }
 
 /// One bucket's reply as its call's answer.
-fn answer(acquire: bool, reply: Option<Vec<u64>>) -> Result<Answer, RedisError> {
-    match (acquire, reply.as_deref()) {
+fn answer(acquire: bool, reply: Option<&[u64]>) -> Result<Answer, RedisError> {
+    match (acquire, reply) {
         (true, Some(&[granted, reserved, ready_in, remaining, refill_in])) => {
             Ok(Answer::Granted(Grant {
                 granted,
@@ -187,7 +219,43 @@ fn hash_tag(key: &[u8]) -> &[u8] {
 
 #[cfg(test)]
 mod tests {
-    use super::hash_tag;
+    use super::{Answer, BucketArgs, Group, answers, hash_tag};
+
+    fn bucket(acquire: bool) -> BucketArgs {
+        BucketArgs {
+            acquire,
+            limit: [10, 1, 1_000_000, 0, 0],
+            shift: None,
+            op: [1, 1, 0],
+        }
+    }
+
+    /// The replies come as one list: each bucket takes its own count of numbers in turn
+    /// (five for an acquire, one for a release), and a list that runs short fails only the
+    /// buckets it leaves without their numbers.
+    #[test]
+    fn each_bucket_reads_its_own_numbers_from_the_one_list() {
+        let group = || Group {
+            indexes: vec![7, 3, 9],
+            keys: vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()],
+            buckets: vec![bucket(true), bucket(false), bucket(true)],
+        };
+        let all = answers(group(), Ok(vec![1, 0, 0, 9, 0, 4, 0, 2, 5_000, 0, 100]));
+        let indexes: Vec<usize> = all.iter().map(|(i, _)| *i).collect();
+        assert_eq!(indexes, [7, 3, 9]);
+        let granted = |answer: &Result<Answer, _>| match answer {
+            Ok(Answer::Granted(grant)) => Some((grant.granted, grant.reserved, grant.remaining)),
+            _ => None,
+        };
+        assert_eq!(granted(&all[0].1), Some((1, 0, 9)));
+        assert!(matches!(all[1].1, Ok(Answer::Released)));
+        assert_eq!(granted(&all[2].1), Some((0, 2, 0)));
+
+        let short = answers(group(), Ok(vec![1, 0, 0, 9, 0, 4, 0, 2]));
+        assert_eq!(granted(&short[0].1), Some((1, 0, 9)));
+        assert!(matches!(short[1].1, Ok(Answer::Released)));
+        assert!(short[2].1.is_err(), "a bucket without its numbers fails");
+    }
 
     #[test]
     fn the_hash_tag_follows_redis_rules() {
