@@ -135,8 +135,13 @@ counters!(
 /// meet on a lock.
 #[derive(Debug, Default)]
 pub(crate) struct RefusalsByLimit {
-    stripes: [Padded<std::sync::Mutex<HashMap<RefusalKind, u64>>>; STRIPES],
+    stripes: [Padded<std::sync::Mutex<KindCounts>>; STRIPES],
 }
+
+/// Counts by kind, hashed with foldhash: every refusal hashes its kind's names, and SipHash
+/// showed in refusal-heavy profiles (the keys are the crate's own names, nothing a client
+/// chooses).
+type KindCounts = HashMap<RefusalKind, u64, foldhash::fast::FixedState>;
 
 /// A refusing limit (its level and name; none for refusals no limit made) and the reason.
 pub(crate) type RefusalKind = (Option<&'static str>, Option<&'static str>, &'static str);
@@ -152,7 +157,7 @@ impl RefusalsByLimit {
     /// Every kind counted so far, with its count.
     #[cfg(feature = "metrics")]
     pub(crate) fn snapshot(&self) -> Vec<(RefusalKind, u64)> {
-        let mut all: HashMap<RefusalKind, u64> = HashMap::new();
+        let mut all = KindCounts::default();
         for stripe in &self.stripes {
             for (kind, n) in crate::sync::lock(&stripe.0).iter() {
                 *all.entry(*kind).or_default() += n;
