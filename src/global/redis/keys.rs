@@ -38,7 +38,16 @@ impl<K: RedisKey> RedisGlobalStore<K> {
     pub fn redis_key(&self, key: &BucketKey<K>) -> Vec<u8> {
         let bytes = key.key().key_bytes();
         let scope = key.scope();
-        let mut out = Vec::with_capacity(self.prefix.len() + bytes.len() + 2);
+        // Room for the whole name at once (an encoded byte may still grow it).
+        let key_len = match self.hashed_keys {
+            Some(_) => 32,
+            None => bytes.len(),
+        };
+        let layer_len = match key.in_default_layer() {
+            true => 0,
+            false => key.layer().len() + 1,
+        };
+        let mut out = Vec::with_capacity(self.prefix.len() + key_len + 3 + layer_len + scope.len());
         out.extend_from_slice(&self.prefix);
         out.push(b'{');
         match &self.hashed_keys {
