@@ -147,9 +147,16 @@ impl<K> MemoryLocalStore<K> {
     }
 
     /// Calls `f` on every shard, one lock held at a time.
+    /// Runs `f` on every shard, taking the lock once per shard: a pass over a whole run under
+    /// one hold (thousands of keys in a large store) would keep every request of the run's
+    /// keys waiting for it.
     fn each_shard(&self, mut f: impl FnMut(&mut Shard<K>)) {
         for lock in self.locks.iter() {
-            lock.0.lock().shards.iter_mut().for_each(&mut f);
+            for shard in 0..1usize << self.run_bits {
+                if let Some(shard) = lock.0.lock().shards.get_mut(shard) {
+                    f(shard);
+                }
+            }
         }
     }
 
