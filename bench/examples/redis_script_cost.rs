@@ -22,6 +22,8 @@ use hierarchical_throttle::quota::BucketKey;
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 const BATCH: usize = 14;
+/// Batches per measure, unless `SCRIPT_COST_BATCHES` says otherwise (fewer, say, for a Redis
+/// run under `valgrind --tool=callgrind`, which counts its instructions).
 const BATCHES: usize = 3_000;
 const ROUNDS: usize = 3;
 
@@ -53,14 +55,18 @@ async fn main() -> Result<(), Error> {
         next_key += 1;
         format!("bench-{next_key}")
     };
-    println!("batches of {BATCH} keys new to Redis, {BATCHES} per measure; microseconds per key");
+    let batches: usize = std::env::var("SCRIPT_COST_BATCHES")
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(BATCHES);
+    println!("batches of {BATCH} keys new to Redis, {batches} per measure; microseconds per key");
     println!("| round | this crate's script | the commands alone | ratio | client CPU per key |");
     println!("|---:|---:|---:|---:|---:|");
     for round in 1..=ROUNDS {
         reset(&mut raw).await?;
         let started = Instant::now();
         let cpu_before = process_cpu_nanos();
-        for _ in 0..BATCHES {
+        for _ in 0..batches {
             let mut calls = Vec::with_capacity(BATCH);
             for _ in 0..BATCH {
                 calls.push(Call::Acquire {
@@ -76,7 +82,7 @@ async fn main() -> Result<(), Error> {
         }
         let client = match (cpu_before, process_cpu_nanos()) {
             (Some(before), Some(after)) => {
-                let per_key = (after - before) as f64 / 1_000.0 / (BATCHES * BATCH) as f64;
+                let per_key = (after - before) as f64 / 1_000.0 / (batches * BATCH) as f64;
                 format!("{per_key:.2}")
             }
             _ => "-".to_owned(),
@@ -84,7 +90,7 @@ async fn main() -> Result<(), Error> {
         let ours = per_key(&mut raw, "evalsha").await?;
         let wall = started.elapsed();
         reset(&mut raw).await?;
-        for _ in 0..BATCHES {
+        for _ in 0..batches {
             let mut invocation = anchor.prepare_invoke();
             for _ in 0..BATCH {
                 invocation.key(fresh_keys());

@@ -249,24 +249,38 @@ local function store()
   end
 end
 
--- Reads bucket KEYS[1] under the limit of ARGV[1] to ARGV[6] at ARGV[10] (tests only), else at
--- `redis_now` (Redis's time, read once by a script over many buckets), else at Redis's time
--- read now; refills it to that time.
-local function load(KEYS, ARGV, redis_now)
+-- The limit's six arguments as last read: a script over many buckets of one limit reads them
+-- once (Lua's strings are interned, so comparing them is comparing references).
+local read_1, read_2, read_3, read_4, read_5, read_6
+
+-- Reads the limit of ARGV[1] to ARGV[6], unless it is the one read last.
+local function read_limit(ARGV)
+  if ARGV[1] == read_1 and ARGV[2] == read_2 and ARGV[3] == read_3 and ARGV[4] == read_4
+      and ARGV[5] == read_5 and ARGV[6] == read_6 then
+    return
+  end
+  read_1, read_2, read_3, read_4, read_5, read_6 = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
   capacity = tonumber(ARGV[1])
   a = tonumber(ARGV[2])
   p = tonumber(ARGV[3])
   cold_max = tonumber(ARGV[4])
   period = tonumber(ARGV[5])
-  shift_before, change, shift_after = string.match(ARGV[6], '^(-?%d+),(-?%d+),(-?%d+)$')
-  zoned = shift_before ~= nil
+  zoned = string.find(ARGV[6], ',', 1, true) ~= nil
   if zoned then
+    shift_before, change, shift_after = string.match(ARGV[6], '^(-?%d+),(-?%d+),(-?%d+)$')
     shift_before, change, shift_after = tonumber(shift_before), tonumber(change), tonumber(shift_after)
   else
     shift_before = tonumber(ARGV[6])
     shift_after = shift_before
     change = 0
   end
+end
+
+-- Reads bucket KEYS[1] under the limit of ARGV[1] to ARGV[6] at ARGV[10] (tests only), else at
+-- `redis_now` (Redis's time, read once by a script over many buckets), else at Redis's time
+-- read now; refills it to that time.
+local function load(KEYS, ARGV, redis_now)
+  read_limit(ARGV)
 
   -- A caller-supplied time (tests only) is simulated: Redis's real-time expiry would cut it short.
   simulated = ARGV[10] ~= nil

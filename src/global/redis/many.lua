@@ -13,19 +13,25 @@ if now == nil then
 end
 local replies = {}
 local n = 0
+-- One bucket's KEYS and ARGV, refilled for each bucket (the operations keep no reference to
+-- them), rather than two tables made per bucket.
+local keys, args = {}, {}
+args[10] = now
 for i = 1, #KEYS do
   local base = (i - 1) * per
-  local args = { ARGV[base + 2], ARGV[base + 3], ARGV[base + 4], ARGV[base + 5], ARGV[base + 6],
-    ARGV[base + 7], ARGV[base + 8], ARGV[base + 9], ARGV[base + 10], now }
+  for j = 1, 9 do
+    args[j] = ARGV[base + 1 + j]
+  end
+  keys[1] = KEYS[i]
   if ARGV[base + 1] == 'a' then
-    local reply = acquire({ KEYS[i] }, args, redis_now)
+    local reply = acquire(keys, args, redis_now)
     for j = 1, 5 do
       replies[n + j] = reply[j]
     end
     n = n + 5
   else
     n = n + 1
-    replies[n] = release({ KEYS[i] }, args, redis_now)
+    replies[n] = release(keys, args, redis_now)
   end
 end
 return replies
