@@ -25,7 +25,7 @@ use crate::key::MissingKey;
 use crate::policy::ExemptFn;
 use crate::quota::BucketKey;
 use crate::rejection::{Rejection, RejectionReason};
-use crate::response::DefaultRejection;
+use crate::response::{DefaultRejection, OnRejection};
 
 pub use crate::in_flight::SlotPermit;
 pub use acquire::AcquireSlot;
@@ -271,6 +271,15 @@ where
     /// The refusal of a request for `key` that got no slot.
     fn rejection(&self, key: Option<K>, no_slot: NoSlot) -> Rejection<K> {
         rejection(&self.engine, self.retry_after, key, no_slot)
+    }
+
+    /// The answer to `request` for `key`, which got no slot: at once, or after its wait.
+    fn refuse<Res, E>(&self, request: &Req, key: K, no_slot: NoSlot) -> Result<Res, E>
+    where
+        R: OnRejection<Req, K, Res, E>,
+    {
+        self.on_rejection
+            .on_rejection(request, self.rejection(Some(key), no_slot))
     }
 }
 

@@ -109,8 +109,7 @@ where
                 ResponseFuture::calling(self.inner.call(request), Some(permit), fields)
             }
             Acquired::Refused(no_slot) => {
-                let rejection = shared.rejection(Some(key), no_slot);
-                ResponseFuture::answered(shared.on_rejection.on_rejection(&request, rejection))
+                ResponseFuture::answered(shared.refuse(&request, key, no_slot))
             }
             Acquired::Wait(wait) => {
                 // The ready service goes with the request; a clone may not be ready.
@@ -119,8 +118,7 @@ where
                 let fields = shared.admitted_fields(&key);
                 let layer = self.layer.clone();
                 let refuse = Box::new(move |no_slot, request: &Request<ReqB>| {
-                    let rejection = layer.shared.rejection(Some(key), no_slot);
-                    layer.shared.on_rejection.on_rejection(request, rejection)
+                    layer.shared.refuse(request, key, no_slot)
                 });
                 ResponseFuture::waiting(wait, (service, request), refuse, fields)
             }

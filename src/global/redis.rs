@@ -432,15 +432,9 @@ impl<K: RedisKey> RedisGlobalStore<K> {
     ) -> Result<T, RedisError> {
         let redis_key = self.redis_key(key);
         self.eval(script, |cmd| {
-            cmd.arg(1)
-                .arg(&redis_key)
-                .arg(limit.capacity())
-                .arg(limit.refill_amount())
-                .arg(limit.period_micros())
-                .arg(limit.cold_max())
-                .arg(calendar_code(limit))
-                .arg(self.calendar_shift(limit).as_deref().unwrap_or("0"))
-                .arg(&args[..]);
+            cmd.arg(1).arg(&redis_key);
+            write_limit(cmd, limit, self.calendar_shift(limit).as_deref());
+            cmd.arg(&args[..]);
         })
         .await
     }
@@ -491,6 +485,18 @@ impl<K: RedisKey> RedisGlobalStore<K> {
 }
 
 /// A calendar quota's period as the scripts number it (0: a limit that refills at a rate).
+/// A limit as every bucket script reads it, `ARGV[1]` to `ARGV[6]`: capacity, refill amount
+/// and period, most cold permits, calendar period, and `shift`, a calendar quota's resets'
+/// distance from midnight UTC (`None`: `0`).
+fn write_limit(cmd: &mut redis::Cmd, limit: &Limit, shift: Option<&str>) {
+    cmd.arg(limit.capacity())
+        .arg(limit.refill_amount())
+        .arg(limit.period_micros())
+        .arg(limit.cold_max())
+        .arg(calendar_code(limit))
+        .arg(shift.unwrap_or("0"));
+}
+
 fn calendar_code(limit: &Limit) -> u8 {
     limit.calendar().map_or(0, |c| c.code())
 }

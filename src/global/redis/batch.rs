@@ -7,6 +7,7 @@ use redis::{ErrorKind, RedisError};
 use super::{RedisGlobalStore, RedisKey};
 use crate::clock::micros;
 use crate::global::{Answer, Call, Grant};
+use crate::limit::Limit;
 use crate::quota::BucketKey;
 
 /// The script: the bucket arithmetic, defined once, with an acquire and a release function
@@ -35,9 +36,8 @@ struct Group {
 /// written into the command (no text made per argument).
 struct BucketArgs {
     acquire: bool,
-    /// Capacity, refill amount and period, most cold permits, calendar period.
-    limit: [u64; 5],
-    /// A calendar quota's resets' distance from midnight UTC (`None`: `0`).
+    limit: Limit,
+    /// A calendar quota's resets' distance from midnight UTC, read when the call was grouped.
     shift: Option<String>,
     /// The operation's own three arguments.
     op: [u64; 3],
@@ -47,16 +47,8 @@ impl BucketArgs {
     /// The bucket's ten arguments.
     fn write(&self, cmd: &mut redis::Cmd) {
         cmd.arg(if self.acquire { "a" } else { "r" });
-        for n in self.limit {
-            cmd.arg(n);
-        }
-        match &self.shift {
-            Some(shift) => cmd.arg(shift.as_str()),
-            None => cmd.arg(0),
-        };
-        for n in self.op {
-            cmd.arg(n);
-        }
+        super::write_limit(cmd, &self.limit, self.shift.as_deref());
+        cmd.arg(&self.op[..]);
     }
 
     /// How many numbers the script replies for this bucket.
@@ -107,13 +99,7 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
             group.keys.push(redis_key);
             group.buckets.push(BucketArgs {
                 acquire,
-                limit: [
-                    limit.capacity(),
-                    limit.refill_amount(),
-                    limit.period_micros(),
-                    limit.cold_max(),
-                    u64::from(super::calendar_code(&limit)),
-                ],
+                limit,
                 shift: self.calendar_shift(&limit),
                 op,
             });
@@ -224,7 +210,7 @@ mod tests {
     fn bucket(acquire: bool) -> BucketArgs {
         BucketArgs {
             acquire,
-            limit: [10, 1, 1_000_000, 0, 0],
+            limit: crate::Limit::per_second(1).burst(10).unwrap(),
             shift: None,
             op: [1, 1, 0],
         }
