@@ -7,6 +7,7 @@
 //! failure; the batch as a whole has the store time-out from when it is sent, after which its
 //! unanswered calls end without an answer.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -72,11 +73,25 @@ pub(crate) struct CallQueue<C, A> {
     expedites: AtomicU64,
 }
 
-/// A queued call, where its answer goes, and when it falls due.
-type Pending<C, A> = (C, oneshot::Sender<Reply<A>>, Instant);
+/// A queued call, where its answer goes, when it falls due, and its number in the queue's order.
+struct Pending<C, A> {
+    call: C,
+    sender: oneshot::Sender<Reply<A>>,
+    at: Instant,
+    number: u64,
+}
 
+/// The calls in the order they came. Every operation on it is bounded by a batch, not by the
+/// calls queued (a key flood can queue a hundred thousand): a batch is taken from the front,
+/// the next time to go is looked for only among fewer than a batch, and an expedite marks
+/// the calls queued so far with one number.
 struct Queue<C, A> {
-    pending: Vec<Pending<C, A>>,
+    pending: VecDeque<Pending<C, A>>,
+    /// Calls queued so far.
+    queued: u64,
+    /// The calls numbered up to this one fall due at once: a request started waiting while
+    /// they were queued.
+    expedited_through: u64,
     /// When the queued calls go: the earliest time one of them falls due. `None` when empty.
     due_at: Option<Instant>,
     /// Counts the flushes scheduled: a flush task whose number is not the latest finds its
@@ -88,7 +103,9 @@ impl<C, A> Default for CallQueue<C, A> {
     fn default() -> Self {
         Self {
             state: Mutex::new(Queue {
-                pending: Vec::new(),
+                pending: VecDeque::new(),
+                queued: 0,
+                expedited_through: 0,
                 due_at: None,
                 window: 0,
             }),
@@ -127,6 +144,26 @@ impl<C, A> Queue<C, A> {
         self.window = self.window.wrapping_add(1);
         Some(self.window)
     }
+
+    fn push(&mut self, call: C, sender: oneshot::Sender<Reply<A>>, at: Instant) {
+        self.queued += 1;
+        self.pending.push_back(Pending {
+            call,
+            sender,
+            at,
+            number: self.queued,
+        });
+    }
+
+    /// When the first of the queued calls falls due (`None`: none queued); `now` if they fill
+    /// a batch of `max_batch`.
+    fn next_due(&self, now: Instant, max_batch: usize) -> Option<Instant> {
+        let first = self.pending.front()?;
+        if self.pending.len() >= max_batch || first.number <= self.expedited_through {
+            return Some(now);
+        }
+        self.pending.iter().map(|p| p.at).min()
+    }
 }
 
 /// Makes `call` with a batch of `engine`'s calls, sent when `due` says, and waits for its reply.
@@ -144,7 +181,7 @@ pub(crate) async fn call<E: SendsCalls>(
     };
     let (window, at) = {
         let mut state = lock(&queue.state);
-        state.pending.push((call, sender, at));
+        state.push(call, sender, at);
         // A full batch goes at once.
         let at = match state.pending.len() >= engine.max_batch() {
             true => now,
@@ -170,9 +207,7 @@ pub(crate) fn expedite<E: SendsCalls>(engine: &Arc<E>) {
     let window = {
         let mut state = lock(&queue.state);
         // Every queued call, as the one waited on may not fit in the next batch.
-        for (_, _, at) in &mut state.pending {
-            *at = now;
-        }
+        state.expedited_through = state.queued;
         match state.due_at {
             Some(_) => state.due(now),
             None => None,
@@ -217,9 +252,7 @@ async fn flush<E: SendsCalls>(engine: Arc<E>, window: u64, at: Instant) {
         state.due_at = None;
         unflushed.window = None;
         // The rest go when the first of them falls due (at once if they fill a batch).
-        let full = state.pending.len() >= max_batch;
-        let next = state.pending.iter().map(|(_, _, at)| *at).min();
-        let rest = next.map(|at| if full { Instant::now() } else { at });
+        let rest = state.next_due(Instant::now(), max_batch);
         let window = rest.and_then(|at| state.due(at));
         (batch, window.zip(rest))
     };
@@ -234,7 +267,7 @@ async fn flush<E: SendsCalls>(engine: Arc<E>, window: u64, at: Instant) {
     let sent_at = engine.now();
     let (calls, senders): (Vec<_>, Vec<_>) = batch
         .into_iter()
-        .map(|(call, sender, _)| (call, sender))
+        .map(|pending| (pending.call, pending.sender))
         .unzip();
     let mut senders: Vec<_> = senders.into_iter().map(Some).collect();
     let deadline = Instant::now() + engine.store_timeout();
@@ -298,6 +331,43 @@ mod tests {
     use crate::sync::lock;
 
     const TIMEOUT: Duration = Duration::from_millis(50);
+
+    #[test]
+    fn the_next_time_to_go_is_read_from_the_front_the_expedite_mark_and_a_full_batch() {
+        let queue = CallQueue::<u32, ()>::default();
+        let mut state = lock(&queue.state);
+        let now = Instant::now();
+        let linger = |ms| now + Duration::from_millis(ms);
+        let push = |state: &mut super::Queue<u32, ()>, at| {
+            state.push(0, tokio::sync::oneshot::channel().0, at);
+        };
+        assert_eq!(state.next_due(now, 4), None, "nothing queued");
+        push(&mut state, linger(250));
+        push(&mut state, linger(100));
+        assert_eq!(
+            state.next_due(now, 4),
+            Some(linger(100)),
+            "the first to fall due"
+        );
+        // A request started waiting: the calls queued so far go now, later ones may linger.
+        state.expedited_through = state.queued;
+        push(&mut state, linger(300));
+        assert_eq!(state.next_due(now, 4), Some(now));
+        state.pending.drain(..2);
+        assert_eq!(
+            state.next_due(now, 4),
+            Some(linger(300)),
+            "only the later call left"
+        );
+        for _ in 0..3 {
+            push(&mut state, linger(300));
+        }
+        assert_eq!(
+            state.next_due(now, 4),
+            Some(now),
+            "a full batch goes at once"
+        );
+    }
 
     /// A store that answers each call `n` with `10 n` after `delay`, and records its batches
     /// and when they left.

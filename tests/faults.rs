@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use futures_util::future::join_all;
-use hierarchical_throttle::batch::BatchContext;
+use hierarchical_throttle::batch::{BatchContext, FractionOfCapacity};
 use hierarchical_throttle::clock::{ManualClock, TokioClock};
 use hierarchical_throttle::local::LocalStore;
 use hierarchical_throttle::{ColdStart, FailurePolicy, Limit, MemoryGlobalStore, RejectionReason};
@@ -319,4 +319,51 @@ async fn the_memory_store_forgets_refilled_buckets_without_traffic() {
     // once they have refilled.
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(global.len(), 0);
+}
+
+/// A pass over a large local store (10,000 keys here) gives its thread up between parts of a
+/// few hundred keys, so the requests queued on that thread are not held up for the whole
+/// pass, and still visits every key.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_pass_over_many_keys_yields_between_parts_and_misses_none() {
+    let clock = ManualClock::new();
+    let global = MemoryGlobalStore::with_clock(clock.clone());
+    let layer = host_builder(&clock, Limit::per_second(10).burst(10).unwrap())
+        .batch_policy(FractionOfCapacity::new(1.0).unwrap())
+        .global_store(global)
+        .build()
+        .unwrap();
+    for i in 0..10_000u64 {
+        assert!(layer.acquire(format!("flood-{i}"), 1).await.is_ok());
+    }
+    // Nine tokens of each key's batch of ten stay on the host.
+    let mut leased = 0;
+    layer
+        .local_store()
+        .for_each_bucket(|_, b| leased += b.leased_tokens());
+    assert_eq!(leased, 90_000);
+    // Nothing to hand back yet: only the pass itself can give the thread up.
+    let yields = times_pending(layer.return_unused_leases()).await;
+    assert!(
+        (20..=40).contains(&yields),
+        "{yields} yields over 10,000 keys"
+    );
+    assert_eq!(layer.stats().tokens_returned, 0);
+    // Past every lease's time: the pass, yielding as before, hands every token back.
+    clock.advance(Duration::from_secs(3_600));
+    layer.return_unused_leases().await;
+    assert_eq!(layer.stats().tokens_returned, leased);
+}
+
+/// How many times `future` returned pending before it finished.
+async fn times_pending(future: impl std::future::Future<Output = ()>) -> usize {
+    let mut future = std::pin::pin!(future);
+    let mut pending = 0;
+    std::future::poll_fn(|cx| {
+        let polled = future.as_mut().poll(cx);
+        pending += usize::from(polled.is_pending());
+        polled
+    })
+    .await;
+    pending
 }

@@ -212,6 +212,12 @@ where
         self.shared.engine.in_flight()
     }
 
+    /// The engine, for the engine's own tests.
+    #[cfg(test)]
+    pub(crate) fn engine(&self) -> &InFlight<K, S, C> {
+        &self.shared.engine
+    }
+
     /// Keys this host keeps slot state for now.
     pub fn keys(&self) -> usize {
         self.shared.engine.keys()

@@ -7,8 +7,9 @@ use std::sync::{Arc, Weak};
 
 use crate::clock::{Clock, micros};
 use crate::global::slots::SlotStore;
-use crate::in_flight::{Shared, calls};
+use crate::in_flight::{Entry, Shared, calls};
 use crate::quota::BucketKey;
+use crate::slots::SlotCall;
 
 impl<K, S, C> Shared<K, S, C>
 where
@@ -38,39 +39,47 @@ where
                 let Some(shared) = running.0.upgrade() else {
                     return;
                 };
-                shared.sweep();
+                shared.sweep().await;
             }
         });
     }
 
-    /// One pass over every key.
-    pub(super) fn sweep(self: &Arc<Self>) {
+    /// One pass over every key, letting other tasks run once a shard ends past
+    /// [`KEYS_BETWEEN_YIELDS`] keys: in one go, a pass over many keys would hold its worker
+    /// thread for milliseconds.
+    pub(super) async fn sweep(self: &Arc<Self>) {
         let now = self.now();
         let renew_by = now.saturating_add(micros(self.settings.slot_ttl) / 2);
-        let mut calls = Vec::new();
-        let (mut admitted, mut in_flight, mut keys) = (0, 0, 0);
+        let mut pass = Pass::default();
+        let mut since_yield = 0;
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
-            admitted += shard.admitted;
+            pass.admitted += shard.admitted;
+            since_yield += shard.keys.len();
             shard.keys.retain(|(key, entry)| {
                 let mut lease = entry.lease.lock();
                 lease.forget_gone(|waiter| waiter.is_closed());
                 if lease.is_idle() {
                     return false;
                 }
-                in_flight += lease.in_use();
-                keys += 1;
+                pass.in_flight += lease.in_use();
+                pass.keys += 1;
                 let seq = || self.next_seq();
                 if let Some(call) = lease.sweep(now, renew_by, seq) {
-                    calls.push((key.clone(), entry.clone(), call));
+                    pass.calls.push((key.clone(), entry.clone(), call));
                 }
                 true
             });
+            drop(shard);
+            if since_yield >= KEYS_BETWEEN_YIELDS {
+                since_yield = 0;
+                tokio::task::yield_now().await;
+            }
         }
-        for (key, entry, call) in calls {
+        for (key, entry, call) in pass.calls {
             calls::spawn(self.clone(), key, entry, call);
         }
-        self.publish(admitted, in_flight, keys);
+        self.publish(pass.admitted, pass.in_flight, pass.keys);
     }
 
     #[cfg(feature = "metrics")]
@@ -95,6 +104,30 @@ where
     fn publish(&self, _admitted_at_once: u64, _in_flight: u64, _keys: usize) {}
 }
 
+/// Keys a sweep visits, at least, between two yields of its thread (at the end of a shard): each
+/// key's slot lease is an allocation of its own, a memory read when out of cache, so a few
+/// hundred keys take tens of microseconds.
+const KEYS_BETWEEN_YIELDS: usize = 256;
+
+/// What one sweep found, and the calls it makes.
+struct Pass<K> {
+    admitted: u64,
+    in_flight: u64,
+    keys: usize,
+    calls: Vec<(K, Arc<Entry>, SlotCall)>,
+}
+
+impl<K> Default for Pass<K> {
+    fn default() -> Self {
+        Self {
+            admitted: 0,
+            in_flight: 0,
+            keys: 0,
+            calls: Vec::new(),
+        }
+    }
+}
+
 fn self_tick<K, S, C>(running: &Running<K, S, C>) -> std::time::Duration {
     running
         .0
@@ -116,5 +149,52 @@ impl<K, S, C> Drop for Running<K, S, C> {
         if let Some(shared) = self.0.upgrade() {
             shared.sweeper_running.store(false, Ordering::Release);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use crate::{HierarchicalConcurrencyLayer, MemoryGlobalStore};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_over_many_keys_lets_other_tasks_run() {
+        let layer = HierarchicalConcurrencyLayer::builder()
+            .key(|key: &u64| Some(*key))
+            .max_in_flight(4)
+            .store(MemoryGlobalStore::new())
+            .build()
+            .unwrap();
+        let mut permits = Vec::new();
+        for key in 0..5_000 {
+            permits.push(layer.acquire(key).await.unwrap());
+        }
+        let engine = &layer.engine().shared;
+        // Not done in one poll: it yields once past every few hundred keys, at a shard's end.
+        assert!(engine.sweep().now_or_never().is_none());
+        let yields = polls_to_finish(engine.sweep()).await;
+        assert!(
+            (12..=20).contains(&yields),
+            "{yields} yields over 5,000 keys"
+        );
+        // Every key is still held (each has a request in flight), and all were counted.
+        assert_eq!(layer.in_flight(), 5_000);
+        drop(permits);
+    }
+
+    /// How many times `future` gave its thread up before it finished.
+    async fn polls_to_finish(future: impl std::future::Future<Output = ()>) -> usize {
+        let mut future = std::pin::pin!(future);
+        let mut pending = 0;
+        std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
+            std::task::Poll::Ready(()) => std::task::Poll::Ready(()),
+            std::task::Poll::Pending => {
+                pending += 1;
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+        pending
     }
 }

@@ -146,17 +146,27 @@ impl<K> MemoryLocalStore<K> {
         f(&mut shards[index & ((1 << self.run_bits) - 1)], admitted)
     }
 
-    /// Calls `f` on every shard, one lock held at a time.
     /// Runs `f` on every shard, taking the lock once per shard: a pass over a whole run under
     /// one hold (thousands of keys in a large store) would keep every request of the run's
     /// keys waiting for it.
     fn each_shard(&self, mut f: impl FnMut(&mut Shard<K>)) {
-        for lock in self.locks.iter() {
-            for shard in 0..1usize << self.run_bits {
-                if let Some(shard) = lock.0.lock().shards.get_mut(shard) {
-                    f(shard);
-                }
-            }
+        for index in 0..1usize << self.shard_bits {
+            self.with_shard_at(index, &mut f);
+        }
+    }
+
+    /// Runs `f` on shard `index` (of `1 << shard_bits`), its lock held; none beyond the last.
+    fn with_shard_at(&self, index: usize, f: impl FnOnce(&mut Shard<K>)) {
+        let Some(lock) = self.locks.get(index >> self.run_bits) else {
+            return;
+        };
+        if let Some(shard) = lock
+            .0
+            .lock()
+            .shards
+            .get_mut(index & ((1 << self.run_bits) - 1))
+        {
+            f(shard);
         }
     }
 
@@ -316,6 +326,13 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
     }
 }
 
+/// Runs `f` on every bucket of `shard`.
+fn each_entry<K>(shard: &mut Shard<K>, f: &mut impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
+    for entry in shard.iter_mut() {
+        f(&entry.key, &mut entry.bucket);
+    }
+}
+
 /// The limits after the first, for [`MemoryLocalStore::take_group_by`].
 #[inline(never)]
 fn take_rest<K, Q>(
@@ -435,11 +452,16 @@ where
     }
 
     fn for_each_bucket(&self, mut f: impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
-        self.each_shard(|shard| {
-            for entry in shard.iter_mut() {
-                f(&entry.key, &mut entry.bucket);
-            }
-        });
+        self.each_shard(|shard| each_entry(shard, &mut f));
+    }
+
+    /// One part per shard (a few hundred keys at most).
+    fn parts(&self) -> usize {
+        1 << self.shard_bits
+    }
+
+    fn for_each_bucket_in(&self, part: usize, mut f: impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
+        self.with_shard_at(part, |shard| each_entry(shard, &mut f));
     }
 
     fn take_evicted(&self) -> Vec<(LeaseKey<K>, LocalBucket)> {
@@ -456,6 +478,29 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_bucket_is_in_exactly_one_part() {
+        let store = MemoryLocalStore::<u64>::with_max_keys(10_000).unwrap();
+        for k in 0..3_000 {
+            store.with_bucket(&LeaseKey::new(k, 0, 0), |b| b.mark_used());
+        }
+        let mut seen = vec![0u32; 3_000];
+        let mut visits_per_part = Vec::new();
+        for part in 0..store.parts() {
+            let mut visits = 0;
+            store.for_each_bucket_in(part, |id, _| {
+                seen[*id.key() as usize] += 1;
+                visits += 1;
+            });
+            visits_per_part.push(visits);
+        }
+        assert!(seen.iter().all(|&n| n == 1), "every key once");
+        // Small parts: a pass yields between them.
+        assert!(store.parts() >= 16);
+        assert!(visits_per_part.iter().all(|&n| n <= 512));
+        store.for_each_bucket_in(store.parts(), |_, _| panic!("no part beyond the last"));
+    }
 
     #[test]
     fn a_seeded_store_visits_its_keys_in_the_same_order_every_time() {

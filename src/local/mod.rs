@@ -35,6 +35,23 @@ pub trait LocalStore<K>: Send + Sync + 'static {
     /// Runs `f` on every bucket held.
     fn for_each_bucket(&self, f: impl FnMut(&K, &mut LocalBucket));
 
+    /// How many parts [`for_each_bucket_in`](Self::for_each_bucket_in) divides the buckets
+    /// into. The throttle's background pass over a large store goes part by part and lets
+    /// other tasks run between parts, so it never holds a worker thread for the whole pass.
+    /// The default: one part, every bucket.
+    fn parts(&self) -> usize {
+        1
+    }
+
+    /// Runs `f` on every bucket of part `part` (below [`parts`](Self::parts)); each bucket
+    /// held belongs to exactly one part. The default runs
+    /// [`for_each_bucket`](Self::for_each_bucket) for part 0.
+    fn for_each_bucket_in(&self, part: usize, f: impl FnMut(&K, &mut LocalBucket)) {
+        if part == 0 {
+            self.for_each_bucket(f);
+        }
+    }
+
     /// The buckets evicted since the last call.
     fn take_evicted(&self) -> Vec<(K, LocalBucket)>;
 

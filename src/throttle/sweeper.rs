@@ -26,6 +26,12 @@ use crate::quota::LeaseKey;
 /// linger.
 const CONCURRENT_RETURNS: usize = 32;
 
+/// Buckets a pass over the local store visits, at least, between two yields of its thread: a
+/// bucket whose lease state is out of cache costs a pass a memory read or two, so a part of a
+/// few hundred takes tens of microseconds (yielding at the end of a part: the default store's
+/// parts are its shards, at most 512 keys each).
+const BUCKETS_BETWEEN_YIELDS: usize = 256;
+
 /// Leased tokens on their way back to the global bucket that dispensed them (the limit whose
 /// name's [id](Name::id) is `dispenser`; 0 when the lease did not know it).
 pub(crate) struct Return<K> {
@@ -70,7 +76,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let mut returns = std::mem::take(&mut *lock(&self.returns));
         let mut waiting = 0;
         let mut dated = Vec::new();
-        self.local.for_each_bucket(|id, b| {
+        self.for_each_bucket_yielding(|id, b| {
             self.stats.admitted_local.add(b.take_uncounted());
             waiting += b.waiting() as u64;
             if b.is_dated() {
@@ -80,7 +86,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             let unhurried = b.is_far_from_limit();
             let tokens = b.take_expired(now, ttl, interval);
             returns.extend(Return::taken(id, b, tokens, now, unhurried));
-        });
+        })
+        .await;
         self.waiting_for_batches.store(waiting, Ordering::Relaxed);
         for id in dated {
             returns.extend(self.take_before_reset(id, now));
@@ -98,15 +105,34 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let now = self.now();
         self.collect_evicted();
         let mut returns = std::mem::take(&mut *lock(&self.returns));
-        self.local.for_each_bucket(|id, b| {
+        self.for_each_bucket_yielding(|id, b| {
             self.stats.admitted_local.add(b.take_uncounted());
             if b.is_fetching() || b.waiting() > 0 {
                 return;
             }
             let tokens = b.take_all_leased();
             returns.extend(Return::taken(id, b, tokens, now, false));
-        });
+        })
+        .await;
         self.hand_back_all(returns).await;
+    }
+
+    /// Runs `f` on every bucket, part by part, letting other tasks run once a part ends past
+    /// [`BUCKETS_BETWEEN_YIELDS`] buckets: in one go, a pass over a full store (100,000 keys)
+    /// would hold its worker thread, and the requests queued on it, for milliseconds. (A store
+    /// of one part, as custom stores are by default, is passed over in one go.)
+    async fn for_each_bucket_yielding(&self, mut f: impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
+        let mut since_yield = 0;
+        for part in 0..self.local.parts() {
+            self.local.for_each_bucket_in(part, |id, b| {
+                since_yield += 1;
+                f(id, b);
+            });
+            if since_yield >= BUCKETS_BETWEEN_YIELDS {
+                since_yield = 0;
+                tokio::task::yield_now().await;
+            }
+        }
     }
 
     /// Sends `returns` to the store, many at once.
