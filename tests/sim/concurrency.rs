@@ -121,6 +121,10 @@ pub struct ThroughService {
     pub exempt_every: Option<u64>,
     /// Refusals are answered by a handler of the run's own, else by `DefaultRejection`.
     pub own_answers: bool,
+    /// The `Retry-After` refusals tell (the layer's `retry_after`).
+    pub retry_after: Duration,
+    /// Admitted responses carry the `RateLimit` fields (the layer's `ratelimit_fields`).
+    pub fields: bool,
 }
 
 /// Whether a run's requests go through the tower service, on a stream of its own.
@@ -129,6 +133,8 @@ fn through_service(seed: u64) -> Option<ThroughService> {
     rng.chance(0.4).then(|| ThroughService {
         exempt_every: rng.chance(0.5).then(|| rng.range(2, 7)),
         own_answers: rng.chance(0.5),
+        retry_after: Duration::from_millis(rng.range(1_000, 30_000)),
+        fields: !rng.chance(0.3),
     })
 }
 
@@ -408,6 +414,8 @@ impl OnRejection<Request<()>, String, Response<()>, Infallible> for Answers {
         *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         let headers = response.headers_mut();
         headers.insert("x-refused", HeaderValue::from_static(reason));
+        let told = rejection.retry_after.map_or(0, |wait| wait.as_millis());
+        headers.insert("x-retry-after-ms", HeaderValue::from(told as u64));
         headers.insert(
             "x-own-key",
             HeaderValue::from_static(if own_key { "yes" } else { "no" }),
@@ -540,6 +548,8 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 .host_id(h as u64 + 1)
                 .cold_start(s.cold_start)
                 .store_batch(s.store_batch)
+                .retry_after(s.service.map_or(Duration::from_secs(1), |t| t.retry_after))
+                .ratelimit_fields(s.service.is_none_or(|t| t.fields))
                 .on_rejection(Answers {
                     own: s.service.is_some_and(|t| t.own_answers),
                 })
@@ -912,6 +922,9 @@ where
     });
     match (admitted, response) {
         (Some(span), response) => {
+            if let Some(response) = &response {
+                check_fields(&run, &sent, response);
+            }
             if end(&run.oracle, (sent.host, sent.key), span, &dead, at) {
                 drop((response, call));
             } else {
@@ -941,7 +954,11 @@ fn answered(
     let served = response.headers().contains_key("x-served");
     if sent.exempt {
         match served {
-            true => o.exempt_served += 1,
+            true => {
+                o.exempt_served += 1;
+                drop(o);
+                check_fields(run, sent, response);
+            }
             false => o.failures.push(format!(
                 "an exempt request of k{} was refused ({}) at {at:?}",
                 sent.key,
@@ -977,6 +994,10 @@ fn answered(
             return;
         }
     };
+    if let Some(wrong) = wrong_retry_after(&run.s, own, response) {
+        o.failures
+            .push(format!("k{} refused at {at:?}: {wrong}", sent.key));
+    }
     count_decision(
         &mut o,
         &run.s,
@@ -987,6 +1008,54 @@ fn answered(
         at,
     );
     refused(&mut o, &run.s, sent.key, came, at, full);
+}
+
+/// What is wrong with the wait a refusal tells, if anything: the layer's `retry_after`, to
+/// the millisecond as the handler is told it, in whole seconds rounded up in `Retry-After`.
+fn wrong_retry_after(s: &Scenario, own: bool, response: &Response<SlotBody<()>>) -> Option<String> {
+    let set = s.service.map_or(Duration::from_secs(1), |t| t.retry_after);
+    let (name, expected) = match own {
+        true => ("x-retry-after-ms", set.as_millis().to_string()),
+        false => ("retry-after", set.as_secs_f64().ceil().to_string()),
+    };
+    let told = response.headers().get(name).and_then(|v| v.to_str().ok());
+    (told != Some(expected.as_str()))
+        .then(|| format!("{name} {told:?}, where the layer's retry_after is {set:?}"))
+}
+
+/// The `RateLimit` fields of a response the inner service answered: present on a limited
+/// request's exactly when the run turned them on (never on an exempt one's), the policy
+/// naming one of the key's limits and the slots free at most that limit less the request's
+/// own.
+fn check_fields(run: &Run, sent: &Sent, response: &Response<SlotBody<()>>) {
+    let s = &run.s;
+    let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok());
+    let (policy, free) = (header("ratelimit-policy"), header("ratelimit"));
+    let on = !sent.exempt && s.service.is_none_or(|t| t.fields);
+    let wrong = match (on, policy, free) {
+        (false, None, None) => return,
+        (true, Some(policy), Some(free)) => {
+            let number = |field: &str, text: &str| -> Option<u64> {
+                text.split(';')
+                    .find_map(|part| part.strip_prefix(field))
+                    .and_then(|n| n.parse().ok())
+            };
+            let limits: Vec<u64> = std::iter::once(s.key_max[sent.key])
+                .chain(s.change.filter(|_| sent.key == 0).map(|(_, new)| new))
+                .collect();
+            match (number("q=", policy), number("r=", free)) {
+                (Some(q), Some(r)) if limits.contains(&q) && (r < q || r == 0) => return,
+                _ => format!("policy {policy:?} and {free:?} for limits {limits:?}"),
+            }
+        }
+        (on, policy, free) => format!("fields on: {on}, policy {policy:?}, remaining {free:?}"),
+    };
+    let mut o = run.oracle.lock().expect("oracle");
+    o.failures.push(format!(
+        "k{}{} admitted with wrong fields: {wrong}",
+        sent.key,
+        if sent.exempt { " (exempt)" } else { "" }
+    ));
 }
 
 /// The slots an admitted request's host sees free (its `RateLimit` field): never more than
