@@ -454,6 +454,83 @@ async fn a_batch_on_a_cluster_answers_each_bucket_from_its_own_slot() {
     );
 }
 
+/// A bucket (or a key's slot hash) whose Redis key holds another type of value (something else
+/// wrote under the prefix) fails alone: the others before and after it in the same script are
+/// answered, and its key is left as it was.
+#[tokio::test]
+async fn a_key_holding_another_type_fails_alone_in_its_batch() {
+    use futures_util::StreamExt;
+    use hierarchical_throttle::global::slots::{SlotHold, SlotStore};
+    use hierarchical_throttle::global::{Answer, Call};
+    let server = RedisServer::start();
+    let redis = store(&server).await;
+    let limit = Limit::per_hour(10).burst(10).unwrap();
+    let poisoned = |k: &str| String::from_utf8(redis.redis_key(&bucket(k))).unwrap();
+    for k in ["taken", "given"] {
+        assert_eq!(
+            server.cli(&["set", &poisoned(k), "not a bucket"]).trim(),
+            "OK"
+        );
+    }
+    let acquire = |k: &str| Call::Acquire {
+        key: bucket(k),
+        limit,
+        request: TokenRequest::now(1, 4),
+    };
+    let release = |k: &str| Call::Release {
+        key: bucket(k),
+        limit,
+        back: TokenReturn::new(1),
+    };
+    let calls = vec![
+        acquire("before"),
+        acquire("taken"),
+        release("given"),
+        acquire("after"),
+        release("spare"),
+    ];
+    let mut answers: Vec<_> = redis.call_many(calls).collect().await;
+    answers.sort_by_key(|(i, _)| *i);
+    let granted = |i: usize| match &answers[i].1 {
+        Ok(Answer::Granted(grant)) => Some(grant.granted),
+        _ => None,
+    };
+    assert_eq!((granted(0), granted(3)), (Some(4), Some(4)), "{answers:?}");
+    assert!(matches!(answers[4].1, Ok(Answer::Released)), "{answers:?}");
+    for i in [1, 2] {
+        let error = answers[i].1.as_ref().expect_err("its key holds a string");
+        assert!(!redis.may_have_applied(error), "it wrote nothing: {error}");
+    }
+    for k in ["taken", "given"] {
+        assert_eq!(server.cli(&["get", &poisoned(k)]).trim(), "not a bucket");
+    }
+
+    let slots = |k: &str| poisoned(k) + ":slots";
+    assert_eq!(
+        server.cli(&["set", &slots("held"), "not slots"]).trim(),
+        "OK"
+    );
+    let hold = |k: &str| {
+        let hold = SlotHold {
+            host: 7,
+            seq: 1,
+            want: 2,
+            ttl: Duration::from_secs(10),
+        };
+        (bucket(k), 3, hold)
+    };
+    let holds = vec![hold("first"), hold("held"), hold("last")];
+    let mut answers: Vec<_> = redis.hold_many(holds).collect().await;
+    answers.sort_by_key(|(i, _)| *i);
+    for i in [0, 2] {
+        let holding = answers[i].1.as_ref().expect("its own hash answers");
+        assert_eq!((holding.held, holding.others), (2, 0));
+    }
+    let error = answers[1].1.as_ref().expect_err("its hash is a string");
+    assert!(!redis.may_have_applied(error), "it wrote nothing: {error}");
+    assert_eq!(server.cli(&["get", &slots("held")]).trim(), "not slots");
+}
+
 #[tokio::test]
 async fn hostile_keys_get_distinct_redis_keys_and_buckets() {
     let server = RedisServer::start();

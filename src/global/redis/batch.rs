@@ -2,7 +2,7 @@
 //! per hash slot's tag, all at once), each bucket answered on its own.
 
 use futures_util::stream::{self, FuturesUnordered, Stream, StreamExt};
-use redis::{ErrorKind, RedisError};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::{RedisGlobalStore, RedisKey};
 use crate::clock::micros;
@@ -130,7 +130,7 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
 
     /// Runs one group's script: `EVALSHA`, and `EVAL` when the node does not know it. The
     /// replies of all its buckets come as one list of numbers.
-    async fn run_group(&self, group: &Group) -> Result<Vec<u64>, RedisError> {
+    async fn run_group(&self, group: &Group) -> Result<Vec<i64>, RedisError> {
         self.eval(&self.scripts.many, |cmd| {
             cmd.arg(group.keys.len()).arg(&group.keys);
             for bucket in &group.buckets {
@@ -145,7 +145,7 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
 /// the script's error.
 fn answers(
     group: Group,
-    replies: Result<Vec<u64>, RedisError>,
+    replies: Result<Vec<i64>, RedisError>,
 ) -> Vec<(usize, Result<Answer, RedisError>)> {
     let replies = match replies {
         Ok(replies) => replies,
@@ -171,24 +171,43 @@ fn answers(
         .collect()
 }
 
-/// One bucket's reply as its call's answer.
-fn answer(acquire: bool, reply: Option<&[u64]>) -> Result<Answer, RedisError> {
+/// One bucket's reply as its call's answer: its numbers, or -1 first where its command failed.
+fn answer(acquire: bool, reply: Option<&[i64]>) -> Result<Answer, RedisError> {
+    let number = |n: i64| u64::try_from(n).ok();
     match (acquire, reply) {
+        (_, Some(&[failed, ..])) if failed < 0 => Err(RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "a command on this bucket's key failed in the batch script",
+            "the key may hold another type of value".to_owned(),
+        ))),
         (true, Some(&[granted, reserved, ready_in, remaining, refill_in])) => {
-            Ok(Answer::Granted(Grant {
-                granted,
-                reserved,
-                ready_in: std::time::Duration::from_micros(ready_in),
-                remaining,
-                refill_in: std::time::Duration::from_micros(refill_in),
-            }))
+            match [granted, reserved, ready_in, remaining, refill_in].map(number) {
+                [
+                    Some(granted),
+                    Some(reserved),
+                    Some(ready_in),
+                    Some(remaining),
+                    Some(refill_in),
+                ] => Ok(Answer::Granted(Grant {
+                    granted,
+                    reserved,
+                    ready_in: std::time::Duration::from_micros(ready_in),
+                    remaining,
+                    refill_in: std::time::Duration::from_micros(refill_in),
+                })),
+                _ => Err(mismatch()),
+            }
         }
         (false, Some(&[_held])) => Ok(Answer::Released),
-        _ => Err(RedisError::from((
-            ErrorKind::UnexpectedReturnType,
-            "a batch script's reply does not match its call",
-        ))),
+        _ => Err(mismatch()),
     }
+}
+
+fn mismatch() -> RedisError {
+    RedisError::from((
+        ErrorKind::UnexpectedReturnType,
+        "a batch script's reply does not match its call",
+    ))
 }
 
 /// What decides a Redis key's Cluster slot: the text between its first `{` and the next `}`
@@ -241,6 +260,15 @@ mod tests {
         assert_eq!(granted(&short[0].1), Some((1, 0, 9)));
         assert!(matches!(short[1].1, Ok(Answer::Released)));
         assert!(short[2].1.is_err(), "a bucket without its numbers fails");
+
+        // A bucket whose command failed in the script (-1 first) fails alone.
+        let one_failed = answers(group(), Ok(vec![-1, 0, 0, 0, 0, 4, 0, 2, 5_000, 0, 100]));
+        assert!(one_failed[0].1.is_err());
+        assert!(matches!(one_failed[1].1, Ok(Answer::Released)));
+        assert_eq!(granted(&one_failed[2].1), Some((0, 2, 0)));
+        let release_failed = answers(group(), Ok(vec![1, 0, 0, 9, 0, -1, 0, 2, 5_000, 0, 100]));
+        assert!(release_failed[1].1.is_err());
+        assert_eq!(granted(&release_failed[2].1), Some((0, 2, 0)));
     }
 
     #[test]

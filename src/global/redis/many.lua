@@ -2,7 +2,9 @@
 -- bucket: the operation ('a' to acquire, 'r' to release), then that operation's ARGV[1] to
 -- ARGV[9]; in tests, one more closes ARGV: the simulated time. Returns the buckets' replies
 -- in order, as one list of numbers: an acquire's five, a release's one (one list, so the
--- reply is one array for the client to read, not one per bucket).
+-- reply is one array for the client to read, not one per bucket). A bucket whose command
+-- fails (its key holds another type of value) fails alone: its numbers are -1 then zeros, and
+-- the buckets after it go on.
 local per = 10
 local now = ARGV[#KEYS * per + 1]
 -- Redis's time, once for every bucket of the script (none when the time is simulated).
@@ -23,15 +25,17 @@ for i = 1, #KEYS do
     args[j] = ARGV[base + 1 + j]
   end
   keys[1] = KEYS[i]
+  -- A bucket reads its key before it writes it: one that fails has written nothing.
   if ARGV[base + 1] == 'a' then
-    local reply = acquire(keys, args, redis_now)
+    local ok, reply = pcall(acquire, keys, args, redis_now)
     for j = 1, 5 do
-      replies[n + j] = reply[j]
+      replies[n + j] = ok and reply[j] or (j == 1 and -1 or 0)
     end
     n = n + 5
   else
+    local ok, reply = pcall(release, keys, args, redis_now)
     n = n + 1
-    replies[n] = release(keys, args, redis_now)
+    replies[n] = ok and reply or -1
   end
 end
 return replies

@@ -66,7 +66,7 @@ where
         self.slot_groups(holds)
             .into_iter()
             .map(|group| async move {
-                let replies: Result<Vec<(u64, u64)>, RedisError> = self
+                let replies: Result<Vec<(i64, i64)>, RedisError> = self
                     .eval(&self.scripts.slots_many, |cmd| {
                         cmd.arg(group.keys.len()).arg(&group.keys).arg(&group.args);
                     })
@@ -107,13 +107,13 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
 /// Each hold of a script with its reply, or the script's error.
 fn holdings(
     indexes: Vec<usize>,
-    replies: Result<Vec<(u64, u64)>, RedisError>,
+    replies: Result<Vec<(i64, i64)>, RedisError>,
 ) -> Vec<(usize, Result<Holding, RedisError>)> {
     match replies {
         Ok(replies) if replies.len() == indexes.len() => indexes
             .into_iter()
             .zip(replies)
-            .map(|(i, (held, others))| (i, Ok(Holding { held, others })))
+            .map(|(i, reply)| (i, holding(reply)))
             .collect(),
         Ok(replies) => {
             let error = RedisError::from((
@@ -130,5 +130,17 @@ fn holdings(
             .into_iter()
             .map(|i| (i, Err(error.clone())))
             .collect(),
+    }
+}
+
+/// One key's reply as its holding, or its failure (-1 held: a command on its hash failed).
+fn holding((held, others): (i64, i64)) -> Result<Holding, RedisError> {
+    match (u64::try_from(held), u64::try_from(others)) {
+        (Ok(held), Ok(others)) => Ok(Holding { held, others }),
+        _ => Err(RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "a command on this key's slot hash failed in the batch script",
+            "the key may hold another type of value".to_owned(),
+        ))),
     }
 }

@@ -1,6 +1,8 @@
 -- Many keys' slot holdings of one node in one script. KEYS[i] is a key's hash of holdings;
 -- ARGV holds five values per key, slots.lua's ARGV[1] to ARGV[5]; in tests, one more closes
--- ARGV: the simulated time. Returns slots.lua's reply per key, in order, all at one time.
+-- ARGV: the simulated time. Returns slots.lua's reply per key, in order, all at one time. A key
+-- whose command fails (its hash holds another type of value) fails alone, having written
+-- nothing (it reads first): its reply is { -1, 0 }, and the keys after it go on.
 local per = 5
 local now = ARGV[#KEYS * per + 1]
 if now == nil then
@@ -10,7 +12,8 @@ end
 local replies = {}
 for i = 1, #KEYS do
   local base = (i - 1) * per
-  replies[i] = hold({ KEYS[i] }, { ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4],
-    ARGV[base + 5], now })
+  local ok, reply = pcall(hold, { KEYS[i] }, { ARGV[base + 1], ARGV[base + 2], ARGV[base + 3],
+    ARGV[base + 4], ARGV[base + 5], now })
+  replies[i] = ok and reply or { -1, 0 }
 end
 return replies
