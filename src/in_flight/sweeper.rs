@@ -73,13 +73,20 @@ where
             drop(shard);
             if since_yield >= KEYS_BETWEEN_YIELDS {
                 since_yield = 0;
+                // Sent before the yield: a call a lease counts as under way must be under way
+                // even if this task is dropped at the yield (its runtime shut down).
+                self.spawn_calls(&mut pass.calls);
                 tokio::task::yield_now().await;
             }
         }
-        for (key, entry, call) in pass.calls {
+        self.spawn_calls(&mut pass.calls);
+        self.publish(pass.admitted, pass.in_flight, pass.keys);
+    }
+
+    fn spawn_calls(self: &Arc<Self>, pending: &mut Vec<(K, Arc<Entry>, SlotCall)>) {
+        for (key, entry, call) in pending.drain(..) {
             calls::spawn(self.clone(), key, entry, call);
         }
-        self.publish(pass.admitted, pass.in_flight, pass.keys);
     }
 
     #[cfg(feature = "metrics")]
@@ -181,6 +188,39 @@ mod tests {
         // Every key is still held (each has a request in flight), and all were counted.
         assert_eq!(layer.in_flight(), 5_000);
         drop(permits);
+    }
+
+    /// A sweep whose task is dropped at a yield (its runtime shut down, say) has made every
+    /// call it set up: no lease is left waiting for an answer to a call never sent.
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_dropped_at_a_yield_leaves_no_call_unmade() {
+        let clock = crate::clock::ManualClock::new();
+        let layer = HierarchicalConcurrencyLayer::builder()
+            .key(|key: &u64| Some(*key))
+            .max_in_flight(4)
+            .store(MemoryGlobalStore::with_clock(clock.clone()))
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let mut permits = Vec::new();
+        for key in 0..5_000 {
+            permits.push(layer.acquire(key).await.unwrap());
+        }
+        // Every holding is past the time it is renewed at: the sweep calls for each key, and
+        // is dropped at its first yield, a few hundred keys in.
+        clock.advance(std::time::Duration::from_secs(6));
+        assert!(layer.engine().shared.sweep().now_or_never().is_none());
+        drop(permits);
+        // Requests end, holdings run out, sweeps give the slots back: no key is left.
+        for _ in 0..20 {
+            clock.advance(std::time::Duration::from_secs(2));
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            layer.keys(),
+            0,
+            "keys left with a call out that was never made"
+        );
     }
 
     /// How many times `future` gave its thread up before it finished.

@@ -1,8 +1,10 @@
 //! Handing leases back: the background sweep (every half lease time), the leases of evicted
 //! buckets, and hand-backs the store did not take; and the counters read on the way.
 
-use std::sync::Weak;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
+use std::sync::{Mutex, Weak};
+use std::task::Poll;
 
 use futures_util::{StreamExt, stream};
 
@@ -65,6 +67,30 @@ impl<K: Clone> Return<K> {
     }
 }
 
+/// Tokens taken out of leases on their way to the store: those not yet sent when a pass ends
+/// early (its task dropped between parts, or its runtime shut down) go back to the throttle's
+/// hand-backs for the next pass, instead of vanishing from the fleet uncounted.
+struct Unsent<'a, K> {
+    returns: VecDeque<Return<K>>,
+    keep: &'a Mutex<Vec<Return<K>>>,
+}
+
+impl<'a, K> Unsent<'a, K> {
+    /// Takes the hand-backs an earlier pass kept.
+    fn take(keep: &'a Mutex<Vec<Return<K>>>) -> Self {
+        let returns = std::mem::take(&mut *lock(keep)).into();
+        Self { returns, keep }
+    }
+}
+
+impl<K> Drop for Unsent<'_, K> {
+    fn drop(&mut self) {
+        if !self.returns.is_empty() {
+            lock(self.keep).extend(self.returns.drain(..));
+        }
+    }
+}
+
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// Hands back leases not used within the lease time-to-live, those of evicted buckets, and
     /// earlier hand-backs the store did not take.
@@ -73,7 +99,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let ttl = micros(self.config.lease_ttl);
         let interval = self.interval(now);
         self.collect_evicted();
-        let mut returns = std::mem::take(&mut *lock(&self.returns));
+        let mut unsent = Unsent::take(&self.returns);
+        let returns = &mut unsent.returns;
         let mut waiting = 0;
         let mut dated = Vec::new();
         self.for_each_bucket_yielding(|id, b| {
@@ -92,7 +119,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         for id in dated {
             returns.extend(self.take_before_reset(id, now));
         }
-        self.hand_back_all(returns).await;
+        self.hand_back_all(unsent).await;
     }
 
     /// Hands back every token this host holds, used or not, once the fetches under way have
@@ -104,7 +131,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let _ = tokio::time::timeout(fetches_end_within, self.fetches.none_left()).await;
         let now = self.now();
         self.collect_evicted();
-        let mut returns = std::mem::take(&mut *lock(&self.returns));
+        let mut unsent = Unsent::take(&self.returns);
+        let returns = &mut unsent.returns;
         self.for_each_bucket_yielding(|id, b| {
             self.stats.admitted_local.add(b.take_uncounted());
             if b.is_fetching() || b.waiting() > 0 {
@@ -114,7 +142,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             returns.extend(Return::taken(id, b, tokens, now, false));
         })
         .await;
-        self.hand_back_all(returns).await;
+        self.hand_back_all(unsent).await;
     }
 
     /// Runs `f` on every bucket, part by part, letting other tasks run once a part ends past
@@ -136,9 +164,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     }
 
     /// Sends `returns` to the store, many at once.
-    async fn hand_back_all(self: &Arc<Self>, returns: Vec<Return<K>>) {
+    async fn hand_back_all(self: &Arc<Self>, mut unsent: Unsent<'_, K>) {
         let returns_at_once = CONCURRENT_RETURNS.max(self.config.global_batch);
-        stream::iter(returns)
+        // Each taken from the guard only as its hand-back starts.
+        stream::poll_fn(|_| Poll::Ready(unsent.returns.pop_front()))
             .for_each_concurrent(returns_at_once, |back| self.hand_back(back))
             .await;
     }
