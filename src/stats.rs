@@ -39,8 +39,9 @@ pub struct ThrottleStats {
     pub tokens_returned: u64,
     /// Tokens that may have been dispensed or taken back by the global store without this host
     /// learning it: acquires and hand-backs that timed out, or failed after they may have
-    /// reached the store. An upper bound (an acquire counts what it asked for); they are
-    /// never sent twice, so that no token is given back twice.
+    /// reached the store, and hand-backs whose task was dropped while their call was queued or
+    /// out. An upper bound (an acquire counts what it asked for); they are never sent twice,
+    /// so that no token is given back twice.
     pub tokens_lost: u64,
     /// Requests that would have been refused and were served because the layer is in
     /// [shadow mode](crate::Builder::shadow). They are counted among the refusals too.

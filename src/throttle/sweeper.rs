@@ -10,7 +10,7 @@ use futures_util::{StreamExt, stream};
 
 use crate::clock::micros;
 use crate::global::{Call, TokenReturn};
-use crate::stats::ThrottleStats;
+use crate::stats::{Counter, ThrottleStats};
 use crate::sync::lock;
 use crate::throttle::calls::{CallFailure, Due, Reply};
 use crate::throttle::resets::CLOCK_SKEW;
@@ -87,6 +87,21 @@ impl<K> Drop for Unsent<'_, K> {
     fn drop(&mut self) {
         if !self.returns.is_empty() {
             lock(self.keep).extend(self.returns.drain(..));
+        }
+    }
+}
+
+/// A hand-back's tokens while its call is queued or out: counted as lost if it is dropped
+/// before the answer (see [`Throttle::hand_back`]).
+struct Unsettled<'a> {
+    lost: &'a Counter,
+    tokens: u64,
+}
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        if self.tokens > 0 {
+            self.lost.add(self.tokens);
         }
     }
 }
@@ -230,7 +245,14 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             },
             false => Due::Now,
         };
+        // Dropped while its call is queued or out (its pass's task gone), the hand-back may yet
+        // reach the store: its tokens are counted as lost, never sent again.
+        let mut unsettled = Unsettled {
+            lost: &self.stats.tokens_lost,
+            tokens,
+        };
         let Reply { sent_at, answer } = self.call_store(call, due).await;
+        unsettled.tokens = 0;
         match answer {
             Ok(_) => {
                 self.store_answered();
