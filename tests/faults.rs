@@ -327,16 +327,7 @@ async fn the_memory_store_forgets_refilled_buckets_without_traffic() {
 /// pass, and still visits every key; a pass dropped between parts loses no token.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_pass_over_many_keys_yields_between_parts_and_loses_nothing_when_dropped() {
-    let clock = ManualClock::new();
-    let global = MemoryGlobalStore::with_clock(clock.clone());
-    let layer = host_builder(&clock, Limit::per_second(10).burst(10).unwrap())
-        .batch_policy(FractionOfCapacity::new(1.0).unwrap())
-        .global_store(global)
-        .build()
-        .unwrap();
-    for i in 0..10_000u64 {
-        assert!(layer.acquire(format!("flood-{i}"), 1).await.is_ok());
-    }
+    let (clock, layer) = host_holding_leases(10_000).await;
     // Nine tokens of each key's batch of ten stay on the host.
     let mut leased = 0;
     layer
@@ -364,16 +355,7 @@ async fn a_pass_over_many_keys_yields_between_parts_and_loses_nothing_when_dropp
 /// (never sent again), and the rest come back with the next pass.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_pass_dropped_during_its_hand_backs_accounts_for_every_token() {
-    let clock = ManualClock::new();
-    let global = MemoryGlobalStore::with_clock(clock.clone());
-    let layer = host_builder(&clock, Limit::per_second(10).burst(10).unwrap())
-        .batch_policy(FractionOfCapacity::new(1.0).unwrap())
-        .global_store(global)
-        .build()
-        .unwrap();
-    for i in 0..2_000u64 {
-        assert!(layer.acquire(format!("key-{i}"), 1).await.is_ok());
-    }
+    let (clock, layer) = host_holding_leases(2_000).await;
     clock.advance(Duration::from_secs(3_600));
     {
         // Polled until its parts are done and its hand-backs wait for their batch's linger.
@@ -392,6 +374,22 @@ async fn a_pass_dropped_during_its_hand_backs_accounts_for_every_token() {
         18_000,
         "{stats:?}"
     );
+}
+
+/// A host whose `keys` keys each hold a lease of nine tokens (a batch of ten, one used), on a
+/// manual clock.
+async fn host_holding_leases(keys: u64) -> (ManualClock, HostLayer) {
+    let clock = ManualClock::new();
+    let global = MemoryGlobalStore::with_clock(clock.clone());
+    let layer = host_builder(&clock, Limit::per_second(10).burst(10).unwrap())
+        .batch_policy(FractionOfCapacity::new(1.0).unwrap())
+        .global_store(global)
+        .build()
+        .unwrap();
+    for i in 0..keys {
+        assert!(layer.acquire(format!("key-{i}"), 1).await.is_ok());
+    }
+    (clock, layer)
 }
 
 /// How many times `future` returned pending before it finished.
