@@ -25,6 +25,30 @@ pub(crate) fn shard_index(hash: u64, bits: u32) -> usize {
     }
 }
 
+/// When a background pass over many keys gives its worker thread up: once it has visited
+/// [`ITEMS_BETWEEN_YIELDS`](Self::ITEMS_BETWEEN_YIELDS) since it last did, at the end of a
+/// part (a shard), so that requests queued on the thread never wait for a whole pass.
+#[derive(Default)]
+pub(crate) struct PassPacing {
+    since_yield: usize,
+}
+
+impl PassPacing {
+    /// A key's state out of cache costs a pass a memory read or two, so a few hundred keys
+    /// take tens of microseconds.
+    pub(crate) const ITEMS_BETWEEN_YIELDS: usize = 256;
+
+    /// Counts `items` more visited; whether the pass should yield now.
+    pub(crate) fn visited(&mut self, items: usize) -> bool {
+        self.since_yield += items;
+        let due = self.since_yield >= Self::ITEMS_BETWEEN_YIELDS;
+        if due {
+            self.since_yield = 0;
+        }
+        due
+    }
+}
+
 /// Tasks under way (a key's fetch, a slot call), counted so that a host about to stop can wait
 /// for them to end.
 #[derive(Default)]
@@ -137,6 +161,17 @@ mod tests {
                 "seed {seed}: {fullest} of 100 keys in one shard"
             );
         }
+    }
+
+    #[test]
+    fn a_pass_yields_once_it_has_visited_enough_since_it_last_did() {
+        let mut pacing = super::PassPacing::default();
+        let most = super::PassPacing::ITEMS_BETWEEN_YIELDS;
+        assert!(!pacing.visited(most - 1));
+        assert!(pacing.visited(1));
+        assert!(!pacing.visited(most - 1), "counted afresh after a yield");
+        assert!(pacing.visited(most * 3), "one yield for a large part");
+        assert!(!pacing.visited(0));
     }
 
     #[test]

@@ -484,7 +484,17 @@ impl<K: RedisKey> RedisGlobalStore<K> {
     }
 }
 
-/// A calendar quota's period as the scripts number it (0: a limit that refills at a rate).
+/// A key's call that failed inside a batch script (a command on its key failed: the key may
+/// hold another type of value), marked -1 in the script's reply; it wrote nothing, so it is a
+/// server error, never applied.
+fn failed_in_script() -> RedisError {
+    RedisError::from((
+        ErrorKind::Server(ServerErrorKind::ResponseError),
+        "a command on this key failed in the batch script",
+        "the key may hold another type of value".to_owned(),
+    ))
+}
+
 /// A limit as every bucket script reads it, `ARGV[1]` to `ARGV[6]`: capacity, refill amount
 /// and period, most cold permits, calendar period, and `shift`, a calendar quota's resets'
 /// distance from midnight UTC (`None`: `0`).
@@ -497,6 +507,7 @@ fn write_limit(cmd: &mut redis::Cmd, limit: &Limit, shift: Option<&str>) {
         .arg(shift.unwrap_or("0"));
 }
 
+/// A calendar quota's period as the scripts number it (0: a limit that refills at a rate).
 fn calendar_code(limit: &Limit) -> u8 {
     limit.calendar().map_or(0, |c| c.code())
 }

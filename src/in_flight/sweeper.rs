@@ -10,6 +10,7 @@ use crate::global::slots::SlotStore;
 use crate::in_flight::{Entry, Shared, calls};
 use crate::quota::BucketKey;
 use crate::slots::SlotCall;
+use crate::sync::PassPacing;
 
 impl<K, S, C> Shared<K, S, C>
 where
@@ -44,18 +45,17 @@ where
         });
     }
 
-    /// One pass over every key, letting other tasks run once a shard ends past
-    /// [`KEYS_BETWEEN_YIELDS`] keys: in one go, a pass over many keys would hold its worker
-    /// thread for milliseconds.
+    /// One pass over every key, yielding at a shard's end as [`PassPacing`] says: in one go, a
+    /// pass over many keys would hold its worker thread for milliseconds.
     pub(super) async fn sweep(self: &Arc<Self>) {
         let now = self.now();
         let renew_by = now.saturating_add(micros(self.settings.slot_ttl) / 2);
         let mut pass = Pass::default();
-        let mut since_yield = 0;
+        let mut pacing = PassPacing::default();
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             pass.admitted += shard.admitted;
-            since_yield += shard.keys.len();
+            let visited = shard.keys.len();
             shard.keys.retain(|(key, entry)| {
                 let mut lease = entry.lease.lock();
                 lease.forget_gone(|waiter| waiter.is_closed());
@@ -71,8 +71,7 @@ where
                 true
             });
             drop(shard);
-            if since_yield >= KEYS_BETWEEN_YIELDS {
-                since_yield = 0;
+            if pacing.visited(visited) {
                 // Sent before the yield: a call a lease counts as under way must be under way
                 // even if this task is dropped at the yield (its runtime shut down).
                 self.spawn_calls(&mut pass.calls);
@@ -110,11 +109,6 @@ where
     #[cfg(not(feature = "metrics"))]
     fn publish(&self, _admitted_at_once: u64, _in_flight: u64, _keys: usize) {}
 }
-
-/// Keys a sweep visits, at least, between two yields of its thread (at the end of a shard): each
-/// key's slot lease is an allocation of its own, a memory read when out of cache, so a few
-/// hundred keys take tens of microseconds.
-const KEYS_BETWEEN_YIELDS: usize = 256;
 
 /// What one sweep found, and the calls it makes.
 struct Pass<K> {

@@ -140,10 +140,16 @@ impl<K> MemoryLocalStore<K> {
     /// shard's lock.
     #[inline(always)]
     fn with_shard_counted<R>(&self, hash: u64, f: impl FnOnce(&mut Shard<K>, &mut u64) -> R) -> R {
-        let index = shard_index(hash, self.shard_bits);
-        let mut run = self.locks[index >> self.run_bits].0.lock();
+        let (lock, shard) = self.place(shard_index(hash, self.shard_bits));
+        let mut run = self.locks[lock].0.lock();
         let Run { shards, admitted } = &mut *run;
-        f(&mut shards[index & ((1 << self.run_bits) - 1)], admitted)
+        f(&mut shards[shard], admitted)
+    }
+
+    /// Where shard `index` is: its lock's run, and its place in the run.
+    #[inline(always)]
+    fn place(&self, index: usize) -> (usize, usize) {
+        (index >> self.run_bits, index & ((1 << self.run_bits) - 1))
     }
 
     /// Runs `f` on every shard, taking the lock once per shard: a pass over a whole run under
@@ -157,15 +163,11 @@ impl<K> MemoryLocalStore<K> {
 
     /// Runs `f` on shard `index` (of `1 << shard_bits`), its lock held; none beyond the last.
     fn with_shard_at(&self, index: usize, f: impl FnOnce(&mut Shard<K>)) {
-        let Some(lock) = self.locks.get(index >> self.run_bits) else {
+        let (lock, shard) = self.place(index);
+        let Some(lock) = self.locks.get(lock) else {
             return;
         };
-        if let Some(shard) = lock
-            .0
-            .lock()
-            .shards
-            .get_mut(index & ((1 << self.run_bits) - 1))
-        {
+        if let Some(shard) = lock.0.lock().shards.get_mut(shard) {
             f(shard);
         }
     }

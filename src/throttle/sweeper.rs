@@ -11,7 +11,7 @@ use futures_util::{StreamExt, stream};
 use crate::clock::micros;
 use crate::global::{Call, TokenReturn};
 use crate::stats::{Counter, ThrottleStats};
-use crate::sync::lock;
+use crate::sync::{PassPacing, lock};
 use crate::throttle::calls::{CallFailure, Due, Reply};
 use crate::throttle::resets::CLOCK_SKEW;
 use crate::throttle::{Global, Key, Local, Throttle, TimedOut};
@@ -27,12 +27,6 @@ use crate::quota::LeaseKey;
 /// hand-backs of a large sweep fill batches that go at once instead of each waiting out the
 /// linger.
 const CONCURRENT_RETURNS: usize = 32;
-
-/// Buckets a pass over the local store visits, at least, between two yields of its thread: a
-/// bucket whose lease state is out of cache costs a pass a memory read or two, so a part of a
-/// few hundred takes tens of microseconds (yielding at the end of a part: the default store's
-/// parts are its shards, at most 512 keys each).
-const BUCKETS_BETWEEN_YIELDS: usize = 256;
 
 /// Leased tokens on their way back to the global bucket that dispensed them (the limit whose
 /// name's [id](Name::id) is `dispenser`; 0 when the lease did not know it).
@@ -160,19 +154,19 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         self.hand_back_all(unsent).await;
     }
 
-    /// Runs `f` on every bucket, part by part, letting other tasks run once a part ends past
-    /// [`BUCKETS_BETWEEN_YIELDS`] buckets: in one go, a pass over a full store (100,000 keys)
-    /// would hold its worker thread, and the requests queued on it, for milliseconds. (A store
-    /// of one part, as custom stores are by default, is passed over in one go.)
+    /// Runs `f` on every bucket, part by part, yielding as [`PassPacing`] says: in one go, a
+    /// pass over a full store (100,000 keys) would hold its worker thread, and the requests
+    /// queued on it, for milliseconds. (The default store's parts are its shards, at most 512
+    /// keys each; a store of one part, as custom stores are by default, is passed in one go.)
     async fn for_each_bucket_yielding(&self, mut f: impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
-        let mut since_yield = 0;
+        let mut pacing = PassPacing::default();
         for part in 0..self.local.parts() {
+            let mut visited = 0;
             self.local.for_each_bucket_in(part, |id, b| {
-                since_yield += 1;
+                visited += 1;
                 f(id, b);
             });
-            if since_yield >= BUCKETS_BETWEEN_YIELDS {
-                since_yield = 0;
+            if pacing.visited(visited) {
                 tokio::task::yield_now().await;
             }
         }

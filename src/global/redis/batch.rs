@@ -2,7 +2,7 @@
 //! per hash slot's tag, all at once), each bucket answered on its own.
 
 use futures_util::stream::{self, FuturesUnordered, Stream, StreamExt};
-use redis::{ErrorKind, RedisError, ServerErrorKind};
+use redis::{ErrorKind, RedisError};
 
 use super::{RedisGlobalStore, RedisKey};
 use crate::clock::micros;
@@ -175,11 +175,7 @@ fn answers(
 fn answer(acquire: bool, reply: Option<&[i64]>) -> Result<Answer, RedisError> {
     let number = |n: i64| u64::try_from(n).ok();
     match (acquire, reply) {
-        (_, Some(&[failed, ..])) if failed < 0 => Err(RedisError::from((
-            ErrorKind::Server(ServerErrorKind::ResponseError),
-            "a command on this bucket's key failed in the batch script",
-            "the key may hold another type of value".to_owned(),
-        ))),
+        (_, Some(&[failed, ..])) if failed < 0 => Err(super::failed_in_script()),
         (true, Some(&[granted, reserved, ready_in, remaining, refill_in])) => {
             match [granted, reserved, ready_in, remaining, refill_in].map(number) {
                 [

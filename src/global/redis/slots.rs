@@ -137,10 +137,6 @@ fn holdings(
 fn holding((held, others): (i64, i64)) -> Result<Holding, RedisError> {
     match (u64::try_from(held), u64::try_from(others)) {
         (Ok(held), Ok(others)) => Ok(Holding { held, others }),
-        _ => Err(RedisError::from((
-            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-            "a command on this key's slot hash failed in the batch script",
-            "the key may hold another type of value".to_owned(),
-        ))),
+        _ => Err(super::failed_in_script()),
     }
 }
