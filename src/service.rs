@@ -225,7 +225,9 @@ where
                 None => ResponseFuture::called(self.inner.call(request)),
             },
             Check::Reject(rejection) if self.throttle.config.shadow => {
-                let admission = self.throttle.admit_in_shadow(&rejection, self.annotates());
+                let admission = self
+                    .throttle
+                    .admit_in_shadow(&rejection, self.annotates(), keys);
                 self.admitted(request, admission)
             }
             Check::Reject(rejection) if keys.is_some() && self.throttle.may_wait(&rejection) => {
@@ -299,7 +301,7 @@ where
                     }
                 }),
                 Err(rejection) if throttle.config.shadow => {
-                    Ok(throttle.admit_in_shadow(&rejection, annotate))
+                    Ok(throttle.admit_in_shadow(&rejection, annotate, keys))
                 }
                 Err(mut rejection) => {
                     throttle.finish_refusal(&mut rejection);

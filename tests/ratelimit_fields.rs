@@ -733,3 +733,49 @@ async fn other_refusals_answer_about_blank_problem_details() {
         "request costs 5 tokens but the limit holds at most 2 (limit default)"
     );
 }
+
+/// A refusal that names no limit's state (the store failed; the cost is above the capacity),
+/// served in shadow mode, tells the key's limits as this host sees them, as any admitted
+/// response does.
+#[tokio::test]
+async fn shadow_mode_tells_the_limits_when_the_refusal_names_no_state() {
+    let clock = ManualClock::new();
+    let failing = common::FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
+    failing.set(common::Fault::Error);
+    let layer = HierarchicalThrottleLayer::builder()
+        .cold_start(hierarchical_throttle::ColdStart::Exact)
+        .key(user)
+        .cost(|req: &Request<Body>| match req.uri().path() {
+            "/bulk" => 11,
+            _ => 1,
+        })
+        .clock(clock.clone())
+        .limit(ten_per_second())
+        .shadow(true)
+        .failure_policy(hierarchical_throttle::FailurePolicy::Reject)
+        .global_store(failing.clone())
+        .build()
+        .unwrap();
+    let app = router().layer(layer.clone());
+
+    // The store fails: refused as unavailable, were the layer enforcing.
+    let unavailable = call(&app, "/", "u1", None).await;
+    assert_eq!(unavailable.status(), StatusCode::OK);
+    // Above the capacity of 10: refused whatever the store, were the layer enforcing.
+    failing.set(common::Fault::None);
+    let above = call(&app, "/bulk", "u2", None).await;
+    assert_eq!(above.status(), StatusCode::OK);
+    for response in [&unavailable, &above] {
+        assert_eq!(
+            field(response, "ratelimit-policy").as_deref(),
+            Some("\"default\";q=10;qu=\"tokens\";w=1")
+        );
+        // Neither took a token, and the host holds none of the key: full as far as it knows
+        // (its 10, and the 9 that refill within the second).
+        assert_eq!(
+            field(response, "ratelimit").as_deref(),
+            Some("\"default\";r=19;t=1")
+        );
+    }
+    assert_eq!(layer.stats().shadow_admitted, 2);
+}

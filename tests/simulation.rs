@@ -106,11 +106,15 @@ mod sim;
 /// - 45302: tokens reserved behind a debt fell due 2.5 s after the run, between the last two
 ///   sweeps; the lease's time to live counts from then, so they were still held at the check
 ///   (the oracle's timing, not the host's: the last sweeps now come once nothing is pending).
+/// - 33, 1890: shadow mode with the `RateLimit` state of admitted responses and a failing
+///   store; a request that would have been refused as the store failed was served telling
+///   nothing of its limits (its refusal named no limit's state), where every other admitted
+///   response told them. It now tells the key's limits as the host sees them.
 const REGRESSIONS: &[u64] = &[
     2, 22, 117, 139, 398, 430, 505, 1222, 1939, 2273, 3828, 4001, 5507, 14606, 17126, 23370, 25792,
     26693, 27208, 28503, 206, 1496, 11007, 12394, 16564, 6709, 8065, 9575, 10068, 10591, 10970,
     13957, 15934, 19702, 19948, 7952, 59518, 84207, 154893, 108375, 10, 28, 1869, 38, 145, 640,
-    3589, 1148, 11516, 3787, 11930, 49260, 608, 741, 172, 1258, 45302,
+    3589, 1148, 11516, 3787, 11930, 49260, 608, 741, 172, 1258, 45302, 33, 1890,
 ];
 
 /// Seeds run by default: sixty in a debug build (they catch overflows and debug assertions; the

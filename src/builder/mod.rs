@@ -287,8 +287,11 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
 
     /// Shadow mode (a dry run): every decision is made, counted and logged as usual, but no
     /// request is refused; those that would have been are served and counted in
-    /// [`ThrottleStats::shadow_admitted`](crate::ThrottleStats). For rolling a limit out on live
-    /// traffic before enforcing it. Default: off.
+    /// [`ThrottleStats::shadow_admitted`](crate::ThrottleStats), their responses given the
+    /// [`RateLimit` fields](Self::ratelimit_fields) of their refusal (or, for a refusal that
+    /// names no limit's state, a failed store or a cost above the capacity, those of the key's
+    /// limits as the host sees them). For rolling a limit out on live traffic before enforcing
+    /// it. Default: off.
     pub fn shadow(mut self, on: bool) -> Self {
         self.config.shadow = on;
         self

@@ -8,6 +8,7 @@ use crate::clock::micros;
 use crate::limit::Limit;
 use crate::quota::Name;
 use crate::rejection::{Rejection, RejectionReason};
+use crate::remaining::Remaining;
 use crate::throttle::{Admission, Admitted, Global, Key, Local, Resolved, Throttle};
 
 use std::time::Duration;
@@ -78,6 +79,43 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             );
         } else {
             tracing::debug!(policy, "request without a throttle key");
+        }
+    }
+
+    /// Serves a request shadow mode would have refused: counted, logged, and when `annotate`
+    /// given the `RateLimit` fields of its refusal, or, for a refusal that names no limit's
+    /// state (the store failed, the cost is above the capacity), those of the limits of `keys`
+    /// as this host sees them, as any admitted response; never settled (it took no tokens).
+    pub(crate) fn admit_in_shadow(
+        &self,
+        rejection: &Rejection<K>,
+        annotate: bool,
+        keys: Option<Vec<LeaseKey<K>>>,
+    ) -> Admission {
+        self.count_shadow(rejection);
+        let remaining = match annotate {
+            true => self.state_in_shadow(rejection, keys),
+            false => Vec::new(),
+        };
+        Admission {
+            remaining: remaining.into(),
+            settle: None,
+        }
+    }
+
+    /// What a response admitted in shadow mode tells of its limits (see
+    /// [`admit_in_shadow`](Self::admit_in_shadow)).
+    fn state_in_shadow(
+        &self,
+        rejection: &Rejection<K>,
+        keys: Option<Vec<LeaseKey<K>>>,
+    ) -> Vec<Remaining> {
+        let mut described = rejection.clone();
+        self.describe(&mut described);
+        match (Remaining::of_refusal(&described), keys) {
+            (Some(refused), _) => vec![refused],
+            (None, Some(mut keys)) => self.remaining_of(&mut keys),
+            (None, None) => Vec::new(),
         }
     }
 }
@@ -171,26 +209,6 @@ impl<K, G, L, C> Throttle<K, G, L, C> {
         let max = micros(self.config.retry_jitter);
         if let (Some(wait), true) = (&mut rejection.retry_after, max > 0) {
             *wait += Duration::from_micros(self.jitter.draw(max));
-        }
-    }
-
-    /// Serves a request shadow mode would have refused: counted, logged, and given its
-    /// refusal's `RateLimit` fields when `annotate`; never settled (it took no tokens).
-    pub(crate) fn admit_in_shadow(&self, rejection: &Rejection<K>, annotate: bool) -> Admission
-    where
-        K: std::hash::Hash + Clone,
-    {
-        self.count_shadow(rejection);
-        let remaining = annotate
-            .then(|| {
-                let mut rejection = rejection.clone();
-                self.describe(&mut rejection);
-                crate::remaining::Remaining::of_refusal(&rejection)
-            })
-            .flatten();
-        Admission {
-            remaining: remaining.into(),
-            settle: None,
         }
     }
 }

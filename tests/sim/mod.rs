@@ -235,6 +235,9 @@ pub struct Scenario {
     /// Admitted responses get the state of their limits (`RateLimit` fields); with a fixed
     /// quota, hosts that borrow the key read it inside the take's lookup.
     pub annotate: bool,
+    /// The layers' `RateLimit` fields on (the default) or off: off, no admitted response is
+    /// told the state of its limits, whatever the answers would write.
+    pub fields: bool,
     /// The hosts' clocks' coarse reading (what responses tell is read at) trails by up to
     /// this (zero: they have none).
     pub tick: Duration,
@@ -441,6 +444,7 @@ impl Scenario {
             unix_origin: Duration::ZERO,
             fixed_quota: false,
             annotate: false,
+            fields: true,
             tick: Duration::ZERO,
             batch_policy: BatchDraw::WeightedDemand,
             max_store_backoff: Duration::from_secs(1),
@@ -567,6 +571,7 @@ impl Scenario {
         // A stream of its own, so that earlier seeds keep their other draws.
         let ticks = [0, 0, 4, 50, 1_000];
         self.tick = Duration::from_millis(ticks[Rng::new(self.seed ^ 0x71C4).below(5) as usize]);
+        self.fields = !Rng::new(self.seed ^ 0x00F1_E1D5).chance(0.25);
         // Streams of their own too.
         let policies = [
             BatchDraw::WeightedDemand,
@@ -812,6 +817,9 @@ pub struct Log {
     pub store_unavailable: u64,
     /// Admitted responses told the state of their limits.
     pub annotated: u64,
+    /// Requests of a key (not exempt) admitted through a host's service and answered (not
+    /// cancelled first): each is told the state of its limits when the run annotates.
+    pub answered_admitted: u64,
     /// States told of admitted responses that no bucket can hold, described.
     pub misreported: Vec<String>,
     /// Exempt requests sent to a host, and served.
@@ -1318,11 +1326,14 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 None => Some(call.await),
             };
             let took = clock.now() - sent;
+            let mut log = log.lock().unwrap();
             if answer.is_some() && took > within {
-                log.lock()
-                    .unwrap()
-                    .late
+                log.late
                     .push(format!("{} answered after {took:?}", job.key));
+            }
+            let limited = !job.exempt && !job.keyless;
+            if limited && matches!(answer, Some(Ok(Outcome::Served | Outcome::Used(_)))) {
+                log.answered_admitted += 1;
             }
         });
     }
@@ -1402,6 +1413,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             log_now.misreported.len()
         ));
     }
+    check_annotated(&s, &log_now)?;
     let stats: Vec<_> = every_layer().map(|l| l.stats()).collect();
     let counted_exempt: u64 = stats.iter().map(|st| st.requests_exempt).sum();
     if (log_now.exempt_served, counted_exempt) != (log_now.exempt_sent, log_now.exempt_sent) {
@@ -1591,6 +1603,7 @@ fn build_host(
         .retry_after_jitter(s.retry_after_jitter)
         .shaping(s.shaping)
         .shadow(s.shadow)
+        .ratelimit_fields(s.fields)
         .failure_policy(if s.faulty {
             s.policy
         } else {
@@ -1853,6 +1866,24 @@ fn poll_once(reservation: &mut hierarchical_throttle::Reservation<String>) -> Op
 /// Shadow mode: nothing is refused.
 /// Requests without a key: each counted once, and served or refused as the policy says
 /// (served in shadow mode, which refuses nothing).
+/// Every admitted response the service answered is told the state of its limits when the
+/// answers write it and the fields are on, and none otherwise.
+fn check_annotated(s: &Scenario, log: &Log) -> Result<(), String> {
+    let admitted = log.answered_admitted;
+    let expected = match s.annotate && s.fields {
+        true => admitted,
+        false => 0,
+    };
+    match log.annotated == expected {
+        true => Ok(()),
+        false => Err(format!(
+            "{} of {admitted} admitted and answered responses told the state of their limits, where {expected} \
+             should (answers annotate: {}, fields on: {})",
+            log.annotated, s.annotate, s.fields
+        )),
+    }
+}
+
 fn check_keyless(
     s: &Scenario,
     log: &Log,
