@@ -44,7 +44,7 @@ impl fmt::Display for RejectionReason {
                 "request costs {cost} tokens but the limit holds at most {capacity}"
             ),
             Self::MissingKey => f.write_str("request has no throttle key"),
-            Self::StoreUnavailable => f.write_str("rate limit store unavailable"),
+            Self::StoreUnavailable => f.write_str("store unavailable"),
             Self::TooManyInFlight { max } => {
                 write!(f, "too many requests in flight (at most {max})")
             }

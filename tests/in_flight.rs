@@ -829,6 +829,8 @@ mod waiting_and_failing {
             StatusCode::SERVICE_UNAVAILABLE,
             "refused in the back-off, no call"
         );
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "store unavailable (limit concurrency, retry in 1 s)");
         assert_eq!(store.calls.load(Ordering::SeqCst), 1);
     }
 
@@ -1492,6 +1494,124 @@ async fn credit_stops_at_the_slots_the_last_answer_left() {
 /// A host about to stop gives back the slots it keeps free (here for a long linger), and keeps
 /// those of its requests still running: another host can then use them at once, not after the
 /// holding expires.
+/// Shadow mode: a request that gets no slot is counted as refused and served without one,
+/// its response telling what its refusal would have (`r=0`); it takes no slot from the others.
+mod shadow {
+    use super::*;
+
+    fn fields(response: &http::Response<impl Sized>, name: &str) -> Vec<String> {
+        response
+            .headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_key_is_served_without_a_slot_and_counted() {
+        let layer = host(MemoryGlobalStore::with_clock(TokioClock::new()), 1)
+            .shadow(true)
+            .build()
+            .unwrap();
+        let held = layer.acquire("k".to_owned()).await.unwrap();
+        assert!(held.holds_slot());
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer.clone());
+        let response = app.clone().oneshot(request("k")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "served, not refused");
+        assert_eq!(
+            fields(&response, "ratelimit-policy"),
+            [r#""concurrency";q=1;qu="concurrent-requests""#]
+        );
+        assert_eq!(fields(&response, "ratelimit"), [r#""concurrency";r=0"#]);
+        assert_eq!(
+            layer.in_flight(),
+            1,
+            "the one held; the shadow request holds none"
+        );
+        // Outside a tower service: a permit that holds no slot.
+        let unheld = layer.acquire("k".to_owned()).await.unwrap();
+        assert!(!unheld.holds_slot());
+        assert_eq!(layer.free_slots(&"k".to_owned(), &unheld), 0);
+        drop((response, unheld));
+        assert_eq!(layer.in_flight(), 1, "dropping them gave back no slot");
+        let stats = layer.stats();
+        assert_eq!(
+            (stats.admitted, stats.refused_full, stats.shadow_admitted),
+            (1, 2, 2),
+            "{stats:?}"
+        );
+        // The slot given back, the next request takes it as any other.
+        drop(held);
+        let slotted = layer.acquire("k".to_owned()).await.unwrap();
+        assert!(slotted.holds_slot());
+        assert_eq!(layer.stats().shadow_admitted, 2);
+    }
+
+    /// A dry run changes nothing a client sees: a layer that would make requests wait for a
+    /// slot serves them at once instead.
+    #[tokio::test(start_paused = true)]
+    async fn no_request_waits_for_a_slot() {
+        let layer = host(MemoryGlobalStore::with_clock(TokioClock::new()), 1)
+            .wait_for_slot(Duration::from_secs(1))
+            .shadow(true)
+            .build()
+            .unwrap();
+        let held = layer.acquire("k".to_owned()).await.unwrap();
+        let start = tokio::time::Instant::now();
+        let unheld = layer.acquire("k".to_owned()).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert!(!unheld.holds_slot());
+        assert_eq!(layer.stats().shadow_admitted, 1);
+        drop((held, unheld));
+    }
+
+    /// A request that waits for the store and hears the fleet is full (another host holds the
+    /// slot) is served too, as is one the failure policy refuses while the store is down.
+    #[tokio::test(start_paused = true)]
+    async fn after_a_wait_for_the_store_and_while_it_fails() {
+        let store = SlowStore::new(
+            MemoryGlobalStore::with_clock(TokioClock::new()),
+            Duration::from_millis(5),
+        );
+        let build = || {
+            host(store.clone(), 1)
+                .shadow(true)
+                .failure_policy(FailurePolicy::Reject)
+                .build()
+                .unwrap()
+        };
+        let (first, second) = (build(), build());
+        let held = first.acquire("k".to_owned()).await.unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(second.clone());
+        let full = app.clone().oneshot(request("k")).await.unwrap();
+        assert_eq!(full.status(), StatusCode::OK);
+        assert_eq!(fields(&full, "ratelimit"), [r#""concurrency";r=0"#]);
+        assert_eq!(second.stats().refused_full, 1);
+        store.down.store(true, Ordering::SeqCst);
+        let down = app.oneshot(request("other")).await.unwrap();
+        assert_eq!(down.status(), StatusCode::OK);
+        let unheld = second.acquire("third".to_owned()).await.unwrap();
+        assert!(!unheld.holds_slot());
+        let stats = second.stats();
+        assert_eq!(
+            (
+                stats.refused_unavailable,
+                stats.shadow_admitted,
+                stats.admitted
+            ),
+            (2, 3, 0),
+            "{stats:?}"
+        );
+        assert_eq!(second.in_flight(), 0);
+        drop((held, full, down, unheld));
+    }
+}
+
 mod stopping {
     use super::*;
 

@@ -199,6 +199,10 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
         concurrency(requests, "outcome=\"refused_unavailable\""),
         Some(0.0)
     );
+    assert_eq!(
+        concurrency(requests, "outcome=\"shadow_admitted\""),
+        Some(0.0)
+    );
     let calls = "throttle_concurrency_store_calls_total";
     assert_eq!(concurrency(calls, "result=\"ok\""), Some(2.0), "{scrape}");
     let round_trips = "throttle_concurrency_store_round_trips_total";
@@ -247,4 +251,27 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
         "{scrape}"
     );
     drop(uploading);
+
+    // In shadow mode, a refusal served all the same is counted refused and served.
+    let drafts = hierarchical_throttle::HierarchicalConcurrencyLayer::builder()
+        .key(|req: &Request<Body>| hierarchical_throttle::key::header_value(req, "x-api-key"))
+        .max_in_flight(1)
+        .layer_name("drafts")
+        .shadow(true)
+        .store(hierarchical_throttle::MemoryGlobalStore::with_clock(
+            TokioClock::new(),
+        ))
+        .clock(TokioClock::new())
+        .build()
+        .unwrap();
+    let drafting = drafts.acquire("k1".to_owned()).await.unwrap();
+    let unheld = drafts.acquire("k1".to_owned()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let scrape = handle.render();
+    for outcome in ["refused_full", "shadow_admitted"] {
+        let label = format!("outcome=\"{outcome}\"");
+        let drafts = sample(&scrape, requests, &["layer=\"drafts\"", &label]);
+        assert_eq!(drafts, Some(1.0), "{outcome}: {scrape}");
+    }
+    drop((drafting, unheld));
 }

@@ -4,7 +4,8 @@
 //! and bounded waits, at every key and every tenant above them. Each seed
 //! also draws a fleet under a concurrency limit (`tests/sim/concurrency.rs`), checked for the
 //! requests in flight, exact refusals, bounded waits and slots left held, some seeds through
-//! the layer's tower service (exempt requests, refusals' answers and waits, `RateLimit` fields).
+//! the layer's tower service (exempt requests, refusals' answers and waits, `RateLimit` fields),
+//! some in shadow mode (nothing refused, every request served without a slot counted so).
 //!
 //! A failing seed prints the command that replays it alone:
 //! `SIM_SEED=<seed> cargo test -p hierarchical-throttle-suite --test simulation -- --nocapture`. `SIM_SEEDS=<n>` runs more,

@@ -7,8 +7,9 @@ use std::task::{Context, Poll, ready};
 use crate::in_flight::{NoSlot, SlotPermit, WaitForSlot};
 use crate::rejection::Rejection;
 
-/// Makes the refusal of a request that waited for the store and got no slot.
-type Refuse<K> = Box<dyn FnOnce(NoSlot) -> Rejection<K> + Send + Sync>;
+/// Makes the refusal of a request that waited for the store and got no slot (in shadow mode,
+/// a permit that holds none).
+type Refuse<K> = Box<dyn FnOnce(NoSlot) -> Result<SlotPermit, Rejection<K>> + Send + Sync>;
 
 /// A slot for one key, from
 /// [`HierarchicalConcurrencyLayer::acquire`](crate::HierarchicalConcurrencyLayer::acquire).
@@ -68,7 +69,7 @@ impl<K> Future for AcquireSlot<K> {
                 return Poll::Pending;
             };
             let (_, refuse) = *waiting;
-            return Poll::Ready(verdict.map_err(refuse));
+            return Poll::Ready(verdict.or_else(refuse));
         }
         match std::mem::replace(state, State::Done) {
             State::Taken(permit) => Poll::Ready(Ok(permit)),

@@ -25,9 +25,10 @@ impl<B> SlotBody<B> {
         Self { inner, permit }
     }
 
-    /// Whether the body still holds its request's slot.
+    /// Whether the body still holds its request's slot (never for an exempt or key-less
+    /// request, a refusal, or a request served without a slot in shadow mode).
     pub fn holds_slot(&self) -> bool {
-        self.permit.is_some()
+        self.permit.as_ref().is_some_and(SlotPermit::holds_slot)
     }
 
     /// The body inside, giving the slot back.

@@ -50,6 +50,7 @@ struct Tuning {
     max_wait: Duration,
     fields: bool,
     cold_start: ColdStart,
+    shadow: bool,
 }
 
 impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
@@ -81,6 +82,7 @@ impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
                 max_wait: Duration::ZERO,
                 fields: true,
                 cold_start: ColdStart::Exact,
+                shadow: false,
             },
         }
     }
@@ -220,6 +222,21 @@ impl<Req, K, S, C, R> ConcurrencyBuilder<Req, K, S, C, R> {
     /// taken: its body holds it). Refusals carry them either way.
     pub fn ratelimit_fields(mut self, on: bool) -> Self {
         self.tuning.fields = on;
+        self
+    }
+
+    /// Shadow mode (a dry run): every decision is made and counted as usual, but no request is
+    /// refused and none waits for a slot ([`wait_for_slot`](Self::wait_for_slot) applies only
+    /// when enforcing); one that gets no slot (its key's slots all in use fleet-wide, or the
+    /// store failing under a refusing [failure policy](Self::failure_policy)) is counted as
+    /// refused and in [`ConcurrencyStats::shadow_admitted`](crate::ConcurrencyStats), and
+    /// served at once without a slot, so it takes none from the others: its response carries
+    /// the fields its refusal would have (`r=0`), and
+    /// [`acquire`](HierarchicalConcurrencyLayer::acquire) gives it a permit that
+    /// [holds no slot](crate::SlotPermit::holds_slot). For rolling a limit out on live traffic
+    /// before enforcing it. Default: off.
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.tuning.shadow = on;
         self
     }
 
@@ -371,7 +388,8 @@ where
             store_batch: t.store_batch,
             back_off: t.back_off,
             host: t.host.unwrap_or_else(random_host),
-            max_wait: Some(t.max_wait).filter(|wait| !wait.is_zero()),
+            // A dry run changes nothing a client sees: no request waits for a slot.
+            max_wait: Some(t.max_wait).filter(|wait| !wait.is_zero() && !t.shadow),
         };
         Ok(HierarchicalConcurrencyLayer {
             shared: Arc::new(Shared {
@@ -382,6 +400,7 @@ where
                 retry_after: t.retry_after,
                 on_rejection: self.on_rejection,
                 fields,
+                shadow: t.shadow,
             }),
         })
     }

@@ -11,8 +11,10 @@ use tower_service::Service;
 use crate::concurrency::{AdmittedFields, SlotBody};
 use crate::in_flight::{NoSlot, SlotPermit, WaitForSlot};
 
-/// Answers a request refused after its wait (it reads the request's headers).
-pub(crate) type Refuse<Req, B, E> = Box<dyn FnOnce(NoSlot, &Req) -> Result<Response<B>, E> + Send>;
+/// Answers a request refused after its wait (it reads the request's headers); `None` in
+/// shadow mode, where the request is served without a slot.
+pub(crate) type Refuse<Req, B, E> =
+    Box<dyn FnOnce(NoSlot, &Req) -> Option<Result<Response<B>, E>> + Send>;
 
 pin_project! {
     /// The response future of [`HierarchicalConcurrency`](crate::HierarchicalConcurrency):
@@ -110,14 +112,19 @@ where
                         // Polled again after it ended: nothing left to answer with.
                         return Poll::Pending;
                     };
-                    let next = match verdict {
-                        Ok(permit) => State::Calling {
-                            future: service.call(request),
-                            permit: Some(permit),
-                            fields: fields.take(),
+                    let (permit, answer) = match verdict {
+                        Ok(permit) => (Some(permit), None),
+                        Err(no_slot) => (None, refuse(no_slot, &request)),
+                    };
+                    let next = match answer {
+                        Some(response) => State::Answered {
+                            response: Some(response),
                         },
-                        Err(no_slot) => State::Answered {
-                            response: Some(refuse(no_slot, &request)),
+                        // Admitted, or served without a slot in shadow mode.
+                        None => State::Calling {
+                            future: service.call(request),
+                            permit,
+                            fields: fields.take(),
                         },
                     };
                     state.set(next);
@@ -129,8 +136,8 @@ where
                 } => {
                     let mut response = ready!(future.poll(cx))?;
                     let permit = permit.take();
-                    if let (Some(fields), Some(permit)) = (fields.as_ref(), permit.as_ref()) {
-                        fields.append_to(response.headers_mut(), permit);
+                    if let Some(fields) = fields.as_ref() {
+                        fields.append_to(response.headers_mut(), permit.as_ref());
                     }
                     return Poll::Ready(Ok(response.map(|body| SlotBody::new(body, permit))));
                 }

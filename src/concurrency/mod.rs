@@ -84,6 +84,8 @@ pub(crate) struct Shared<Req, K, S, C, R> {
     on_rejection: R,
     /// The `RateLimit` fields of admitted responses (`None`: off).
     fields: Option<Arc<FieldsOf>>,
+    /// Shadow mode: a request that gets no slot is served all the same, without one.
+    shadow: bool,
 }
 
 /// What a layer's admitted responses show of its limit: the item name, and the policy field
@@ -120,9 +122,10 @@ pub(crate) struct AdmittedFields {
 }
 
 impl AdmittedFields {
-    /// Appends the fields to `headers`, with the slots `permit`'s host sees free now.
-    pub(crate) fn append_to(&self, headers: &mut http::HeaderMap, permit: &SlotPermit) {
-        let free = permit.free(self.max);
+    /// Appends the fields to `headers`, with the slots `permit`'s host sees free now (none
+    /// for a request served without a slot in shadow mode, as its refusal would have said).
+    pub(crate) fn append_to(&self, headers: &mut http::HeaderMap, permit: Option<&SlotPermit>) {
+        let free = permit.map_or(0, |permit| permit.free(self.max));
         let policy = self.of.policy(self.max);
         crate::response::append_concurrency_fields(headers, &self.of.name, policy, free);
     }
@@ -166,6 +169,9 @@ pub struct ConcurrencyStats {
     /// Requests passed through without a slot: [exempt](crate::ConcurrencyBuilder::exempt)
     /// from the limit. Not counted above.
     pub requests_exempt: u64,
+    /// Requests counted as refused above and served all the same, without a slot:
+    /// [shadow mode](crate::ConcurrencyBuilder::shadow).
+    pub shadow_admitted: u64,
 }
 
 impl<Req, K, S, C, R> HierarchicalConcurrencyLayer<Req, K, S, C, R>
@@ -176,17 +182,30 @@ where
 {
     /// A slot for `key`, outside a tower service (a WebSocket session, a job): held until the
     /// permit is dropped. Refused with [`RejectionReason::TooManyInFlight`] when the key's
-    /// slots are all in use fleet-wide. Call it on a Tokio runtime: the slot is taken (or the
-    /// store asked) when it is called, and the returned future only waits for the answer.
+    /// slots are all in use fleet-wide (in [shadow mode](crate::ConcurrencyBuilder::shadow),
+    /// given a permit that [holds no slot](SlotPermit::holds_slot) instead). Call it on a
+    /// Tokio runtime: the slot is taken (or the store asked) when it is called, and the
+    /// returned future only waits for the answer.
     pub fn acquire(&self, key: K) -> AcquireSlot<K> {
         match self.shared.engine.try_acquire(&key) {
             Acquired::Now(permit) => AcquireSlot::taken(permit),
+            Acquired::Refused(_) if self.shared.shadow => {
+                self.shared.engine.count_shadow_admitted();
+                AcquireSlot::taken(SlotPermit::unheld())
+            }
             Acquired::Refused(no_slot) => {
                 AcquireSlot::refused(self.shared.rejection(Some(key), no_slot))
             }
             Acquired::Wait(wait) => {
                 let (engine, retry_after) = (self.shared.engine.clone(), self.shared.retry_after);
-                let refuse = move |no_slot| rejection(&engine, retry_after, Some(key), no_slot);
+                let shadow = self.shared.shadow;
+                let refuse = move |no_slot| match shadow {
+                    true => {
+                        engine.count_shadow_admitted();
+                        Ok(SlotPermit::unheld())
+                    }
+                    false => Err(rejection(&engine, retry_after, Some(key), no_slot)),
+                };
                 AcquireSlot::waiting(wait, Box::new(refuse))
             }
         }
@@ -246,6 +265,7 @@ where
             store_round_trips: c.store_round_trips.load(Ordering::Relaxed),
             store_failures: c.store_failures.load(Ordering::Relaxed),
             requests_exempt: c.exempt.load(Ordering::Relaxed),
+            shadow_admitted: c.shadow_admitted.load(Ordering::Relaxed),
         }
     }
 }
@@ -279,13 +299,18 @@ where
         rejection(&self.engine, self.retry_after, key, no_slot)
     }
 
-    /// The answer to `request` for `key`, which got no slot: at once, or after its wait.
-    fn refuse<Res, E>(&self, request: &Req, key: K, no_slot: NoSlot) -> Result<Res, E>
+    /// The answer to `request` for `key`, which got no slot (at once, or after its wait); none
+    /// in shadow mode, where it is served without a slot (and counted so).
+    fn refuse<Res, E>(&self, request: &Req, key: K, no_slot: NoSlot) -> Option<Result<Res, E>>
     where
         R: OnRejection<Req, K, Res, E>,
     {
-        self.on_rejection
-            .on_rejection(request, self.rejection(Some(key), no_slot))
+        if self.shadow {
+            self.engine.count_shadow_admitted();
+            return None;
+        }
+        let rejection = self.rejection(Some(key), no_slot);
+        Some(self.on_rejection.on_rejection(request, rejection))
     }
 }
 

@@ -109,7 +109,15 @@ where
                 ResponseFuture::calling(self.inner.call(request), Some(permit), fields)
             }
             Acquired::Refused(no_slot) => {
-                ResponseFuture::answered(shared.refuse(&request, key, no_slot))
+                let fields = shared
+                    .shadow
+                    .then(|| shared.admitted_fields(&key))
+                    .flatten();
+                match shared.refuse(&request, key, no_slot) {
+                    Some(answer) => ResponseFuture::answered(answer),
+                    // Shadow mode: served without a slot, its fields those of its refusal.
+                    None => ResponseFuture::calling(self.inner.call(request), None, fields),
+                }
             }
             Acquired::Wait(wait) => {
                 // The ready service goes with the request; a clone may not be ready.

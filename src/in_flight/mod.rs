@@ -110,6 +110,8 @@ pub(crate) struct Counters {
     pub(crate) store_failures: AtomicU64,
     /// Requests exempt from the limit, passed through without a slot.
     pub(crate) exempt: AtomicU64,
+    /// Requests refused (counted above) and served all the same, without a slot: shadow mode.
+    pub(crate) shadow_admitted: AtomicU64,
 }
 
 /// The engine. Cloning shares it.
@@ -291,6 +293,14 @@ where
     /// Counts a request exempt from the limit.
     pub(crate) fn count_exempt(&self) {
         self.shared.counters.exempt.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a refused request served all the same (shadow mode).
+    pub(crate) fn count_shadow_admitted(&self) {
+        self.shared
+            .counters
+            .shadow_admitted
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Requests admitted so far: at once (counted by shard) and after a wait.

@@ -72,26 +72,41 @@ impl Entry {
 }
 
 /// One request's concurrency slot, given back when dropped: when the response's body ends,
-/// when the request is cancelled, when its handler panics.
+/// when the request is cancelled, when its handler panics. In shadow mode, a request that
+/// would have been refused gets a permit that holds no slot.
 pub struct SlotPermit {
-    entry: Arc<Entry>,
+    entry: Option<Arc<Entry>>,
 }
 
 impl SlotPermit {
     pub(super) fn new(entry: Arc<Entry>) -> Self {
-        Self { entry }
+        Self { entry: Some(entry) }
+    }
+
+    /// A permit that holds no slot: a refusal served all the same (shadow mode).
+    pub(crate) fn unheld() -> Self {
+        Self { entry: None }
+    }
+
+    /// Whether it holds one of its key's slots (not when shadow mode served a refusal).
+    pub fn holds_slot(&self) -> bool {
+        self.entry.is_some()
     }
 
     /// Slots of `max` this host sees free for the key now, this permit's counted as taken
-    /// (see [`SlotLease::free`]).
+    /// (see [`SlotLease::free`]); none for a permit that holds no slot, as its refusal said.
     pub(crate) fn free(&self, max: u64) -> u64 {
-        self.entry.lease.lock().free(max, || self.entry.now())
+        self.entry
+            .as_ref()
+            .map_or(0, |entry| entry.lease.lock().free(max, || entry.now()))
     }
 }
 
 impl Drop for SlotPermit {
     fn drop(&mut self) {
-        self.entry.release();
+        if let Some(entry) = &self.entry {
+            entry.release();
+        }
     }
 }
 

@@ -101,6 +101,7 @@ where
             store_round_trips: c.store_round_trips.load(Ordering::Relaxed),
             store_failures: c.store_failures.load(Ordering::Relaxed),
             exempt: c.exempt.load(Ordering::Relaxed),
+            shadow_admitted: c.shadow_admitted.load(Ordering::Relaxed),
             in_flight,
             keys,
         });

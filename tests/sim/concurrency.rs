@@ -54,8 +54,8 @@ use hierarchical_throttle::clock::TokioClock;
 use hierarchical_throttle::global::slots::{Holding, SlotHold, SlotStore};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
-    ColdStart, DefaultRejection, FailurePolicy, HierarchicalConcurrencyLayer, MemoryGlobalStore,
-    OnRejection, Rejection, RejectionReason, SlotBody,
+    ColdStart, ConcurrencyStats, DefaultRejection, FailurePolicy, HierarchicalConcurrencyLayer,
+    MemoryGlobalStore, OnRejection, Rejection, RejectionReason, SlotBody,
 };
 use http::{HeaderValue, Request, Response, StatusCode};
 use tower::{Layer as _, Service, ServiceExt};
@@ -112,6 +112,8 @@ pub struct Scenario {
     pub stops: Vec<(Duration, usize)>,
     /// Requests go through the layer's tower service instead of `acquire`.
     pub service: Option<ThroughService>,
+    /// Shadow mode: no request is refused; one that gets no slot is served without one.
+    pub shadow: bool,
 }
 
 /// How a run's requests go through the layer's tower service.
@@ -244,6 +246,7 @@ impl Scenario {
             ),
             stops: stops(seed, hosts),
             service: through_service(seed),
+            shadow: Rng::new(seed ^ 0x05AD_0111).chance(0.15),
         }
     }
 
@@ -384,6 +387,8 @@ struct Oracle {
     /// Exempt requests sent through the service, and those its inner service ran.
     exempt_sent: u64,
     exempt_served: u64,
+    /// Requests served without a slot (shadow mode).
+    shadow_served: u64,
 }
 
 type Layer = HierarchicalConcurrencyLayer<Request<()>, String, SimStore, TickedClock, Answers>;
@@ -550,6 +555,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 .store_batch(s.store_batch)
                 .retry_after(s.service.map_or(Duration::from_secs(1), |t| t.retry_after))
                 .ratelimit_fields(s.service.is_none_or(|t| t.fields))
+                .shadow(s.shadow)
                 .on_rejection(Answers {
                     own: s.service.is_some_and(|t| t.own_answers),
                 })
@@ -704,6 +710,23 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             o.exempt_sent, o.exempt_served
         ));
     }
+    let counted =
+        |f: fn(&ConcurrencyStats) -> u64| hosts.iter().map(|h| f(&h.stats())).sum::<u64>();
+    let shadow_admitted = counted(|st| st.shadow_admitted);
+    let refused = counted(|st| st.refused_full + st.refused_unavailable);
+    // Every request served without a slot was counted so, as one of the refused (a refusal
+    // whose request was cancelled before it heard is counted refused, not served).
+    let shadow_counts = match s.shadow {
+        true => o.shadow_served <= shadow_admitted && shadow_admitted <= refused,
+        false => shadow_admitted == 0,
+    };
+    if !shadow_counts {
+        failures.push(format!(
+            "{} served without a slot, {shadow_admitted} counted so, {refused} refused (shadow \
+             mode: {})",
+            o.shadow_served, s.shadow
+        ));
+    }
     if memory.keys_with_slots_held() != 0 {
         failures.push(format!(
             "the store holds slots of {} keys at the end",
@@ -752,6 +775,16 @@ fn decide(
     };
     count_decision(&mut o, s, hosts, failed_before, key, came, decided);
     match outcome {
+        Ok(permit) if !permit.holds_slot() => {
+            served_without_slot(&mut o, s, key, decided);
+            None
+        }
+        Err(rejection) if s.shadow => {
+            o.failures.push(format!(
+                "k{key} refused in shadow mode at {decided:?}: {rejection}"
+            ));
+            None
+        }
         Ok(permit) => {
             let (span, here) = admit(&mut o, s, failed_before, (host, key), came, decided);
             if s.read_free {
@@ -764,6 +797,16 @@ fn decide(
             refused(&mut o, s, key, came, decided, full);
             None
         }
+    }
+}
+
+/// A request served without a slot: only ever in shadow mode, in place of its refusal.
+fn served_without_slot(o: &mut Oracle, s: &Scenario, key: usize, decided: Duration) {
+    o.shadow_served += 1;
+    if !s.shadow {
+        o.failures.push(format!(
+            "k{key} served without a slot at {decided:?}, not in shadow mode"
+        ));
     }
 }
 
@@ -808,7 +851,10 @@ fn admit(
     *n += 1;
     let n = *n;
     let (_, max) = s.limits_at(key, decided);
-    if n > bound(s, max, failed_before.load(Ordering::SeqCst)) {
+    // Through the service in shadow mode, the inner service cannot tell a request with a slot
+    // from one served without: the bound is checked by the runs that acquire.
+    let unseen = s.shadow && s.service.is_some();
+    if !unseen && n > bound(s, max, failed_before.load(Ordering::SeqCst)) {
         o.failures
             .push(format!("k{key}: {n} in flight of {max} at {decided:?}"));
     }
@@ -924,6 +970,10 @@ where
         (Some(span), response) => {
             if let Some(response) = &response {
                 check_fields(&run, &sent, response);
+                if !response.body().holds_slot() {
+                    let mut o = run.oracle.lock().expect("oracle");
+                    served_without_slot(&mut o, &run.s, sent.key, at);
+                }
             }
             if end(&run.oracle, (sent.host, sent.key), span, &dead, at) {
                 drop((response, call));
@@ -965,6 +1015,14 @@ fn answered(
                 response.status()
             )),
         }
+        return;
+    }
+    if run.s.shadow {
+        o.failures.push(format!(
+            "k{} refused in shadow mode ({}) at {at:?}",
+            sent.key,
+            response.status()
+        ));
         return;
     }
     let own = run.s.service.is_some_and(|t| t.own_answers);
