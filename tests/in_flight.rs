@@ -56,6 +56,16 @@ fn layer<S: SlotStore<BucketKey<String>>>(store: S, max: u64) -> Layer<S> {
     host(store, max).build().unwrap()
 }
 
+/// The values of the header `name` of `response`, in order.
+fn fields(response: &http::Response<impl Sized>, name: &str) -> Vec<String> {
+    response
+        .headers()
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect()
+}
+
 /// A host: a Router whose handler reports when it runs and then waits for the host's gate.
 struct Host {
     app: Router,
@@ -1168,15 +1178,6 @@ mod admitted_fields {
             .layer(layer)
     }
 
-    fn fields(response: &http::Response<impl Sized>, name: &str) -> Vec<String> {
-        response
-            .headers()
-            .get_all(name)
-            .iter()
-            .map(|v| v.to_str().unwrap().to_owned())
-            .collect()
-    }
-
     #[tokio::test(start_paused = true)]
     async fn an_admitted_response_says_the_limit_and_the_slots_left() {
         let layer = layer(MemoryGlobalStore::with_clock(TokioClock::new()), 3);
@@ -1498,15 +1499,6 @@ async fn credit_stops_at_the_slots_the_last_answer_left() {
 /// its response telling what its refusal would have (`r=0`); it takes no slot from the others.
 mod shadow {
     use super::*;
-
-    fn fields(response: &http::Response<impl Sized>, name: &str) -> Vec<String> {
-        response
-            .headers()
-            .get_all(name)
-            .iter()
-            .map(|v| v.to_str().unwrap().to_owned())
-            .collect()
-    }
 
     #[tokio::test(start_paused = true)]
     async fn a_full_key_is_served_without_a_slot_and_counted() {

@@ -168,16 +168,7 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
     assert!(!scrape.contains("k1"), "keys never appear in metrics");
 
     // A concurrency layer's sweeper publishes its own, under its layer's name.
-    let in_flight = hierarchical_throttle::HierarchicalConcurrencyLayer::builder()
-        .key(|req: &Request<Body>| hierarchical_throttle::key::header_value(req, "x-api-key"))
-        .max_in_flight(1)
-        .layer_name("reports")
-        .store(hierarchical_throttle::MemoryGlobalStore::with_clock(
-            TokioClock::new(),
-        ))
-        .clock(TokioClock::new())
-        .build()
-        .unwrap();
+    let in_flight = concurrency_layer("reports", 1).build().unwrap();
     let running = in_flight.acquire("k1".to_owned()).await.unwrap();
     assert!(in_flight.acquire("k1".to_owned()).await.is_err());
     tokio::time::sleep(Duration::from_millis(60)).await;
@@ -231,15 +222,8 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
     drop(running);
 
     // With credit, a cold key's request is admitted at once, and counted so.
-    let uploads = hierarchical_throttle::HierarchicalConcurrencyLayer::builder()
-        .key(|req: &Request<Body>| hierarchical_throttle::key::header_value(req, "x-api-key"))
-        .max_in_flight(4)
-        .layer_name("uploads")
+    let uploads = concurrency_layer("uploads", 4)
         .cold_start(hierarchical_throttle::ColdStart::Credit { share: 0.25 })
-        .store(hierarchical_throttle::MemoryGlobalStore::with_clock(
-            TokioClock::new(),
-        ))
-        .clock(TokioClock::new())
         .build()
         .unwrap();
     let uploading = uploads.acquire("k1".to_owned()).await.unwrap();
@@ -253,17 +237,7 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
     drop(uploading);
 
     // In shadow mode, a refusal served all the same is counted refused and served.
-    let drafts = hierarchical_throttle::HierarchicalConcurrencyLayer::builder()
-        .key(|req: &Request<Body>| hierarchical_throttle::key::header_value(req, "x-api-key"))
-        .max_in_flight(1)
-        .layer_name("drafts")
-        .shadow(true)
-        .store(hierarchical_throttle::MemoryGlobalStore::with_clock(
-            TokioClock::new(),
-        ))
-        .clock(TokioClock::new())
-        .build()
-        .unwrap();
+    let drafts = concurrency_layer("drafts", 1).shadow(true).build().unwrap();
     let drafting = drafts.acquire("k1".to_owned()).await.unwrap();
     let unheld = drafts.acquire("k1".to_owned()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
@@ -274,4 +248,25 @@ async fn a_scrape_shows_the_layers_decisions_by_outcome() {
         assert_eq!(drafts, Some(1.0), "{outcome}: {scrape}");
     }
     drop((drafting, unheld));
+}
+
+/// A concurrency layer named `name`, keyed by `x-api-key`, `max` in flight per key, on tokio's
+/// clock and a store of its own: further settings go on top.
+fn concurrency_layer(
+    name: &str,
+    max: u64,
+) -> hierarchical_throttle::ConcurrencyBuilder<
+    Request<Body>,
+    String,
+    hierarchical_throttle::MemoryGlobalStore<String, TokioClock>,
+    TokioClock,
+> {
+    hierarchical_throttle::HierarchicalConcurrencyLayer::builder()
+        .key(|req: &Request<Body>| hierarchical_throttle::key::header_value(req, "x-api-key"))
+        .max_in_flight(max)
+        .layer_name(name)
+        .store(hierarchical_throttle::MemoryGlobalStore::with_clock(
+            TokioClock::new(),
+        ))
+        .clock(TokioClock::new())
 }
