@@ -1542,6 +1542,22 @@ mod shadow {
         assert_eq!(layer.stats().shadow_admitted, 2);
     }
 
+    /// A request without a key, which the default `MissingKey::Reject` refuses, is served.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_without_a_key_is_served_and_counted() {
+        let layer = host(MemoryGlobalStore::with_clock(TokioClock::new()), 1)
+            .shadow(true)
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer.clone());
+        let keyless = Request::get("/").body(Body::empty()).unwrap();
+        let response = app.oneshot(keyless).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(layer.stats().shadow_admitted, 1);
+    }
+
     /// A dry run changes nothing a client sees: a layer that would make requests wait for a
     /// slot serves them at once instead.
     #[tokio::test(start_paused = true)]

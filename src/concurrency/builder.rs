@@ -230,8 +230,9 @@ impl<Req, K, S, C, R> ConcurrencyBuilder<Req, K, S, C, R> {
     /// when enforcing); one that gets no slot (its key's slots all in use fleet-wide, or the
     /// store failing under a refusing [failure policy](Self::failure_policy)) is counted as
     /// refused and in [`ConcurrencyStats::shadow_admitted`](crate::ConcurrencyStats), and
-    /// served at once without a slot, so it takes none from the others: its response carries
-    /// the fields its refusal would have (`r=0`), and
+    /// served at once without a slot, so it takes none from the others (a request without a
+    /// key that [`missing_key`](Self::missing_key) would refuse is served and counted so too):
+    /// its response carries the fields its refusal would have (`r=0`), and
     /// [`acquire`](HierarchicalConcurrencyLayer::acquire) gives it a permit that
     /// [holds no slot](crate::SlotPermit::holds_slot). For rolling a limit out on live traffic
     /// before enforcing it. Default: off.

@@ -169,8 +169,9 @@ pub struct ConcurrencyStats {
     /// Requests passed through without a slot: [exempt](crate::ConcurrencyBuilder::exempt)
     /// from the limit. Not counted above.
     pub requests_exempt: u64,
-    /// Requests counted as refused above and served all the same, without a slot:
-    /// [shadow mode](crate::ConcurrencyBuilder::shadow).
+    /// Requests served all the same, without a slot, that would have been refused
+    /// ([shadow mode](crate::ConcurrencyBuilder::shadow)): as full or unavailable (counted
+    /// above too), or for want of a key under [`MissingKey::Reject`].
     pub shadow_admitted: u64,
 }
 

@@ -97,6 +97,11 @@ where
         {
             Ok(Some(key)) => key,
             Ok(None) => return ResponseFuture::calling(self.inner.call(request), None, None),
+            // Shadow mode: a request without a key is served too, counted.
+            Err(_) if shared.shadow => {
+                shared.engine.count_shadow_admitted();
+                return ResponseFuture::calling(self.inner.call(request), None, None);
+            }
             Err(rejection) => {
                 return ResponseFuture::answered(
                     shared.on_rejection.on_rejection(&request, rejection),

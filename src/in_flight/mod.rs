@@ -110,7 +110,7 @@ pub(crate) struct Counters {
     pub(crate) store_failures: AtomicU64,
     /// Requests exempt from the limit, passed through without a slot.
     pub(crate) exempt: AtomicU64,
-    /// Requests refused (counted above) and served all the same, without a slot: shadow mode.
+    /// Requests served without a slot in place of their refusal (shadow mode).
     pub(crate) shadow_admitted: AtomicU64,
 }
 
@@ -295,7 +295,7 @@ where
         self.shared.counters.exempt.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a refused request served all the same (shadow mode).
+    /// Counts a request served without a slot in place of its refusal (shadow mode).
     pub(crate) fn count_shadow_admitted(&self) {
         self.shared
             .counters

@@ -20,7 +20,10 @@
 //!   seed): never more than the limit less the host's own requests of the key in flight, and
 //!   exactly that for a host alone with one key and a store that never fails;
 //! - **nothing lost**: once every request has ended and the holdings have expired, no host
-//!   holds a slot or keeps a key, and the store holds nothing.
+//!   holds a slot or keeps a key, and the store holds nothing;
+//! - **shadow mode** (drawn per seed): nothing refused, and every request served without a
+//!   slot counted so, as one of the refused; the limit above then holds for the requests
+//!   with slots (checked in the runs that `acquire`, whose permits tell).
 //!
 //! Hosts give back their free slots mid-run, as one about to stop does, and serve on (drawn
 //! per seed).
@@ -28,6 +31,8 @@
 //! Some seeds send their requests through the layer's tower service instead of `acquire`
 //! (the inner service running each admitted request): then one request in a few may be
 //! exempt from the limit (never refused, no slot, each counted once in `requests_exempt`),
+//! one in a few may come without a key (served without a slot when `missing_key` admits it
+//! or in shadow mode, else refused as missing its key),
 //! and refusals are answered by `DefaultRejection` (429 for full, 503 for a failed store)
 //! or by a handler of the run's own, which must be told the request's own key. The same
 //! oracle decides; the slots seen free are read through `acquire`'s permit only.
@@ -55,7 +60,7 @@ use hierarchical_throttle::global::slots::{Holding, SlotHold, SlotStore};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
     ColdStart, ConcurrencyStats, DefaultRejection, FailurePolicy, HierarchicalConcurrencyLayer,
-    MemoryGlobalStore, OnRejection, Rejection, RejectionReason, SlotBody,
+    MemoryGlobalStore, MissingKey, OnRejection, Rejection, RejectionReason, SlotBody,
 };
 use http::{HeaderValue, Request, Response, StatusCode};
 use tower::{Layer as _, Service, ServiceExt};
@@ -121,6 +126,9 @@ pub struct Scenario {
 pub struct ThroughService {
     /// One request in this many is exempt from the limit (`None`: none is).
     pub exempt_every: Option<u64>,
+    /// One request in this many (of those not exempt) is sent without a key, and whether the
+    /// layer's `missing_key` policy admits it (else refuses it, 400).
+    pub keyless: Option<(u64, bool)>,
     /// Refusals are answered by a handler of the run's own, else by `DefaultRejection`.
     pub own_answers: bool,
     /// The `Retry-After` refusals tell (the layer's `retry_after`).
@@ -134,6 +142,13 @@ fn through_service(seed: u64) -> Option<ThroughService> {
     let mut rng = Rng::new(seed ^ 0x5E2F_1CE0);
     rng.chance(0.4).then(|| ThroughService {
         exempt_every: rng.chance(0.5).then(|| rng.range(2, 7)),
+        // A stream of its own, so that the draws of earlier seeds keep their values.
+        keyless: {
+            let mut keyless = Rng::new(seed ^ 0x4E7_1E55);
+            keyless
+                .chance(0.3)
+                .then(|| (keyless.range(3, 9), keyless.chance(0.5)))
+        },
         own_answers: rng.chance(0.5),
         retry_after: Duration::from_millis(rng.range(1_000, 30_000)),
         fields: !rng.chance(0.3),
@@ -389,6 +404,10 @@ struct Oracle {
     exempt_served: u64,
     /// Requests served without a slot (shadow mode).
     shadow_served: u64,
+    /// Requests sent without a key through the service, and of them those shadow mode served
+    /// in place of a refusal.
+    keyless_sent: u64,
+    keyless_shadowed: u64,
 }
 
 type Layer = HierarchicalConcurrencyLayer<Request<()>, String, SimStore, TickedClock, Answers>;
@@ -442,6 +461,7 @@ struct Ticket {
     came: Duration,
     runs_for: Duration,
     exempt: bool,
+    keyless: bool,
     /// Set when the inner service admits it: its span.
     span: Arc<Mutex<Option<usize>>>,
 }
@@ -474,7 +494,7 @@ impl Service<Request<()>> for Handler {
     fn call(&mut self, request: Request<()>) -> Self::Future {
         let ticket = request.extensions().get::<Ticket>().cloned();
         let runs_for = ticket.as_ref().map_or(Duration::ZERO, |t| t.runs_for);
-        if let Some(t) = ticket.filter(|t| !t.exempt) {
+        if let Some(t) = ticket.filter(|t| !t.exempt && !t.keyless) {
             let run = &self.run;
             let decided = run.start.elapsed();
             let mut o = run.oracle.lock().expect("oracle");
@@ -531,6 +551,10 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             let limits = limits.clone();
             let builder = HierarchicalConcurrencyLayer::builder()
                 .key(|request: &Request<()>| key_of(request).map(str::to_owned));
+            let builder = match s.service.and_then(|t| t.keyless) {
+                Some((_, true)) => builder.missing_key(MissingKey::Admit),
+                _ => builder,
+            };
             let builder = match s.service.and_then(|t| t.exempt_every) {
                 Some(_) => {
                     builder.exempt(|request: &Request<()>| request.headers().contains_key("exempt"))
@@ -596,11 +620,16 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             let exempt = through
                 .exempt_every
                 .is_some_and(|every| (index as u64).is_multiple_of(every));
+            let keyless = !exempt
+                && through
+                    .keyless
+                    .is_some_and(|(every, _)| (index as u64 + 1).is_multiple_of(every));
             let request = Sent {
                 arrival,
                 host,
                 key,
                 exempt,
+                keyless,
                 runs_for,
                 cancel_after,
             };
@@ -717,7 +746,10 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     // Every request served without a slot was counted so, as one of the refused (a refusal
     // whose request was cancelled before it heard is counted refused, not served).
     let shadow_counts = match s.shadow {
-        true => o.shadow_served <= shadow_admitted && shadow_admitted <= refused,
+        true => {
+            o.shadow_served + o.keyless_shadowed <= shadow_admitted
+                && shadow_admitted <= refused + o.keyless_shadowed
+        }
         false => shadow_admitted == 0,
     };
     if !shadow_counts {
@@ -736,8 +768,9 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     match failures.first() {
         Some(first) => Err(format!("{first} (and {} more)", failures.len() - 1)),
         None => Ok(format!(
-            "{} decisions, {} refused as full, {} exempt served, {applied_late} calls applied late",
-            o.decisions, o.refused_full, o.exempt_served
+            "{} decisions, {} refused as full, {} exempt served, {} sent without a key, \
+             {applied_late} calls applied late",
+            o.decisions, o.refused_full, o.exempt_served, o.keyless_sent
         )),
     }
 }
@@ -919,6 +952,8 @@ struct Sent {
     host: usize,
     key: usize,
     exempt: bool,
+    /// Sent without a key.
+    keyless: bool,
     runs_for: Duration,
     cancel_after: Option<Duration>,
 }
@@ -937,8 +972,23 @@ where
     let came = start.elapsed();
     let span = Arc::new(Mutex::new(None));
     let mut request = Request::new(());
-    let key = HeaderValue::from_str(&format!("k{}", sent.key)).expect("a header value");
-    request.headers_mut().insert("k", key);
+    match sent.keyless {
+        false => {
+            let key = HeaderValue::from_str(&format!("k{}", sent.key)).expect("a header value");
+            request.headers_mut().insert("k", key);
+        }
+        true => {
+            // Counted as sent: the layer decides it in `call`, before any cancellation.
+            let admits = run
+                .s
+                .service
+                .and_then(|t| t.keyless)
+                .is_some_and(|(_, a)| a);
+            let mut o = run.oracle.lock().expect("oracle");
+            o.keyless_sent += 1;
+            o.keyless_shadowed += u64::from(!admits && run.s.shadow);
+        }
+    }
     if sent.exempt {
         request
             .headers_mut()
@@ -951,6 +1001,7 @@ where
         came,
         runs_for: sent.runs_for,
         exempt: sent.exempt,
+        keyless: sent.keyless,
         span: span.clone(),
     });
     let mut call = Box::pin(service.oneshot(request));
@@ -982,11 +1033,42 @@ where
                 std::mem::forget((response, call));
             }
         }
-        (None, None) if !sent.exempt => {
+        (None, None) if !sent.exempt && !sent.keyless => {
             cancelled_waiting(&mut run.oracle.lock().expect("oracle"), sent.key, came, at);
         }
         (None, None) => {}
         (None, Some(response)) => answered(&run, &sent, came, at, &response),
+    }
+}
+
+/// Checks the answer to a request sent without a key: served when the layer's `missing_key`
+/// admits it (without a slot or fields) or in shadow mode (counted so), else refused as
+/// missing its key (400, or the run's own answer).
+fn answered_keyless(run: &Run, sent: &Sent, at: Duration, response: &Response<SlotBody<()>>) {
+    let s = &run.s;
+    let admits = s.service.and_then(|t| t.keyless).is_some_and(|(_, a)| a);
+    let own = s.service.is_some_and(|t| t.own_answers);
+    let served = response.headers().contains_key("x-served");
+    let refused_as_keyless = match own {
+        true => response.headers().get("x-refused") == Some(&HeaderValue::from_static("other")),
+        false => response.status() == StatusCode::BAD_REQUEST,
+    };
+    let right = match admits || s.shadow {
+        true => served && !response.body().holds_slot(),
+        false => refused_as_keyless && !served,
+    };
+    if !right {
+        let mut o = run.oracle.lock().expect("oracle");
+        o.failures.push(format!(
+            "a request without a key ({}, missing key admitted: {admits}, shadow: {}) answered \
+             {} at {at:?}",
+            if served { "served" } else { "not served" },
+            s.shadow,
+            response.status()
+        ));
+    }
+    if served {
+        check_fields(run, sent, response);
     }
 }
 
@@ -1016,6 +1098,10 @@ fn answered(
             )),
         }
         return;
+    }
+    if sent.keyless {
+        drop(o);
+        return answered_keyless(run, sent, at, response);
     }
     if run.s.shadow {
         o.failures.push(format!(
@@ -1089,7 +1175,7 @@ fn check_fields(run: &Run, sent: &Sent, response: &Response<SlotBody<()>>) {
     let s = &run.s;
     let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok());
     let (policy, free) = (header("ratelimit-policy"), header("ratelimit"));
-    let on = !sent.exempt && s.service.is_none_or(|t| t.fields);
+    let on = !sent.exempt && !sent.keyless && s.service.is_none_or(|t| t.fields);
     let wrong = match (on, policy, free) {
         (false, None, None) => return,
         (true, Some(policy), Some(free)) => {
