@@ -16,7 +16,7 @@
 //! | `throttle_store_up` | gauge (1: the store answered the last call any layer on it made; 0: it failed, or never answered yet) | `layer` |
 //! | `throttle_local_keys` | gauge | `layer` |
 //! | `throttle_waiting` | gauge | `layer`: requests waiting for a batch or (shaping) for their tokens |
-//! | `throttle_concurrency_requests_total` | counter | `layer`, `outcome` (`admitted`, `refused_full`, `refused_unavailable`, `exempt`, `shadow_admitted`: of the refused, those served in shadow mode) of a [concurrency layer](crate::HierarchicalConcurrencyLayer) |
+//! | `throttle_concurrency_requests_total` | counter | `layer`, `outcome` (`admitted`, `refused_full`, `refused_unavailable`, `exempt`, `shadow_admitted`: served without a slot in place of a refusal, in shadow mode) of a [concurrency layer](crate::HierarchicalConcurrencyLayer) |
 //! | `throttle_concurrency_admitted_on_credit_total` | counter | `layer`: of the admitted, those admitted at once on [credit](crate::ConcurrencyBuilder::cold_start) |
 //! | `throttle_concurrency_store_round_trips_total` | counter | `layer`: batches of slot calls sent to the store (one round trip each) |
 //! | `throttle_concurrency_store_calls_total` | counter | `layer`, `result` (`ok`, `failed`: errors and time-outs) |

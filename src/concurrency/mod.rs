@@ -191,8 +191,7 @@ where
         match self.shared.engine.try_acquire(&key) {
             Acquired::Now(permit) => AcquireSlot::taken(permit),
             Acquired::Refused(_) if self.shared.shadow => {
-                self.shared.engine.count_shadow_admitted();
-                AcquireSlot::taken(SlotPermit::unheld())
+                AcquireSlot::taken(self.shared.engine.shadow_permit())
             }
             Acquired::Refused(no_slot) => {
                 AcquireSlot::refused(self.shared.rejection(Some(key), no_slot))
@@ -201,10 +200,7 @@ where
                 let (engine, retry_after) = (self.shared.engine.clone(), self.shared.retry_after);
                 let shadow = self.shared.shadow;
                 let refuse = move |no_slot| match shadow {
-                    true => {
-                        engine.count_shadow_admitted();
-                        Ok(SlotPermit::unheld())
-                    }
+                    true => Ok(engine.shadow_permit()),
                     false => Err(rejection(&engine, retry_after, Some(key), no_slot)),
                 };
                 AcquireSlot::waiting(wait, Box::new(refuse))

@@ -303,6 +303,13 @@ where
             .fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The permit of a request served without a slot in place of its refusal (shadow mode),
+    /// counted.
+    pub(crate) fn shadow_permit(&self) -> SlotPermit {
+        self.count_shadow_admitted();
+        SlotPermit::unheld()
+    }
+
     /// Requests admitted so far: at once (counted by shard) and after a wait.
     pub(crate) fn admitted(&self) -> u64 {
         let at_once: u64 = self.shared.shards.iter().map(|s| s.lock().admitted).sum();
