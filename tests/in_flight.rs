@@ -21,8 +21,9 @@ use hierarchical_throttle::global::redis::RedisGlobalStore;
 use hierarchical_throttle::global::slots::{Holding, SlotHold, SlotStore};
 use hierarchical_throttle::quota::BucketKey;
 use hierarchical_throttle::{
-    ConcurrencyBuilder, ConcurrencyStats, ConfigError, FailurePolicy, HierarchicalConcurrencyLayer,
-    MemoryGlobalStore, MissingKey, Rejection, RejectionReason, SlotPermit, key,
+    ConcurrencyBuilder, ConcurrencyStats, ConfigError, DefaultRejection, FailurePolicy,
+    HierarchicalConcurrencyLayer, MemoryGlobalStore, MissingKey, Rejection, RejectionReason,
+    SlotPermit, key,
 };
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -154,6 +155,40 @@ mod one_host {
         assert_eq!(again.await.unwrap(), StatusCode::OK);
         let stats = layer.stats();
         assert_eq!((stats.admitted, stats.refused_full), (4, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn x_ratelimit_headers_tell_a_refusal_the_limit_and_the_wait() {
+        let answer = DefaultRejection::by_content_type().x_ratelimit_headers(true);
+        let store = MemoryGlobalStore::with_clock(TokioClock::new());
+        let layer = host(store, 2)
+            .retry_after(Duration::from_secs(3))
+            .on_rejection(answer)
+            .build()
+            .unwrap();
+        let held = [
+            layer.acquire("k".to_owned()).await.unwrap(),
+            layer.acquire("k".to_owned()).await.unwrap(),
+        ];
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        let refused = app.clone().oneshot(request("k")).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        let told = [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ]
+        .map(|name| fields(&refused, name));
+        assert_eq!(told, [["2"], ["0"], ["3"]]);
+        assert_eq!(refused.headers()["retry-after"], "3");
+        // An admitted response: the IETF fields alone (no reset to name).
+        drop(held);
+        let admitted = app.oneshot(request("k")).await.unwrap();
+        assert_eq!(admitted.status(), StatusCode::OK);
+        assert_eq!(fields(&admitted, "ratelimit"), [r#""concurrency";r=1"#]);
+        assert!(admitted.headers().get("x-ratelimit-limit").is_none());
     }
 
     #[tokio::test(start_paused = true)]

@@ -150,7 +150,11 @@ impl DefaultRejection {
     /// it is the refusing limit, with none left, and the reset is its `Retry-After`. Seconds
     /// from now, not a time on the calendar: a client's clock may be off. Admitted responses
     /// get them while the layer's [`RateLimit` fields](crate::Builder::ratelimit_fields) are
-    /// on (the default), which is when the limits' state is read.
+    /// on (the default), which is when the limits' state is read. A
+    /// [concurrency layer](crate::HierarchicalConcurrencyLayer) answering with it writes them
+    /// on a refusal for too many requests in flight (the limit, none left, its `Retry-After`),
+    /// not on admitted responses: slots come back when requests end, not at a time a reset
+    /// could name.
     pub fn x_ratelimit_headers(mut self, on: bool) -> Self {
         self.x_ratelimit = on;
         self

@@ -1,7 +1,7 @@
 //! The de facto `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` headers,
 //! for clients written against them (GitHub's API, many SDKs, tower_governor's `use_headers`),
 //! beside the IETF fields. They describe one limit: on an admitted response the one with the
-//! fewest tokens left, on a refusal the refusing one.
+//! fewest tokens left, on a refusal the refusing one (a concurrency limit's too).
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -33,15 +33,18 @@ pub(crate) fn insert_admitted(headers: &mut HeaderMap, remaining: &[Remaining]) 
 }
 
 /// On a throttled refusal: the refusing limit's capacity, none left, and the seconds until the
-/// request can pass (its `Retry-After`). Other refusals get none.
+/// request can pass (its `Retry-After`); on a refusal for too many requests in flight, the
+/// concurrency limit in their place. Other refusals get none.
 pub(crate) fn insert_refused<K>(headers: &mut HeaderMap, rejection: &Rejection<K>) {
-    if rejection.reason != RejectionReason::Throttled {
-        return;
-    }
-    let (Some(limit), Some(wait)) = (rejection.limit, rejection.retry_after_secs()) else {
+    let limit = match rejection.reason {
+        RejectionReason::Throttled => rejection.limit.map(|limit| limit.capacity()),
+        RejectionReason::TooManyInFlight { max } => Some(max),
+        _ => None,
+    };
+    let (Some(limit), Some(wait)) = (limit, rejection.retry_after_secs()) else {
         return;
     };
-    insert(headers, limit.capacity(), 0, wait);
+    insert(headers, limit, 0, wait);
 }
 
 fn insert(headers: &mut HeaderMap, limit: u64, remaining: u64, reset: u64) {
@@ -104,6 +107,20 @@ mod tests {
             &mut headers,
             &Rejection::new(Some(1), RejectionReason::MissingKey),
         );
+        assert!(headers.is_empty());
+    }
+
+    #[test]
+    fn a_refusal_for_too_many_in_flight_tells_the_concurrency_limit() {
+        let mut headers = HeaderMap::new();
+        let full = Rejection::new(Some(1), RejectionReason::TooManyInFlight { max: 8 })
+            .with_retry_after(Duration::from_millis(2_500));
+        insert_refused(&mut headers, &full);
+        assert_eq!(read(&headers), ["8", "0", "3"]);
+        // No wait told, no reset to tell: none of them.
+        let mut headers = HeaderMap::new();
+        let full = Rejection::new(Some(1), RejectionReason::TooManyInFlight { max: 8 });
+        insert_refused(&mut headers, &full);
         assert!(headers.is_empty());
     }
 }

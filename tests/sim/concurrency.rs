@@ -33,7 +33,9 @@
 //! exempt from the limit (never refused, no slot, each counted once in `requests_exempt`),
 //! one in a few may come without a key (served without a slot when `missing_key` admits it
 //! or in shadow mode, else refused as missing its key),
-//! and refusals are answered by `DefaultRejection` (429 for full, 503 for a failed store)
+//! and refusals are answered by `DefaultRejection` (429 for full, 503 for a failed store;
+//! with or without `X-RateLimit-*`, which a 429 must carry exactly when drawn: the limit its
+//! policy names, none left, its `Retry-After`)
 //! or by a handler of the run's own, which must be told the request's own key. The same
 //! oracle decides; the slots seen free are read through `acquire`'s permit only.
 //!
@@ -135,6 +137,8 @@ pub struct ThroughService {
     pub retry_after: Duration,
     /// Admitted responses carry the `RateLimit` fields (the layer's `ratelimit_fields`).
     pub fields: bool,
+    /// `DefaultRejection` also writes the `X-RateLimit-*` headers.
+    pub x_ratelimit: bool,
 }
 
 /// Whether a run's requests go through the tower service, on a stream of its own.
@@ -152,6 +156,8 @@ fn through_service(seed: u64) -> Option<ThroughService> {
         own_answers: rng.chance(0.5),
         retry_after: Duration::from_millis(rng.range(1_000, 30_000)),
         fields: !rng.chance(0.3),
+        // A stream of its own too.
+        x_ratelimit: Rng::new(seed ^ 0x0058_A7E5).chance(0.5),
     })
 }
 
@@ -417,6 +423,7 @@ type Layer = HierarchicalConcurrencyLayer<Request<()>, String, SimStore, TickedC
 #[derive(Debug, Clone, Copy)]
 struct Answers {
     own: bool,
+    x_ratelimit: bool,
 }
 
 impl OnRejection<Request<()>, String, Response<()>, Infallible> for Answers {
@@ -426,7 +433,9 @@ impl OnRejection<Request<()>, String, Response<()>, Infallible> for Answers {
         rejection: Rejection<String>,
     ) -> Result<Response<()>, Infallible> {
         if !self.own {
-            return DefaultRejection::default().on_rejection(request, rejection);
+            return DefaultRejection::default()
+                .x_ratelimit_headers(self.x_ratelimit)
+                .on_rejection(request, rejection);
         }
         let reason = match rejection.reason {
             RejectionReason::TooManyInFlight { .. } => "full",
@@ -582,6 +591,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
                 .shadow(s.shadow)
                 .on_rejection(Answers {
                     own: s.service.is_some_and(|t| t.own_answers),
+                    x_ratelimit: s.service.is_some_and(|t| t.x_ratelimit),
                 })
                 .build()
                 .expect("valid settings")
@@ -1138,7 +1148,9 @@ fn answered(
             return;
         }
     };
-    if let Some(wrong) = wrong_retry_after(&run.s, own, response) {
+    let wrong = wrong_retry_after(&run.s, own, response)
+        .or_else(|| wrong_x_ratelimit(&run.s, own, response));
+    if let Some(wrong) = wrong {
         o.failures
             .push(format!("k{} refused at {at:?}: {wrong}", sent.key));
     }
@@ -1165,6 +1177,32 @@ fn wrong_retry_after(s: &Scenario, own: bool, response: &Response<SlotBody<()>>)
     let told = response.headers().get(name).and_then(|v| v.to_str().ok());
     (told != Some(expected.as_str()))
         .then(|| format!("{name} {told:?}, where the layer's retry_after is {set:?}"))
+}
+
+/// What is wrong with the `X-RateLimit-*` headers of a refusal, if anything: when the run
+/// writes them and `DefaultRejection` refused a full key, the limit its `RateLimit-Policy`
+/// names, none left, and the `Retry-After`; none otherwise.
+fn wrong_x_ratelimit(s: &Scenario, own: bool, response: &Response<SlotBody<()>>) -> Option<String> {
+    let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok());
+    let told = [
+        header("x-ratelimit-limit"),
+        header("x-ratelimit-remaining"),
+        header("x-ratelimit-reset"),
+    ];
+    let full = response.status() == StatusCode::TOO_MANY_REQUESTS;
+    let written = s.service.is_some_and(|t| t.x_ratelimit) && full && !own;
+    let expected = match written {
+        true => {
+            // `"concurrency";q=<max>;qu="concurrent-requests"`.
+            let max = header("ratelimit-policy")
+                .and_then(|p| p.split(";q=").nth(1))
+                .and_then(|q| q.split(';').next());
+            [max, Some("0"), header("retry-after")]
+        }
+        false => [None; 3],
+    };
+    (told != expected || (written && expected.contains(&None)))
+        .then(|| format!("X-RateLimit-* {told:?}, not {expected:?}"))
 }
 
 /// The `RateLimit` fields of a response the inner service answered: present on a limited

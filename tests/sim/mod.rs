@@ -14,7 +14,9 @@
 //!    shaping `max` plus a few store time-outs (a batch before, one after, a settle's charge),
 //!    whatever other reservations hold their queue's turn without being polled;
 //! 6. told waits: a throttled refusal tells how long to wait, and no longer than its bucket
-//!    needs to hold the cost again (see `Recorder::wrong_wait`), plus the drawn jitter.
+//!    needs to hold the cost again (see `Recorder::wrong_wait`), plus the drawn jitter;
+//! 7. told answers (drawn per seed): each refusal and admitted state, answered to a client as
+//!    `DefaultRejection` answers it, says what was decided (see `answers`).
 //!
 //! The store's faults include calls it applies only after their hosts gave up on them (a
 //! stalled store with the calls in its socket buffer), and stalls of the whole store, which
@@ -46,6 +48,7 @@
 //! tokens that reappeared for exactness).
 #![allow(dead_code)]
 
+mod answers;
 pub mod concurrency;
 mod faults;
 pub mod rng;
@@ -238,6 +241,8 @@ pub struct Scenario {
     /// The layers' `RateLimit` fields on (the default) or off: off, no admitted response is
     /// told the state of its limits, whatever the answers would write.
     pub fields: bool,
+    /// How refusals and admitted states are answered to clients and checked (`None`: not).
+    pub answers: Option<answers::Answers>,
     /// The hosts' clocks' coarse reading (what responses tell is read at) trails by up to
     /// this (zero: they have none).
     pub tick: Duration,
@@ -445,6 +450,7 @@ impl Scenario {
             fixed_quota: false,
             annotate: false,
             fields: true,
+            answers: None,
             tick: Duration::ZERO,
             batch_policy: BatchDraw::WeightedDemand,
             max_store_backoff: Duration::from_secs(1),
@@ -572,6 +578,7 @@ impl Scenario {
         let ticks = [0, 0, 4, 50, 1_000];
         self.tick = Duration::from_millis(ticks[Rng::new(self.seed ^ 0x71C4).below(5) as usize]);
         self.fields = !Rng::new(self.seed ^ 0x00F1_E1D5).chance(0.25);
+        self.answers = answers::Answers::draw(self.seed);
         // Streams of their own too.
         let policies = [
             BatchDraw::WeightedDemand,
@@ -822,6 +829,8 @@ pub struct Log {
     pub answered_admitted: u64,
     /// States told of admitted responses that no bucket can hold, described.
     pub misreported: Vec<String>,
+    /// Refusals and admitted states answered to clients otherwise than they are.
+    pub misanswered: Vec<String>,
     /// Exempt requests sent to a host, and served.
     pub exempt_sent: u64,
     pub exempt_served: u64,
@@ -853,6 +862,7 @@ pub struct Recorder {
     shadowed: Option<&'static str>,
     /// Admitted responses get the state of their limits.
     annotate: bool,
+    answers: Option<answers::Answers>,
     /// The tenants' level, if the run has one.
     tenants: Option<Tenants>,
     /// The most a refusal's wait is lengthened by at random.
@@ -930,6 +940,9 @@ impl Recorder {
 impl OnRejection<Job, String, Outcome, Infallible> for Recorder {
     fn on_rejection(&self, job: &Job, rejection: Rejection<String>) -> Result<Outcome, Infallible> {
         let mut log = self.log.lock().unwrap();
+        if let Some(wrong) = self.answers.and_then(|a| a.wrong_refusal(&rejection)) {
+            log.misanswered.push(wrong);
+        }
         if job.exempt {
             log.inexact
                 .push(format!("{} refused though exempt: {rejection}", job.key));
@@ -1031,6 +1044,9 @@ impl OnRejection<Job, String, Outcome, Infallible> for Recorder {
     /// is told of at least one limit.
     fn on_admitted(&self, _: &mut Outcome, remaining: &[Remaining]) {
         let mut log = self.log.lock().unwrap();
+        if let Some(wrong) = self.answers.and_then(|a| a.wrong_admitted(remaining)) {
+            log.misanswered.push(wrong);
+        }
         log.annotated += 1;
         if remaining.is_empty() {
             log.misreported
@@ -1105,6 +1121,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         settle: s.settle,
         shadowed: s.shadow_slow.then_some("slow"),
         annotate: s.annotate,
+        answers: s.answers,
         tenants: s.tenants,
         jitter: s.retry_after_jitter,
         queued: match s.shaping {
@@ -1405,6 +1422,12 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             "a wait past its bound ({} in all, bound {:?}): {first}",
             log_now.late.len(),
             s.answer_within()
+        ));
+    }
+    if let Some(first) = log_now.misanswered.first() {
+        return Err(format!(
+            "a client told otherwise than decided ({} in all): {first}",
+            log_now.misanswered.len()
         ));
     }
     if let Some(first) = log_now.misreported.first() {
