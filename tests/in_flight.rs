@@ -832,17 +832,22 @@ mod waiting_and_failing {
         assert_eq!(layer.in_flight(), 10);
     }
 
+    /// Starts an `acquire` for `key` that waits for the store, and cancels it.
+    async fn cancel_while_waiting<S: SlotStore<BucketKey<String>>>(layer: &Layer<S>, key: &str) {
+        let waiting = {
+            let (layer, key) = (layer.clone(), key.to_owned());
+            tokio::spawn(async move { layer.acquire(key).await.map(|_| ()) })
+        };
+        tokio::task::yield_now().await;
+        waiting.abort();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_request_cancelled_while_it_waits_leaves_no_slot_behind() {
         let memory = MemoryGlobalStore::with_clock(TokioClock::new());
         let store = SlowStore::new(memory.clone(), Duration::from_millis(20));
         let layer = layer(store, 1);
-        let waiting = {
-            let layer = layer.clone();
-            tokio::spawn(async move { layer.acquire("k".to_owned()).await.map(|_| ()) })
-        };
-        tokio::task::yield_now().await;
-        waiting.abort();
+        cancel_while_waiting(&layer, "k").await;
         // The call's answer gives the slot to nobody: it goes back to the lease, then to the
         // store once it has lingered.
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -850,6 +855,22 @@ mod waiting_and_failing {
         assert_eq!(memory.keys_with_slots_held(), 0);
         let permit = layer.acquire("k".to_owned()).await;
         assert!(permit.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_cancelled_before_it_hears_its_refusal_is_not_counted_refused() {
+        let memory = MemoryGlobalStore::with_clock(TokioClock::new());
+        let holder = layer(memory.clone(), 1);
+        let _held = holder.acquire("k".to_owned()).await.unwrap();
+        let host = layer(SlowStore::new(memory, Duration::from_millis(20)), 1);
+        cancel_while_waiting(&host, "k").await;
+        // The store's answer (full) reaches nobody: neither admitted nor refused.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let stats = host.stats();
+        assert_eq!((stats.admitted, stats.refused_full), (0, 0));
+        let heard = host.acquire("k".to_owned()).await.unwrap_err();
+        assert_eq!(heard.reason, RejectionReason::TooManyInFlight { max: 1 });
+        assert_eq!(host.stats().refused_full, 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -155,9 +155,11 @@ pub struct ConcurrencyStats {
     /// Of the admitted, those admitted at once on credit
     /// ([`cold_start`](crate::ConcurrencyBuilder::cold_start)).
     pub admitted_on_credit: u64,
-    /// Requests refused because their key's slots were all in use, fleet-wide.
+    /// Requests refused because their key's slots were all in use, fleet-wide (counted as
+    /// each hears it: a request cancelled while it waited is neither admitted nor refused).
     pub refused_full: u64,
-    /// Requests refused because the store failed and the failure policy refused them.
+    /// Requests refused because the store failed and the failure policy refused them
+    /// (counted alike).
     pub refused_unavailable: u64,
     /// Calls made to the slot store.
     pub store_calls: u64,

@@ -61,7 +61,7 @@ where
             let retry_at =
                 (self.shared.now()).saturating_add(micros(self.shared.settings.back_off));
             let decided = self.entry.lease.lock().failed(seq, retry_at);
-            deliver(&self.shared, &self.entry, decided);
+            deliver(&self.entry, decided);
         }
     }
 }
@@ -109,7 +109,7 @@ where
         drop(lease);
         let next = decided.next;
         guard.seq = next.map(|next| next.seq);
-        deliver(&shared, &guard.entry, decided);
+        deliver(&guard.entry, decided);
         match next {
             Some(next) => call = next,
             None => return,
@@ -119,22 +119,15 @@ where
 
 /// Tells each request its verdict; a slot whose request has gone goes to the next waiting or
 /// back to the lease.
-fn deliver<K, S, C>(shared: &Shared<K, S, C>, entry: &Entry, decided: Decided<super::Waiter>)
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    S: SlotStore<BucketKey<K>>,
-    C: Clock,
-{
+fn deliver(entry: &Entry, decided: Decided<super::Waiter>) {
     for waiter in decided.admitted {
         entry.hand_over(waiter);
     }
-    let counters = &shared.counters;
+    // Counted by each request as it hears its verdict: one gone meanwhile was not refused.
     for waiter in decided.full {
-        counters.refused_full.fetch_add(1, Ordering::Relaxed);
         let _gone = waiter.send(Verdict::Full);
     }
     for waiter in decided.unavailable {
-        counters.refused_unavailable.fetch_add(1, Ordering::Relaxed);
         let _gone = waiter.send(Verdict::Unavailable);
     }
 }

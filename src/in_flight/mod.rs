@@ -389,7 +389,11 @@ where
         self.counters.admitted.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn count_gave_up(&self) {
-        self.counters.refused_full.fetch_add(1, Ordering::Relaxed);
+    fn count_refused(&self, why: NoSlot) {
+        let counter = match why {
+            NoSlot::Full => &self.counters.refused_full,
+            NoSlot::Unavailable => &self.counters.refused_unavailable,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 }

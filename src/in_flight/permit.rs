@@ -19,7 +19,9 @@ use crate::sync::ShardLock;
 pub(crate) trait Engine: Send + Sync + 'static {
     fn now(&self) -> u64;
     fn count_admitted(&self);
-    fn count_gave_up(&self);
+    /// A request refused after waiting: counted when it hears so (a request gone before it
+    /// heard its verdict was neither admitted nor refused).
+    fn count_refused(&self, why: NoSlot);
 }
 
 /// One key's slot lease, and the engine it belongs to (reached only when a request waits).
@@ -169,19 +171,22 @@ impl Future for WaitForSlot {
                 };
                 ready!(deadline.as_mut().poll(cx));
                 // Gave up: a slot given meanwhile goes back when the wait is dropped.
-                self.entry.count(|engine| engine.count_gave_up());
+                self.entry
+                    .count(|engine| engine.count_refused(NoSlot::Full));
                 return Poll::Ready(Err(NoSlot::Full));
             }
         };
         self.verdict = None;
-        Poll::Ready(match verdict {
+        let why = match verdict {
             Verdict::Admitted => {
                 self.entry.count(|engine| engine.count_admitted());
-                Ok(SlotPermit::new(self.entry.clone()))
+                return Poll::Ready(Ok(SlotPermit::new(self.entry.clone())));
             }
-            Verdict::Full => Err(NoSlot::Full),
-            Verdict::Unavailable => Err(NoSlot::Unavailable),
-        })
+            Verdict::Full => NoSlot::Full,
+            Verdict::Unavailable => NoSlot::Unavailable,
+        };
+        self.entry.count(|engine| engine.count_refused(why));
+        Poll::Ready(Err(why))
     }
 }
 

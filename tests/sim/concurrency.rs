@@ -21,9 +21,11 @@
 //!   exactly that for a host alone with one key and a store that never fails;
 //! - **nothing lost**: once every request has ended and the holdings have expired, no host
 //!   holds a slot or keeps a key, and the store holds nothing;
-//! - **shadow mode** (drawn per seed): nothing refused, and every request served without a
-//!   slot counted so, as one of the refused; the limit above then holds for the requests
-//!   with slots (checked in the runs that `acquire`, whose permits tell).
+//! - **shadow mode** (drawn per seed): nothing refused, every request served without a slot
+//!   counted so, and every refusal the hosts count served so; the limit above then holds for
+//!   the requests with slots (checked in the runs that `acquire`, whose permits tell);
+//! - **counted refusals**: the hosts count as refused for a full key exactly the refusals
+//!   their requests heard (not those of requests cancelled while they waited).
 //!
 //! Hosts give back their free slots mid-run, as one about to stop does, and serve on (drawn
 //! per seed).
@@ -753,12 +755,13 @@ async fn simulate(s: Scenario) -> Result<String, String> {
         |f: fn(&ConcurrencyStats) -> u64| hosts.iter().map(|h| f(&h.stats())).sum::<u64>();
     let shadow_admitted = counted(|st| st.shadow_admitted);
     let refused = counted(|st| st.refused_full + st.refused_unavailable);
-    // Every request served without a slot was counted so, as one of the refused (a refusal
-    // whose request was cancelled before it heard is counted refused, not served).
+    // Every request served without a slot was counted so, and every one of the refused was
+    // served so (a request is counted refused as it hears it: one cancelled before is not; one
+    // served may be cancelled before it is answered).
     let shadow_counts = match s.shadow {
         true => {
             o.shadow_served + o.keyless_shadowed <= shadow_admitted
-                && shadow_admitted <= refused + o.keyless_shadowed
+                && shadow_admitted == refused + o.keyless_shadowed
         }
         false => shadow_admitted == 0,
     };
@@ -767,6 +770,14 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             "{} served without a slot, {shadow_admitted} counted so, {refused} refused (shadow \
              mode: {})",
             o.shadow_served, s.shadow
+        ));
+    }
+    // Each refusal as full a request heard, and only those, is counted so.
+    let refused_full = counted(|st| st.refused_full);
+    if !s.shadow && refused_full != o.refused_full {
+        failures.push(format!(
+            "{refused_full} refused as full by the hosts' count, {} heard so",
+            o.refused_full
         ));
     }
     if memory.keys_with_slots_held() != 0 {
