@@ -172,6 +172,11 @@ async fn buckets_expire_when_they_would_be_full_again() {
     let ttl: i64 = conn.pttl(&redis_key).await.unwrap();
     // 3 tokens at 10 per second: full again in 300 ms (less the time since the call).
     assert!((200..=300).contains(&ttl), "pttl {ttl}");
+    // One string: whole tokens, the remainder, the time updated (Redis's, in us).
+    let value: String = conn.get(&redis_key).await.unwrap();
+    let fields: Vec<u64> = value.split(' ').map(|f| f.parse().unwrap()).collect();
+    assert_eq!(fields[..2], [7, 0], "{value}");
+    assert_eq!(fields.len(), 3, "{value}");
     redis
         .release(&key, &limit, TokenReturn::new(3))
         .await
@@ -191,6 +196,12 @@ async fn buckets_expire_when_they_would_be_full_again() {
     let redis_key = redis.redis_key(&key);
     let ttl: i64 = conn.pttl(&redis_key).await.unwrap();
     assert!((370..=390).contains(&ttl), "pttl {ttl}");
+    let value: String = conn.get(&redis_key).await.unwrap();
+    assert_eq!(
+        value.split(' ').count(),
+        4,
+        "a warm-up's bucket keeps its cold permits too: {value}"
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -454,9 +465,9 @@ async fn a_batch_on_a_cluster_answers_each_bucket_from_its_own_slot() {
     );
 }
 
-/// A bucket (or a key's slot hash) whose Redis key holds another type of value (something else
-/// wrote under the prefix) fails alone: the others before and after it in the same script are
-/// answered, and its key is left as it was.
+/// A bucket (or a key's slot hash) whose Redis key holds something else (a string that is no
+/// bucket's, or another type of value: something else wrote under the prefix) fails alone: the
+/// others before and after it in the same script are answered, and its key is left as it was.
 #[tokio::test]
 async fn a_key_holding_another_type_fails_alone_in_its_batch() {
     use futures_util::StreamExt;
@@ -466,12 +477,17 @@ async fn a_key_holding_another_type_fails_alone_in_its_batch() {
     let redis = store(&server).await;
     let limit = Limit::per_hour(10).burst(10).unwrap();
     let poisoned = |k: &str| String::from_utf8(redis.redis_key(&bucket(k))).unwrap();
-    for k in ["taken", "given"] {
-        assert_eq!(
-            server.cli(&["set", &poisoned(k), "not a bucket"]).trim(),
-            "OK"
-        );
-    }
+    // A string that is not a bucket's, and a value of another type.
+    assert_eq!(
+        server
+            .cli(&["set", &poisoned("taken"), "not a bucket"])
+            .trim(),
+        "OK"
+    );
+    assert_eq!(
+        server.cli(&["hset", &poisoned("given"), "t", "3"]).trim(),
+        "1"
+    );
     let acquire = |k: &str| Call::Acquire {
         key: bucket(k),
         limit,
@@ -498,12 +514,14 @@ async fn a_key_holding_another_type_fails_alone_in_its_batch() {
     assert_eq!((granted(0), granted(3)), (Some(4), Some(4)), "{answers:?}");
     assert!(matches!(answers[4].1, Ok(Answer::Released)), "{answers:?}");
     for i in [1, 2] {
-        let error = answers[i].1.as_ref().expect_err("its key holds a string");
+        let error = answers[i].1.as_ref().expect_err("its key holds no bucket");
         assert!(!redis.may_have_applied(error), "it wrote nothing: {error}");
     }
-    for k in ["taken", "given"] {
-        assert_eq!(server.cli(&["get", &poisoned(k)]).trim(), "not a bucket");
-    }
+    assert_eq!(
+        server.cli(&["get", &poisoned("taken")]).trim(),
+        "not a bucket"
+    );
+    assert_eq!(server.cli(&["hget", &poisoned("given"), "t"]).trim(), "3");
 
     let slots = |k: &str| poisoned(k) + ":slots";
     assert_eq!(
@@ -1002,10 +1020,9 @@ async fn an_acl_user_limited_to_the_prefix_and_the_scripts_commands_is_enough() 
         "-@all",
         "+evalsha",
         "+eval",
-        "+hmget",
-        "+hset",
+        "+get",
+        "+set",
         "+del",
-        "+pexpire",
         "+time",
     ]);
     assert!(acl.contains("OK"), "{acl}");
@@ -1032,6 +1049,29 @@ async fn an_acl_user_limited_to_the_prefix_and_the_scripts_commands_is_enough() 
         .acquire(&bucket("tenant"), &limit, TokenRequest::now(1, 1))
         .await;
     assert!(refused.is_err(), "{refused:?}");
+
+    // Slots of a concurrency limit need the four commands of their hashes besides.
+    use hierarchical_throttle::global::slots::{SlotHold, SlotStore};
+    let hold = SlotHold {
+        host: 1,
+        seq: 1,
+        want: 2,
+        ttl: Duration::from_secs(10),
+    };
+    let without = redis.hold(&bucket("tenant"), 3, hold).await;
+    assert!(without.is_err(), "{without:?}");
+    let more = server.cli(&[
+        "acl",
+        "setuser",
+        "throttler",
+        "+hgetall",
+        "+hset",
+        "+hdel",
+        "+pexpire",
+    ]);
+    assert!(more.contains("OK"), "{more}");
+    let holding = redis.hold(&bucket("tenant"), 3, hold).await;
+    assert_eq!(holding.expect("and the slot script").held, 2);
 }
 
 #[tokio::test]
@@ -1177,6 +1217,15 @@ async fn shaping_hosts_on_redis_wait_for_tokens_and_never_over_admit() {
 
 /// Polls `check` every 20 ms for up to `secs` seconds (a real server's state, which no event
 /// announces to the test); panics with `what` if it never holds.
+/// The whole tokens of a bucket's value as `redis-cli get` prints it.
+fn tokens_of(value: &str) -> i64 {
+    let first = value.split(' ').next().unwrap_or_default();
+    first
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not a bucket: {value:?}"))
+}
+
 async fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !check() {
@@ -1233,7 +1282,7 @@ async fn a_sentinel_failover_moves_decisions_to_the_new_primary() {
             .map(|a| a.from_leases()),
         Ok(true)
     );
-    assert_eq!(primary.cli(&["hget", bucket_key, "t"]).trim(), "999");
+    assert_eq!(tokens_of(&primary.cli(&["get", bucket_key])), 999);
 
     // The sentinel accepts a failover once it has heard from the replica itself.
     eventually(20, "the sentinel starts a failover", || {
@@ -1273,7 +1322,7 @@ async fn a_sentinel_failover_moves_decisions_to_the_new_primary() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // The new primary holds the bucket (replicated, then one more token taken there).
-    assert_eq!(replica.cli(&["hget", bucket_key, "t"]).trim(), "998");
+    assert_eq!(tokens_of(&replica.cli(&["get", bucket_key])), 998);
     assert!(
         (1..=20).contains(&unavailable),
         "{unavailable} refusals before the new primary answered: the old primary, now a \

@@ -26,8 +26,10 @@ mod slots;
 
 pub use keys::RedisKey;
 
-/// A global store on Redis: one hash per key holding the bucket, updated atomically by a Lua
-/// script that reads **Redis's clock** (`TIME`), so hosts' clocks never matter.
+/// A global store on Redis: one string per bucket (its whole tokens, the fraction of a token,
+/// the time it was updated and, with a warm-up, its cold permits: `"7 0 1764320000000000"`),
+/// updated atomically by a Lua script that reads **Redis's clock** (`TIME`), so hosts' clocks
+/// never matter. A bucket costs Redis one `GET` to read and one `SET` with its expiry to write.
 ///
 /// Every host of a fleet points its layer at the same Redis (or Redis Cluster). A call is one
 /// `EVALSHA` (after a restart or a failover, one `EVAL` with the script to the node that serves
@@ -484,14 +486,14 @@ impl<K: RedisKey> RedisGlobalStore<K> {
     }
 }
 
-/// A key's call that failed inside a batch script (a command on its key failed: the key may
-/// hold another type of value), marked -1 in the script's reply; it wrote nothing, so it is a
+/// A key's call that failed inside a batch script (its key holds another type of value, or a
+/// string that is no bucket's), marked -1 in the script's reply; it wrote nothing, so it is a
 /// server error, never applied.
 fn failed_in_script() -> RedisError {
     RedisError::from((
         ErrorKind::Server(ServerErrorKind::ResponseError),
-        "a command on this key failed in the batch script",
-        "the key may hold another type of value".to_owned(),
+        "this key's call failed in the batch script",
+        "the key may hold something other than a bucket".to_owned(),
     ))
 }
 

@@ -1,8 +1,10 @@
 -- The lazy token bucket of src/bucket.rs, step for step, in integers that stay below 2^53
 -- (Limit validates p * (a + 2) < 2^53 and capacity < 2^53; with a warm-up, also cold_max <
 -- 2^52 and (3 * capacity + 1) * p < 2^53), so Lua's doubles are exact.
--- KEYS[1]: the bucket (a hash: t = whole tokens, negative while reserved tokens are owed,
--- r = remainder in 1/p tokens, u = updated us, c = cold permits in 1/p tokens, warm-up only).
+-- KEYS[1]: the bucket, one string of integers "t r u" or, with a warm-up, "t r u c": t whole
+-- tokens (negative while reserved tokens are owed), r the remainder in 1/p tokens, u the time
+-- updated (us), c cold permits in 1/p tokens. One string, so a bucket costs Redis one GET to
+-- read and one SET (with its expiry) to write.
 -- ARGV[1] capacity, ARGV[2] a, ARGV[3] p (a tokens per p microseconds, lowest terms),
 -- ARGV[4] the most cold permits (0: no warm-up), ARGV[5] a calendar quota's period (0: none,
 -- 1 day, 2 week, 3 month; its capacity comes back at each reset, a and p unused), ARGV[6] its
@@ -15,8 +17,14 @@
 -- buckets defines the functions below once.
 local capacity, a, p, cold_max, period
 local shift_before, change, shift_after, zoned
-local simulated, now, key, state
+local simulated, now, key
 local tokens, remainder, updated, cold, as_of
+
+-- How integers are written: '%d' skips the C library's floating-point formatting of '%.0f',
+-- but is exact only where Lua's '%d' has 64 bits (not on a 32-bit build of Redis).
+local INTEGER = string.format('%d', 2 ^ 40) == '1099511627776' and '%d' or '%.0f'
+-- A bucket's whole tokens, remainder and time updated, as stored.
+local STATE = INTEGER .. ' ' .. INTEGER .. ' ' .. INTEGER
 
 -- Floor division and remainder, exact for integers below 2^53 (one correction step).
 local function divmod(x, d)
@@ -236,16 +244,16 @@ local function store()
     redis.call('DEL', key)
     return
   end
-  local ms = math.min(math.ceil(to_full / 1000), 2 ^ 52)
-  redis.call('HSET', key, 't', string.format('%.0f', tokens), 'r', string.format('%.0f', remainder),
-    'u', string.format('%.0f', now))
+  local value = string.format(STATE, tokens, remainder, now)
   if cold_max > 0 then
-    redis.call('HSET', key, 'c', string.format('%.0f', cold))
-  elseif state[4] then
-    redis.call('HDEL', key, 'c')
+    -- Rounded: the cold permits' bound may be reached by a product that rounds.
+    value = value .. string.format(' %.0f', cold)
   end
-  if not simulated then
-    redis.call('PEXPIRE', key, string.format('%.0f', ms))
+  if simulated then
+    redis.call('SET', key, value)
+  else
+    local ms = math.min(math.ceil(to_full / 1000), 2 ^ 52)
+    redis.call('SET', key, value, 'PX', string.format(INTEGER, ms))
   end
 end
 
@@ -295,14 +303,19 @@ local function load(KEYS, ARGV, redis_now)
   end
 
   key = KEYS[1]
-  state = redis.call('HMGET', key, 't', 'r', 'u', 'c')
+  local value = redis.call('GET', key)
   tokens, remainder, updated, cold = capacity, 0, now, cold_max
-  if state[1] then
-    tokens = tonumber(state[1])
-    remainder = tonumber(state[2])
-    updated = tonumber(state[3])
+  if value then
+    local t, r, u, c = string.match(value, '^(%-?%d+) (%d+) (%d+) ?(%d*)$')
+    if not t then
+      -- Something else wrote under the prefix: fail before writing anything.
+      error('not a bucket: ' .. key)
+    end
+    tokens = tonumber(t)
+    remainder = tonumber(r)
+    updated = tonumber(u)
     -- Cold permits of another limit (one the key moved from) count up to this one's store.
-    cold = math.min(tonumber(state[4] or 0), cold_max)
+    cold = math.min(tonumber(c) or 0, cold_max)
     -- A clock that stepped back (a failover) must not count the same time twice.
     now = math.max(now, updated)
   end

@@ -2,9 +2,9 @@
 -- bucket: the operation ('a' to acquire, 'r' to release), then that operation's ARGV[1] to
 -- ARGV[9]; in tests, one more closes ARGV: the simulated time. Returns the buckets' replies
 -- in order, as one list of numbers: an acquire's five, a release's one (one list, so the
--- reply is one array for the client to read, not one per bucket). A bucket whose command
--- fails (its key holds another type of value) fails alone: its numbers are -1 then zeros, and
--- the buckets after it go on.
+-- reply is one array for the client to read, not one per bucket). A bucket that fails (its
+-- key holds another type of value, or a string that is no bucket's) fails alone: its numbers
+-- are -1 then zeros, and the buckets after it go on.
 local per = 10
 local now = ARGV[#KEYS * per + 1]
 -- Redis's time, once for every bucket of the script (none when the time is simulated).
