@@ -4,8 +4,8 @@
 -- take_warming with a warm-up).
 -- Returns { granted, reserved, microseconds until the reserved are due, remaining,
 --           microseconds until min tokens are there again }.
-local min = math.min(math.max(tonumber(ARGV[7]), 1), capacity)
-local want = math.min(math.max(tonumber(ARGV[8]), min), capacity)
+local min = math_min(math_max(tonumber(ARGV[7]), 1), capacity)
+local want = math_min(math_max(tonumber(ARGV[8]), min), capacity)
 local warming = cold_max > 0
 local granted = 0
 local there = tokens
@@ -13,7 +13,7 @@ if warming then
   there = permits_within(units(), min, want)
 end
 if there >= min then
-  granted = math.min(want, there)
+  granted = math_min(want, there)
 end
 -- Reservations queue: each reaches at most max_delay beyond the tokens already owed; a
 -- max_delay of zero reserves nothing, even behind a debt.
@@ -36,9 +36,9 @@ elseif warming then
   end
   due = permits_within(later, min, want)
 else
-  due = math.min(want, math.max(level_after(horizon), 0))
+  due = math_min(want, math_max(level_after(horizon), 0))
 end
-local extra = math.max(due - granted, 0)
+local extra = math_max(due - granted, 0)
 local reserved, ready_in = 0, 0
 if extra > 0 and (granted > 0 or extra >= min) then
   reserved = extra
@@ -58,5 +58,5 @@ else
 end
 store()
 -- Waits are capped at bucket::MAX_WAIT_MICROS.
-return { granted, reserved, math.min(ready_in, 2 ^ 53), math.max(tokens, 0),
-  math.min(refill_in, 2 ^ 53) }
+return { granted, reserved, math_min(ready_in, 2 ^ 53), math_max(tokens, 0),
+  math_min(refill_in, 2 ^ 53) }

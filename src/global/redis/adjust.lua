@@ -9,18 +9,18 @@ if applied then
   if op == 0 then
     tokens, remainder, cold = capacity, 0, cold_max
   elseif op == 1 then
-    tokens, remainder = math.min(tokens, 0), 0
+    tokens, remainder = math_min(tokens, 0), 0
   elseif op == 2 then
-    tokens = math.min(tokens + n, capacity)
+    tokens = math_min(tokens + n, capacity)
   else
     -- Into debt of at most a capacity.
-    tokens = math.min(tokens, math.max(tokens - n, -capacity))
+    tokens = math_min(tokens, math_max(tokens - n, -capacity))
   end
   if tokens == capacity then
     remainder = 0
   end
   store()
 end
-local whole = math.max(tokens, 0)
-return { whole, math.min(micros_until(math.min(whole + 1, capacity)), 2 ^ 53),
-  math.min(micros_until(capacity), 2 ^ 53), applied and 1 or 0 }
+local whole = math_max(tokens, 0)
+return { whole, math_min(micros_until(math_min(whole + 1, capacity)), 2 ^ 53),
+  math_min(micros_until(capacity), 2 ^ 53), applied and 1 or 0 }

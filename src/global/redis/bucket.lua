@@ -20,6 +20,10 @@ local shift_before, change, shift_after, zoned
 local simulated, now, key
 local tokens, remainder, updated, cold, as_of
 
+-- The library's functions as locals: each use then skips two table lookups (`math`, then its
+-- field).
+local math_min, math_max, math_floor, math_ceil = math.min, math.max, math.floor, math.ceil
+
 -- How integers are written: '%d' skips the C library's floating-point formatting of '%.0f',
 -- but is exact only where Lua's '%d' has 64 bits (not on a 32-bit build of Redis).
 local INTEGER = string.format('%d', 2 ^ 40) == '1099511627776' and '%d' or '%.0f'
@@ -28,7 +32,7 @@ local STATE = INTEGER .. ' ' .. INTEGER .. ' ' .. INTEGER
 
 -- Floor division and remainder, exact for integers below 2^53 (one correction step).
 local function divmod(x, d)
-  local q = math.floor(x / d)
+  local q = math_floor(x / d)
   local r = x - q * d
   if r < 0 then
     q = q - 1
@@ -48,20 +52,20 @@ local function days_from_civil(y, m, d)
   if m <= 2 then
     y = y - 1
   end
-  local era = math.floor(y / 400)
+  local era = math_floor(y / 400)
   local yoe = y - era * 400
-  local doy = math.floor((153 * ((m + 9) % 12) + 2) / 5) + d - 1
-  return era * 146097 + yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy - 719468
+  local doy = math_floor((153 * ((m + 9) % 12) + 2) / 5) + d - 1
+  return era * 146097 + yoe * 365 + math_floor(yoe / 4) - math_floor(yoe / 100) + doy - 719468
 end
 
 local function civil_from_days(z)
   z = z + 719468
-  local era = math.floor(z / 146097)
+  local era = math_floor(z / 146097)
   local doe = z - era * 146097
-  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
-    - math.floor(doe / 146096)) / 365)
-  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
-  local mp = math.floor((5 * doy + 2) / 153)
+  local yoe = math_floor((doe - math_floor(doe / 1460) + math_floor(doe / 36524)
+    - math_floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math_floor(yoe / 4) - math_floor(yoe / 100))
+  local mp = math_floor((5 * doy + 2) / 153)
   local m = mp + 3
   if mp >= 10 then
     m = mp - 9
@@ -80,20 +84,20 @@ local function start(k)
   elseif period == 2 then
     days = k * 7 + 4
   else
-    local y = math.floor(k / 12)
+    local y = math_floor(k / 12)
     days = days_from_civil(y, k - y * 12 + 1, 1)
   end
   -- A local time the clocks repeat names its first instant; one they skip, the instant the
   -- gap's length after it (Offsets::instant_of in src/calendar/zone.rs).
   local early = days * DAY + shift_before
   if early < change then
-    return math.max(early, 0)
+    return math_max(early, 0)
   end
   local late = days * DAY + shift_after
   if late >= change then
-    return math.max(late, 0)
+    return math_max(late, 0)
   end
-  return math.max(early, 0)
+  return math_max(early, 0)
 end
 
 local function window(t)
@@ -106,7 +110,7 @@ local function window(t)
   if period == 1 then
     k = days
   elseif period == 2 then
-    k = math.floor((days - 4) / 7)
+    k = math_floor((days - 4) / 7)
   else
     local y, m = civil_from_days(days)
     k = y * 12 + m - 1
@@ -130,7 +134,7 @@ local function level_after(elapsed)
   end
   if period > 0 then
     local resets = window(as_of + elapsed) - window(as_of)
-    return math.min(tokens + resets * capacity, capacity), 0
+    return math_min(tokens + resets * capacity, capacity), 0
   end
   local q, r = divmod(elapsed, p)
   local whole, rest = divmod(remainder + r * a, p)
@@ -148,7 +152,7 @@ local function micros_until(n)
     return 0
   end
   if period > 0 then
-    local resets = math.ceil((n - tokens) / capacity)
+    local resets = math_ceil((n - tokens) / capacity)
     return start(window(as_of) + resets) - as_of
   end
   local qa, ra = divmod(n - tokens, a)
@@ -169,13 +173,13 @@ local function surcharge(hi, lo)
   if 2 * hi <= cold_max then
     return 0
   end
-  local low = math.max(2 * lo, cold_max)
-  return math.ceil((2 * hi - low) * (2 * hi + low - 2 * cold_max) / (2 * cold_max))
+  local low = math_max(2 * lo, cold_max)
+  return math_ceil((2 * hi - low) * (2 * hi + low - 2 * cold_max) / (2 * cold_max))
 end
 
 local function price(permits)
   local unit = permits * p
-  return unit + surcharge(cold, cold - math.min(unit, cold))
+  return unit + surcharge(cold, cold - math_min(unit, cold))
 end
 
 local function permits_within(u, min, want)
@@ -184,7 +188,7 @@ local function permits_within(u, min, want)
   end
   local lo, hi = 0, want - 1
   while lo < hi do
-    local mid = lo + math.ceil((hi - lo) / 2)
+    local mid = lo + math_ceil((hi - lo) / 2)
     if price(mid) <= u - p then
       lo = mid
     else
@@ -192,7 +196,7 @@ local function permits_within(u, min, want)
     end
   end
   if u >= capacity * p then
-    return math.max(lo + 1, min)
+    return math_max(lo + 1, min)
   end
   return lo + 1
 end
@@ -200,7 +204,7 @@ end
 local function required(permits, min)
   local paid = p + price(permits - 1)
   if permits <= min then
-    return math.min(paid, capacity * p)
+    return math_min(paid, capacity * p)
   end
   return paid
 end
@@ -219,7 +223,7 @@ end
 
 local function consume(permits)
   local u = units() - price(permits)
-  cold = cold - math.min(permits * p, cold)
+  cold = cold - math_min(permits * p, cold)
   tokens, remainder = divmod(u, p)
 end
 
@@ -252,7 +256,7 @@ local function store()
   if simulated then
     redis.call('SET', key, value)
   else
-    local ms = math.min(math.ceil(to_full / 1000), 2 ^ 52)
+    local ms = math_min(math_ceil(to_full / 1000), 2 ^ 52)
     redis.call('SET', key, value, 'PX', string.format(INTEGER, ms))
   end
 end
@@ -315,17 +319,17 @@ local function load(KEYS, ARGV, redis_now)
     remainder = tonumber(r)
     updated = tonumber(u)
     -- Cold permits of another limit (one the key moved from) count up to this one's store.
-    cold = math.min(tonumber(c) or 0, cold_max)
+    cold = math_min(tonumber(c) or 0, cold_max)
     -- A clock that stepped back (a failover) must not count the same time twice.
-    now = math.max(now, updated)
+    now = math_max(now, updated)
   end
   -- The time (tokens, remainder) are as of: the last update's, then now's once refilled.
   as_of = updated
   -- Time spent full stores cold permits (warm-up only), at the refill rate, for at most the
   -- warm-up period (cold_max / a microseconds).
   if cold_max > 0 then
-    local idle_full = math.min(math.max(now - updated - micros_until(capacity), 0), cold_max / a)
-    cold = math.min(cold + idle_full * a, cold_max)
+    local idle_full = math_min(math_max(now - updated - micros_until(capacity), 0), cold_max / a)
+    cold = math_min(cold + idle_full * a, cold_max)
   end
   tokens, remainder = level_after(now - updated)
   as_of = now
