@@ -1464,13 +1464,16 @@ async fn one_script_over_buckets_of_every_kind_answers_each_as_its_own_script_wo
             },
         }
     };
+    // Each limit twice in a batch, the second time in reverse order, on buckets of their own:
+    // a script names each limit once and its buckets by number.
+    let order: Vec<usize> = (0..limits.len()).chain((0..limits.len()).rev()).collect();
     for round in 0..12 {
-        let batch: Vec<_> = (limits.iter().enumerate())
-            .map(|(i, limit)| call("many", round, i, *limit))
+        let batch: Vec<_> = (order.iter().enumerate())
+            .map(|(i, &l)| call("many", round, i, limits[l]))
             .collect();
         let mut batched: Vec<_> = redis.call_many(batch).collect().await;
         batched.sort_by_key(|(i, _)| *i);
-        for (i, limit) in limits.iter().enumerate() {
+        for (i, limit) in order.iter().map(|&l| &limits[l]).enumerate() {
             let alone = match call("one", round, i, *limit) {
                 Call::Acquire {
                     key,

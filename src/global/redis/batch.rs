@@ -23,32 +23,55 @@ pub(super) const MANY: &str = concat!(
     include_str!("many.lua"),
 );
 
-/// The calls of one script: their indexes in the batch, and the script's keys and each
-/// bucket's arguments.
+/// The calls of one script: their indexes in the batch, the script's keys, each bucket's
+/// arguments, and the limits they name (each written once per script, however many buckets
+/// share it).
 #[derive(Default)]
 struct Group {
     indexes: Vec<usize>,
     keys: Vec<Vec<u8>>,
     buckets: Vec<BucketArgs>,
+    limits: Vec<ScriptLimit>,
+}
+
+/// A limit as a script reads it, with a calendar quota's resets' distance from midnight UTC,
+/// read when the call was grouped.
+#[derive(PartialEq)]
+struct ScriptLimit {
+    limit: Limit,
+    shift: Option<String>,
+}
+
+impl Group {
+    /// The number `many.lua` knows `limit` by in this script (from 1), added if new.
+    fn limit_number(&mut self, limit: ScriptLimit) -> usize {
+        let at = match self.limits.iter().position(|known| *known == limit) {
+            Some(at) => at,
+            None => {
+                self.limits.push(limit);
+                self.limits.len() - 1
+            }
+        };
+        at + 1
+    }
 }
 
 /// One bucket's arguments, in the order `many.lua` reads them, kept as numbers until they are
 /// written into the command (no text made per argument).
 struct BucketArgs {
     acquire: bool,
-    limit: Limit,
-    /// A calendar quota's resets' distance from midnight UTC, read when the call was grouped.
-    shift: Option<String>,
+    /// Its limit's number among the script's limits.
+    limit: usize,
     /// The operation's own three arguments.
     op: [u64; 3],
 }
 
 impl BucketArgs {
-    /// The bucket's ten arguments.
+    /// The bucket's five arguments.
     fn write(&self, cmd: &mut redis::Cmd) {
-        cmd.arg(if self.acquire { "a" } else { "r" });
-        super::write_limit(cmd, &self.limit, self.shift.as_deref());
-        cmd.arg(&self.op[..]);
+        cmd.arg(if self.acquire { "a" } else { "r" })
+            .arg(self.limit)
+            .arg(&self.op[..]);
     }
 
     /// How many numbers the script replies for this bucket.
@@ -94,15 +117,12 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
                 }
             };
             let redis_key = self.redis_key(&key);
+            let shift = self.calendar_shift(&limit);
             let group = self.group_of(&mut groups, &redis_key);
             group.indexes.push(i);
             group.keys.push(redis_key);
-            group.buckets.push(BucketArgs {
-                acquire,
-                limit,
-                shift: self.calendar_shift(&limit),
-                op,
-            });
+            let limit = group.limit_number(ScriptLimit { limit, shift });
+            group.buckets.push(BucketArgs { acquire, limit, op });
         }
         groups.into_iter().map(|(_, group)| group).collect()
     }
@@ -135,6 +155,10 @@ impl<K: RedisKey + Send + Sync + 'static> RedisGlobalStore<K> {
             cmd.arg(group.keys.len()).arg(&group.keys);
             for bucket in &group.buckets {
                 bucket.write(cmd);
+            }
+            cmd.arg(group.limits.len());
+            for ScriptLimit { limit, shift } in &group.limits {
+                super::write_limit(cmd, limit, shift.as_deref());
             }
         })
         .await
@@ -220,13 +244,12 @@ fn hash_tag(key: &[u8]) -> &[u8] {
 
 #[cfg(test)]
 mod tests {
-    use super::{Answer, BucketArgs, Group, answers, hash_tag};
+    use super::{Answer, BucketArgs, Group, ScriptLimit, answers, hash_tag};
 
     fn bucket(acquire: bool) -> BucketArgs {
         BucketArgs {
             acquire,
-            limit: crate::Limit::per_second(1).burst(10).unwrap(),
-            shift: None,
+            limit: 1,
             op: [1, 1, 0],
         }
     }
@@ -240,6 +263,7 @@ mod tests {
             indexes: vec![7, 3, 9],
             keys: vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()],
             buckets: vec![bucket(true), bucket(false), bucket(true)],
+            limits: Vec::new(),
         };
         let all = answers(group(), Ok(vec![1, 0, 0, 9, 0, 4, 0, 2, 5_000, 0, 100]));
         let indexes: Vec<usize> = all.iter().map(|(i, _)| *i).collect();
@@ -265,6 +289,30 @@ mod tests {
         let release_failed = answers(group(), Ok(vec![1, 0, 0, 9, 0, -1, 0, 2, 5_000, 0, 100]));
         assert!(release_failed[1].1.is_err());
         assert_eq!(granted(&release_failed[2].1), Some((0, 2, 0)));
+    }
+
+    /// Buckets of one limit name it by one number; the same limit with another calendar
+    /// shift (read on either side of a zone's change) is another.
+    #[test]
+    fn a_script_names_each_limit_once() {
+        let (a, b) = (
+            crate::Limit::per_second(1).burst(10).unwrap(),
+            crate::Limit::per_minute(5).burst(5).unwrap(),
+        );
+        let limit = |limit, shift: Option<&str>| ScriptLimit {
+            limit,
+            shift: shift.map(str::to_owned),
+        };
+        let mut group = Group::default();
+        let numbers = [
+            group.limit_number(limit(a, None)),
+            group.limit_number(limit(b, None)),
+            group.limit_number(limit(a, None)),
+            group.limit_number(limit(b, Some("3600000000"))),
+            group.limit_number(limit(b, None)),
+        ];
+        assert_eq!(numbers, [1, 2, 1, 3, 2]);
+        assert_eq!(group.limits.len(), 3);
     }
 
     #[test]

@@ -1,12 +1,15 @@
--- Many buckets of one node in one script. KEYS[i] is a bucket; ARGV holds ten values per
--- bucket: the operation ('a' to acquire, 'r' to release), then that operation's ARGV[1] to
--- ARGV[9]; in tests, one more closes ARGV: the simulated time. Returns the buckets' replies
--- in order, as one list of numbers: an acquire's five, a release's one (one list, so the
--- reply is one array for the client to read, not one per bucket). A bucket that fails (its
--- key holds another type of value, or a string that is no bucket's) fails alone: its numbers
--- are -1 then zeros, and the buckets after it go on.
-local per = 10
-local now = ARGV[#KEYS * per + 1]
+-- Many buckets of one node in one script. KEYS[i] is a bucket; ARGV holds five values per
+-- bucket: the operation ('a' to acquire, 'r' to release), the number of its limit, and that
+-- operation's ARGV[7] to ARGV[9]; then the number of limits, and each limit's six values (the
+-- operation's ARGV[1] to ARGV[6]), once however many buckets share it; in tests, one more
+-- closes ARGV: the simulated time. Returns the buckets' replies in order, as one list of
+-- numbers: an acquire's five, a release's one (one list, so the reply is one array for the
+-- client to read, not one per bucket). A bucket that fails (its key holds another type of
+-- value, or a string that is no bucket's) fails alone: its numbers are -1 then zeros, and the
+-- buckets after it go on.
+local per = 5
+local limits_at = #KEYS * per + 1
+local now = ARGV[limits_at + tonumber(ARGV[limits_at]) * 6 + 1]
 -- Redis's time, once for every bucket of the script (none when the time is simulated).
 local redis_now
 if now == nil then
@@ -21,8 +24,13 @@ local keys, args = {}, {}
 args[10] = now
 for i = 1, #KEYS do
   local base = (i - 1) * per
-  for j = 1, 9 do
-    args[j] = ARGV[base + 1 + j]
+  -- The same strings for every bucket of a limit, so `read_limit` reads each limit once.
+  local limit_at = limits_at + (tonumber(ARGV[base + 2]) - 1) * 6
+  for j = 1, 6 do
+    args[j] = ARGV[limit_at + j]
+  end
+  for j = 7, 9 do
+    args[j] = ARGV[base + j - 4]
   end
   keys[1] = KEYS[i]
   -- A bucket reads its key before it writes it: one that fails has written nothing.
