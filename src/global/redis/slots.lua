@@ -33,6 +33,9 @@ for i = 1, #entries, 2 do
     last = math.max(last, expires)
   end
 end
+-- Seq and expiry are microseconds since 1970: '%d' holds them only where Lua's '%d' has 64
+-- bits (not on a 32-bit build of Redis); '%.0f' is exact everywhere.
+local INTEGER = string.format('%d', 2 ^ 40) == '1099511627776' and '%d' or '%.0f'
 -- A call older than the one applied changes nothing.
 if mine_seq ~= nil and seq <= mine_seq then
   return { mine_held, others }
@@ -40,7 +43,8 @@ end
 local held = math.min(want, math.max(0, max - others))
 local expires = now + ttl
 -- Kept even when empty, for its seq: a late call must not apply after it.
-redis.call('HSET', key, host, string.format('%d %d %d', held, seq, expires))
+local holding = string.format(INTEGER .. ' ' .. INTEGER .. ' ' .. INTEGER, held, seq, expires)
+redis.call('HSET', key, host, holding)
 last = math.max(last, expires)
 redis.call('PEXPIRE', key, math.ceil((last - now) / 1000))
 return { held, others }
