@@ -244,6 +244,15 @@ impl LocalBucket {
         self.fetching || cold.credit_after > 0
     }
 
+    /// Whether a local store may evict this bucket: not while it [is
+    /// fetching](Self::is_fetching), nor while tokens it reserved ahead are still to come. A
+    /// bucket made afresh would reserve again, queued behind the reservation its predecessor
+    /// hands back only later: a key over its limit evicted again and again would push its
+    /// global bucket ever deeper into debt, and its requests would be told ever longer waits.
+    pub fn may_evict(&self) -> bool {
+        !self.is_fetching() && self.cold().reserved.is_empty()
+    }
+
     /// Marks the bucket as used; see [`take_used_mark`](Self::take_used_mark).
     #[inline]
     pub fn mark_used(&mut self) {

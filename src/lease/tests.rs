@@ -132,6 +132,23 @@ fn reserved_tokens_are_used_only_once_due() {
     assert_eq!(b.leased_tokens(), 0);
 }
 
+/// A bucket waiting for tokens it reserved is not evicted: one made afresh would reserve again
+/// behind them (seed 74681 of the simulation: a key over its limit, evicted again and again by
+/// a key spray, queued forty reservations and told waits of seconds).
+#[test]
+fn a_bucket_waiting_for_reserved_tokens_may_not_be_evicted() {
+    let mut b = LocalBucket::default();
+    assert!(b.may_evict());
+    let (_, _rx) = queue(&mut b, 1, 0);
+    assert!(!b.may_evict(), "fetching");
+    b.settle(&grant(0, 5, 300, 400), 1_000, 0, &limit());
+    assert!(!b.is_fetching());
+    assert!(!b.may_evict(), "5 tokens reserved, due at 301 ms");
+    let (miss, _) = queue(&mut b, 1, 301_000);
+    assert_eq!(miss, Miss::Admitted);
+    assert!(b.may_evict(), "the reserved tokens came");
+}
+
 #[test]
 fn a_full_grant_keeps_late_joiners_for_the_next_batch() {
     let mut b = LocalBucket::default();

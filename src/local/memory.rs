@@ -16,9 +16,11 @@ use crate::sync::{ShardLock, lock, shard_index};
 ///
 /// A request holds one lock for a few nanoseconds; a known key costs one hash and one probe,
 /// and no allocation. When a shard is full, a new key evicts buckets that were not used since
-/// the previous eviction pass (second chance), then any that are not fetching; evicted leases
-/// are handed back to the global store. Memory stays bounded however many distinct keys
-/// arrive.
+/// the previous eviction pass (second chance), then any other that [may be
+/// evicted](LocalBucket::may_evict) (not fetching, paying for credit or waiting for tokens it
+/// reserved); evicted leases are handed back to the global store. Memory stays bounded however
+/// many distinct keys arrive (beyond the buckets that may not be evicted, each for at most a
+/// round trip or a reservation's wait).
 #[derive(Debug)]
 pub struct MemoryLocalStore<K> {
     /// The shards, in runs of `1 << run_bits` shards under one lock each: few locks, so their
@@ -215,7 +217,7 @@ impl<K: Clone> MemoryLocalStore<K> {
     }
 
     /// Frees at least an eighth of a full shard: first buckets not used since the last pass,
-    /// then any that are not fetching. Evicted buckets holding leased tokens or uncounted
+    /// then any other that [may be evicted](LocalBucket::may_evict). Evicted buckets holding leased tokens or uncounted
     /// requests are all kept for the throttle (it takes them every half lease time), so no
     /// leased token is stranded.
     fn make_room(&self, table: &mut Shard<K>) {
@@ -228,7 +230,7 @@ impl<K: Clone> MemoryLocalStore<K> {
             let mut len = table.len();
             let victims = table.extract_if(|Entry { bucket, .. }| {
                 let used = second_chance && bucket.take_used_mark();
-                let evict = len > target && !used && !bucket.is_fetching();
+                let evict = len > target && !used && bucket.may_evict();
                 len -= usize::from(evict);
                 evict
             });
@@ -676,6 +678,52 @@ mod tests {
         let (tokens, fetching) =
             store.with_bucket(&id(1), |b| (b.leased_tokens(), b.is_fetching()));
         assert_eq!((tokens, fetching), (10, false));
+    }
+
+    /// A bucket waiting for tokens it reserved survives eviction passes, used or not: one made
+    /// afresh would reserve again, behind them.
+    #[test]
+    fn a_bucket_waiting_for_reserved_tokens_survives_eviction() {
+        use crate::global::Grant;
+        use crate::lease::{FetchOutcome, Waiter};
+        use crate::quota::Name;
+        use std::time::Duration;
+        let store = MemoryLocalStore::<u64>::with_max_keys(64).unwrap();
+        let limit = crate::Limit::per_second(10).burst(10).unwrap();
+        let reserving = LeaseKey::new(7, 0, 0);
+        store.with_bucket(&reserving, |b| {
+            let (waiter, _verdict) = Waiter::new(1, 50_000);
+            b.miss(1, 0, 0, &limit, true, 0, u64::MAX, || waiter);
+            let grant = Grant {
+                granted: 0,
+                reserved: 5,
+                ready_in: Duration::from_millis(300),
+                remaining: 0,
+                refill_in: Duration::from_millis(400),
+            };
+            let from = Name::intern("default");
+            let answer = FetchOutcome::Granted {
+                grant,
+                sent_at: 0,
+                from,
+                shape: 0,
+            };
+            b.settle(&answer, 1_000, 0, &limit);
+        });
+        for key in 1000..1200u64 {
+            store.with_bucket(&LeaseKey::new(key, 0, 0), |_| ());
+        }
+        let mut reserved = None;
+        store.for_each_bucket(|k, b| {
+            if *k == reserving {
+                reserved = Some(b.leased_tokens());
+            }
+        });
+        assert_eq!(
+            reserved,
+            Some(5),
+            "kept through three passes, with its reservation"
+        );
     }
 
     #[test]
