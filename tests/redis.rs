@@ -14,6 +14,7 @@ use common::redis_server::{RedisCluster, RedisServer};
 use common::*;
 use hierarchical_throttle::clock::{Clock, ManualClock};
 use hierarchical_throttle::global::redis::RedisGlobalStore;
+use hierarchical_throttle::global::slots::SlotHold;
 use hierarchical_throttle::global::{
     Adjustment, Answer, Call, GlobalStore, TokenRequest, TokenReturn,
 };
@@ -793,6 +794,131 @@ async fn a_stalled_primary_delays_only_the_keys_it_serves() {
         "the stalled primary's own keys wait"
     );
     cluster.nodes[0].resume();
+}
+
+/// What the store answers for `key` asked alone and in a batch beside another key: one token
+/// ((granted, remaining) each time), and one of its concurrency slots for host 8 (held,
+/// others).
+async fn asked_alone_and_in_a_batch(
+    redis: &RedisGlobalStore<String>,
+    key: &BucketKey<String>,
+    limit: Limit,
+    seq: u64,
+) -> [(u64, u64); 3] {
+    use futures_util::StreamExt;
+    use hierarchical_throttle::global::slots::SlotStore;
+    let alone = redis
+        .acquire(key, &limit, TokenRequest::now(1, 1))
+        .await
+        .expect("the key's primary answers");
+    let calls = [key.clone(), bucket("bystander")].map(|key| Call::Acquire {
+        key,
+        limit,
+        request: TokenRequest::now(1, 1),
+    });
+    let mut answers: Vec<_> = redis.call_many(calls.into()).collect().await;
+    answers.sort_by_key(|(i, _)| *i);
+    let in_batch = match answers.swap_remove(0) {
+        (0, Ok(Answer::Granted(grant))) => grant,
+        other => panic!("the moving key's answer in a batch: {other:?}"),
+    };
+    let holds = [key.clone(), bucket("bystander")].map(|key| (key, 2, slot_hold(8, seq, 1)));
+    let mut held: Vec<_> = redis.hold_many(holds.into()).collect().await;
+    held.sort_by_key(|(i, _)| *i);
+    let slot = held
+        .swap_remove(0)
+        .1
+        .expect("the key's primary holds slots");
+    [
+        (alone.granted, alone.remaining),
+        (in_batch.granted, in_batch.remaining),
+        (slot.held, slot.others),
+    ]
+}
+
+/// A hold of `want` slots for 10 minutes.
+fn slot_hold(host: u64, seq: u64, want: u64) -> SlotHold {
+    SlotHold {
+        host,
+        seq,
+        want,
+        ttl: Duration::from_secs(600),
+    }
+}
+
+/// Resharding moves a bucket, and a key's slot holdings, with their levels: a key that spent
+/// its burst and whose concurrency slots another host holds stays refused while its slot
+/// migrates (once the keys have moved, their old primary redirects with `ASK`, to a primary
+/// that has not loaded the scripts) and after (`MOVED`), asked alone and in a batch. Buckets
+/// or holdings made anew on the new primary would grant a whole burst, or the slots, again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_keeps_its_level_while_its_slot_moves_to_another_primary() {
+    use futures_util::StreamExt;
+    use hierarchical_throttle::global::slots::SlotStore;
+    let cluster = RedisCluster::start();
+    let redis: RedisGlobalStore<String> = RedisGlobalStore::connect_cluster(cluster.urls())
+        .await
+        .expect("connect to the test's cluster");
+    let limit = Limit::per_hour(10).burst(10).unwrap();
+    let key = one_key_per_primary(&cluster, &redis, "moving").swap_remove(0);
+    let spent = redis.acquire(&key, &limit, TokenRequest::now(10, 10)).await;
+    assert_eq!(spent.expect("a healthy cluster answers").granted, 10);
+    let taken = redis.hold_many(vec![(key.clone(), 2, slot_hold(7, 1, 2))]);
+    let taken = taken.collect::<Vec<_>>().await.swap_remove(0).1;
+    assert_eq!(taken.expect("a healthy cluster holds slots").held, 2);
+    let redis_key = String::from_utf8(redis.redis_key(&key)).unwrap();
+    let slots_key = format!("{redis_key}:slots");
+    let (from, to) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let slot = from
+        .cli(&["cluster", "keyslot", &redis_key])
+        .trim()
+        .to_owned();
+    let id = |node: &RedisServer| node.cli(&["cluster", "myid"]).trim().to_owned();
+    for node in &cluster.nodes {
+        assert!(node.cli(&["script", "flush"]).contains("OK"));
+    }
+    let refused = [(0, 0), (0, 0), (0, 2)];
+
+    let importing = to.cli(&["cluster", "setslot", &slot, "importing", &id(from)]);
+    let migrating = from.cli(&["cluster", "setslot", &slot, "migrating", &id(to)]);
+    assert!(importing.contains("OK") && migrating.contains("OK"));
+    assert_eq!(
+        asked_alone_and_in_a_batch(&redis, &key, limit, 1).await,
+        refused,
+        "migrating, the keys still on their old primary"
+    );
+
+    let port = to.port.to_string();
+    let keys = [redis_key.as_str(), slots_key.as_str()];
+    let mut args = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
+    args.extend(keys);
+    assert!(from.cli(&args).contains("OK"), "the keys move");
+    assert_eq!(
+        asked_alone_and_in_a_batch(&redis, &key, limit, 2).await,
+        refused,
+        "migrating, the keys on their new primary (ASK)"
+    );
+    let stats = to.cli(&["info", "commandstats"]);
+    assert!(
+        stats.contains("cmdstat_asking"),
+        "redirected by ASK: {stats}"
+    );
+
+    for node in &cluster.nodes {
+        assert!(
+            node.cli(&["cluster", "setslot", &slot, "node", &id(to)])
+                .contains("OK")
+        );
+    }
+    assert_eq!(
+        asked_alone_and_in_a_batch(&redis, &key, limit, 3).await,
+        refused,
+        "moved (MOVED)"
+    );
+    for moved in keys {
+        assert!(from.cli(&["exists", moved]).contains("MOVED"));
+        assert_eq!(to.cli(&["exists", moved]).trim(), "1");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
