@@ -550,6 +550,74 @@ async fn a_key_holding_another_type_fails_alone_in_its_batch() {
     assert_eq!(server.cli(&["get", &slots("held")]).trim(), "not slots");
 }
 
+/// A server that refuses every write (out of memory under the default `noeviction` policy, or a
+/// replica) fails a batch's every bucket, and every slot holding, with its own error (`OOM`,
+/// `READONLY`, which tells a Sentinel client to find the primary again), having written
+/// nothing: not as keys that hold something else.
+#[tokio::test]
+async fn a_server_that_refuses_writes_fails_a_batch_in_its_own_words() {
+    let server = RedisServer::start();
+    let redis = store(&server).await;
+    let limit = Limit::per_hour(10).burst(10).unwrap();
+    let calls = || {
+        vec![
+            Call::Acquire {
+                key: bucket("first"),
+                limit,
+                request: TokenRequest::now(1, 4),
+            },
+            Call::Release {
+                key: bucket("second"),
+                limit,
+                back: TokenReturn::new(1),
+            },
+        ]
+    };
+    let holds = || vec![(bucket("first"), 3, slot_hold(7, 1, 2))];
+    let refused_in = |store: RedisGlobalStore<String>, code: &'static str| async move {
+        use futures_util::StreamExt;
+        use hierarchical_throttle::global::slots::SlotStore;
+        let answers: Vec<_> = store.call_many(calls()).collect().await;
+        let holdings: Vec<_> = store.hold_many(holds()).collect().await;
+        let errors = (answers.iter().map(|(_, a)| a.as_ref().err()))
+            .chain(holdings.iter().map(|(_, h)| h.as_ref().err()));
+        for error in errors {
+            let error = error.expect("the server refuses every write");
+            assert_eq!(error.code(), Some(code), "{error}");
+            assert!(!store.may_have_applied(error), "nothing written: {error}");
+        }
+        assert_eq!((answers.len(), holdings.len()), (2, 1));
+    };
+
+    assert!(
+        server
+            .cli(&["config", "set", "maxmemory", "1"])
+            .contains("OK")
+    );
+    refused_in(redis.clone(), "OOM").await;
+    // Through layers, each store failure is answered by the layer's failure policy.
+    let layers = policy_hosts(&redis, &ManualClock::new(), Duration::from_secs(1));
+    let [mut open, mut closed] = [0, 1].map(|i| layers[i].layer(backend()));
+    assert_eq!(send(&mut open, "full", 1).await, Outcome::Served);
+    assert!(matches!(
+        send(&mut closed, "full", 1).await,
+        Outcome::Refused(RejectionReason::StoreUnavailable, Some(_))
+    ));
+    assert!(layers.iter().take(2).all(|l| l.stats().global_errors == 1));
+    let replica = RedisServer::start_replica_of(server.port);
+    refused_in(store(&replica).await, "READONLY").await;
+    assert!(
+        server
+            .cli(&["config", "set", "maxmemory", "0"])
+            .contains("OK")
+    );
+    assert_eq!(server.cli(&["dbsize"]).trim(), "0", "nothing written");
+    let grant = redis
+        .acquire(&bucket("first"), &limit, TokenRequest::now(1, 4))
+        .await;
+    assert_eq!(grant.expect("memory freed").granted, 4);
+}
+
 #[tokio::test]
 async fn hostile_keys_get_distinct_redis_keys_and_buckets() {
     let server = RedisServer::start();

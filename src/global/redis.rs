@@ -622,7 +622,8 @@ where
 
     /// A refused connection, an error reply (the scripts write only once they cannot fail) or
     /// a command the client never sent did not change the bucket; a lost connection or an
-    /// unreadable answer may have.
+    /// unreadable answer may have. Redis refuses a script's writes for want of memory, of a
+    /// disk or of replicas only until the script has written, so such a refusal wrote nothing.
     fn may_have_applied(&self, error: &RedisError) -> bool {
         let never_ran = error.is_connection_refusal()
             || matches!(
@@ -632,7 +633,8 @@ where
                     | ErrorKind::InvalidClientConfig
                     | ErrorKind::AuthenticationFailed
                     | ErrorKind::ClusterConnectionNotFound
-            );
+            )
+            || matches!(error.code(), Some("OOM" | "MISCONF" | "NOREPLICAS"));
         !never_ran
     }
 }

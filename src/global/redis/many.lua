@@ -6,7 +6,9 @@
 -- numbers: an acquire's five, a release's one (one list, so the reply is one array for the
 -- client to read, not one per bucket). A bucket that fails (its key holds another type of
 -- value, or a string that is no bucket's) fails alone: its numbers are -1 then zeros, and the
--- buckets after it go on.
+-- buckets after it go on. A write the server refuses (out of memory, a replica, a missing
+-- permission) it refuses to every bucket: met before any bucket is answered, when nothing has
+-- been written, it is the script's answer, in the server's words.
 local per = 5
 local limits_at = #KEYS * per + 1
 local now = ARGV[limits_at + tonumber(ARGV[limits_at]) * 6 + 1]
@@ -18,6 +20,16 @@ if now == nil then
 end
 local replies = {}
 local n = 0
+local answered = false
+-- The server's refusal of every write, if a bucket's failure `err` is one: not the bucket's
+-- own (its key holds something else), and met before any bucket was answered.
+local function refusal(err)
+  local message = type(err) == 'table' and err.err or tostring(err)
+  local own = string.find(message, 'WRONGTYPE', 1, true) or string.find(message, 'not a bucket', 1, true)
+  if not own and not answered then
+    return message
+  end
+end
 -- One bucket's KEYS and ARGV, refilled for each bucket (the operations keep no reference to
 -- them), rather than two tables made per bucket.
 local keys, args = {}, {}
@@ -36,12 +48,22 @@ for i = 1, #KEYS do
   -- A bucket reads its key before it writes it: one that fails has written nothing.
   if ARGV[base + 1] == 'a' then
     local ok, reply = pcall(acquire, keys, args, redis_now)
+    local refused = not ok and refusal(reply)
+    if refused then
+      return redis.error_reply(refused)
+    end
+    answered = answered or ok
     for j = 1, 5 do
       replies[n + j] = ok and reply[j] or (j == 1 and -1 or 0)
     end
     n = n + 5
   else
     local ok, reply = pcall(release, keys, args, redis_now)
+    local refused = not ok and refusal(reply)
+    if refused then
+      return redis.error_reply(refused)
+    end
+    answered = answered or ok
     n = n + 1
     replies[n] = ok and reply or -1
   end
