@@ -622,8 +622,9 @@ where
 
     /// A refused connection, an error reply (the scripts write only once they cannot fail) or
     /// a command the client never sent did not change the bucket; a lost connection or an
-    /// unreadable answer may have. Redis refuses a script's writes for want of memory, of a
-    /// disk or of replicas only until the script has written, so such a refusal wrote nothing.
+    /// unreadable answer may have. Redis refuses a script's writes for want of memory only
+    /// until the script has written, and for want of a disk or of replicas on a state that
+    /// cannot change while a script runs: such a refusal comes at the first write.
     fn may_have_applied(&self, error: &RedisError) -> bool {
         let never_ran = error.is_connection_refusal()
             || matches!(
