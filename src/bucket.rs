@@ -429,30 +429,28 @@ impl TokenBucket {
         }
     }
 
-    /// This bucket of limit `from` as a bucket of `to` at `now_micros`, for a key that moved
-    /// to another limit: as the in-memory store carries every bucket, by the time until its
-    /// tokens are full (between limits of the same window, the same share of the capacity),
-    /// with its cold permits up to the new limit's store. Kept as its tokens (at most the new
-    /// capacity) when that time is beyond the clock's range, or either limit is a calendar
-    /// quota's (whose level is no function of a time until full).
+    /// This bucket of limit `from` as a bucket of `to` at `now_micros`, for a key whose limit
+    /// changed (raised, lowered, another tier under the same name): it keeps its whole tokens
+    /// (a debt too), at most the new capacity, and what it had accrued towards its next token
+    /// and its cold permits as the same share of a token (none accrued when either limit is a
+    /// calendar quota's, whose tokens come only at resets), cold permits up to the new store.
+    /// So a raised limit is not held back by the old one's refill, and a lowered one admits at
+    /// most its own capacity at once.
     pub fn carried(&self, from: &Limit, to: &Limit, now_micros: u64) -> Self {
         let mut bucket = *self;
         bucket.refill(from, now_micros);
         if from == to {
             return bucket;
         }
-        let by_time = from.calendar().is_none() && to.calendar().is_none();
-        let Some(full_at) = bucket.tokens_full_at(from).filter(|_| by_time) else {
-            bucket.tokens = bucket.tokens.min(capacity(to));
-            if !by_time {
-                bucket.remainder = 0;
-            }
-            bucket.refill(to, now_micros);
-            return bucket;
+        let (p_from, p_to) = (from.period_micros(), to.period_micros());
+        bucket.tokens = bucket.tokens.min(capacity(to));
+        bucket.remainder = match from.calendar().or(to.calendar()) {
+            Some(_) => 0,
+            None => rescaled(bucket.remainder, p_from, p_to),
         };
-        let mut carried = Self::from_full_at(full_at, to, now_micros);
-        carried.cold = bucket.cold.min(to.cold_max());
-        carried
+        bucket.cold = rescaled(bucket.cold, p_from, p_to).min(to.cold_max());
+        bucket.refill(to, now_micros);
+        bucket
     }
 
     /// When the bucket's tokens are full if nothing more is taken (its cold permits aside).
@@ -511,6 +509,11 @@ fn surcharge(hi: u64, lo: u64, max: u64) -> u64 {
 }
 
 /// A limit's capacity as a level: capacities are below 2^53, so it always fits.
+/// `units` of `1 / from` of a token as units of `1 / to` (rounded down): the same share.
+fn rescaled(units: u64, from: u64, to: u64) -> u64 {
+    (u128::from(units) * u128::from(to) / u128::from(from.max(1))) as u64
+}
+
 fn capacity(limit: &Limit) -> i64 {
     i64::try_from(limit.capacity()).unwrap_or(i64::MAX)
 }
@@ -1031,25 +1034,44 @@ mod tests {
     }
 
     #[test]
-    fn a_bucket_carried_between_limits_keeps_its_time_until_full_either_way() {
+    fn a_bucket_carried_to_another_limit_keeps_its_tokens_and_its_share_of_a_token() {
         let plain = Limit::per_minute(30).burst(30).unwrap();
         let warm = plain.warm_up(Duration::from_secs(2)).unwrap();
-        let raised = Limit::per_minute(120).burst(60).unwrap();
-        let mut b = TokenBucket::full(&warm, 0);
-        b.take(&warm, 0, 1, 20);
-        let now = 1_000_000;
-        // Into the raised limit the way a compact bucket goes: by its time until full.
-        let moved = b.carried(&warm, &raised, now);
-        let mut as_plain = b;
-        as_plain.refill(&warm, now);
-        let expected = TokenBucket::from_full_at(as_plain.full_at(&plain).unwrap(), &raised, now);
+        let raised = Limit::per_second(100).burst(60).unwrap();
+        let mut b = TokenBucket::full(&plain, 0);
+        b.take(&plain, 0, 1, 29);
+        // A second and a half later: 1 token left, and three quarters of the next.
+        let now = 1_500_000;
+        let moved = b.carried(&plain, &raised, now);
+        let p = i128::from(raised.period_micros());
+        let share = |b: &TokenBucket, p: i128| i128::from(b.remainder) * 4 / p;
+        assert_eq!((moved.tokens, share(&moved, p)), (1, 3), "{moved:?}");
+        // Raised: refilled at the new rate from there, not held back by the old one.
+        let mut later = moved;
+        later.refill(&raised, now + 10_000);
+        assert_eq!(later.tokens, 2);
+        // Lowered below its level: at most the new capacity.
+        let lowered = Limit::per_minute(6).burst(1).unwrap();
+        let full = TokenBucket::full(&raised, 0).carried(&raised, &lowered, now);
+        assert_eq!((full.tokens, full.remainder), (1, 0));
+        // A debt is kept as a debt.
+        let mut owing = TokenBucket::full(&plain, 0);
+        owing.take(&plain, 0, 1, 30);
         assert_eq!(
-            (moved.tokens, moved.remainder),
-            (expected.tokens, expected.remainder)
+            owing.take_or_reserve(&plain, 0, 1, 10, 30_000_000).reserved,
+            10
         );
-        // Hosts asking under either limit while a change spreads do not move the level.
-        let back = moved.carried(&raised, &warm, now);
-        assert_eq!(back.carried(&warm, &raised, now), moved);
-        assert_eq!(b.carried(&warm, &warm, now), as_plain);
+        assert_eq!(owing.carried(&plain, &raised, 0).tokens, -10);
+        // A warm bucket's cold permits go only to a limit that stores them. Hosts asking
+        // under either limit while a change spreads do not move the level.
+        let mut cooling = TokenBucket::full(&warm, 0);
+        cooling.take(&warm, 0, 1, 29);
+        let warmed = cooling.carried(&warm, &raised, now);
+        assert_eq!(warmed.cold, 0);
+        let back = warmed.carried(&raised, &warm, now);
+        assert_eq!(back.carried(&warm, &raised, now), warmed);
+        let mut as_warm = cooling;
+        as_warm.refill(&warm, now);
+        assert_eq!(cooling.carried(&warm, &warm, now), as_warm);
     }
 }

@@ -239,7 +239,7 @@ async fn an_adjustment_answered_after_a_limit_change_does_not_throttle_under_the
     let store = common::FaultyStore::new(memory.clone());
     store.delay_adjust_answers(Duration::from_millis(10));
     let old = Limit::per_second(100).burst(100).unwrap(); // a token every 10 ms
-    let new = Limit::per_second(25).burst(50).unwrap(); // a token every 40 ms
+    let new = Limit::per_second(10_000).burst(100).unwrap(); // a token every 100 us
     let current = Arc::new(Mutex::new(old));
     let layer = HierarchicalThrottleLayer::builder()
         .cold_start(ColdStart::Exact)
@@ -265,17 +265,20 @@ async fn an_adjustment_answered_after_a_limit_change_does_not_throttle_under_the
     while memory.peek(&bucket, &old).owed() == 0 {
         tokio::task::yield_now().await;
     }
-    // Lowered: the store carries the bucket by its time until full (1.51 s), 12 tokens under
-    // the new limit; the host learns the new limit at its next request, which the store serves.
+    // Raised: the store keeps the debt of 51 and refills it at the new rate, 100 tokens in
+    // 10 ms; the host learns the new limit at its next request, which the store serves.
     *current.lock().unwrap() = new;
+    let refused = layer.acquire(key(), 1).await.unwrap_err();
+    assert_eq!(refused.retry_after, Some(Duration::from_micros(5_200)));
+    clock.advance(Duration::from_millis(10));
     assert!(layer.acquire(key(), 1).await.is_ok());
-    assert_eq!(memory.peek(&bucket, &new).tokens(), 11);
+    assert_eq!(memory.peek(&bucket, &new).tokens(), 48);
     // The answer lands: it said the bucket was short for 510 ms, under the old limit.
     let after = adjusting.await.unwrap().unwrap();
     assert_eq!(after[0].tokens, 0);
     // The host asks the store again rather than refuse from it.
     assert!(layer.acquire(key(), 1).await.is_ok());
-    assert_eq!(memory.peek(&bucket, &new).tokens(), 10);
+    assert_eq!(memory.peek(&bucket, &new).tokens(), 47);
 }
 
 #[tokio::test(start_paused = true)]

@@ -48,6 +48,36 @@ async fn redis_passes_the_same_conformance_suite_as_memory() {
     hierarchical_throttle::global::conformance::assert_conformance(&redis, &clock).await;
 }
 
+/// A bucket's progress towards its next token is stored in units of its limit's period, which
+/// the bucket does not keep: after a change to a limit of a shorter period it counts for less
+/// than one token, never for millions (23 hours of a day's token read as 10 ms ones).
+#[tokio::test]
+async fn a_share_of_a_token_counts_for_less_than_one_token_under_a_changed_limit() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(1_000_000));
+    let redis = store(&server).await.with_clock_override(clock.clone());
+    let (daily, fast) = (
+        Limit::per_day(1).burst(1).unwrap(),
+        Limit::per_second(100).burst(100).unwrap(),
+    );
+    let key = bucket("changed");
+    let grant = redis.acquire(&key, &daily, TokenRequest::now(1, 1)).await;
+    assert_eq!(grant.unwrap().granted, 1);
+    // 23 hours on, refused under the daily limit: 23/24 of a token stored.
+    clock.advance(Duration::from_secs(23 * 3600));
+    let grant = redis.acquire(&key, &daily, TokenRequest::now(1, 1)).await;
+    assert_eq!(grant.unwrap().granted, 0);
+    // At once under a limit of 10 ms tokens.
+    let grant = redis.acquire(&key, &fast, TokenRequest::now(1, 100)).await;
+    let grant = grant.unwrap();
+    assert_eq!((grant.granted, grant.remaining), (0, 0));
+    assert!(grant.refill_in <= Duration::from_millis(10), "{grant:?}");
+    clock.advance(Duration::from_millis(10));
+    let grant = redis.acquire(&key, &fast, TokenRequest::now(1, 100)).await;
+    assert_eq!(grant.unwrap().granted, 1);
+}
+
 #[tokio::test]
 async fn with_hashed_keys_redis_passes_the_suite_shares_buckets_and_never_holds_a_key() {
     let server = RedisServer::start();

@@ -281,3 +281,28 @@ async fn a_refusal_never_tells_a_wait_known_of_a_limit_changed_since() {
         "{refused:?}"
     );
 }
+
+/// A key refused under a limit of one a minute, whose limit is raised to a hundred a second,
+/// waits for the new limit's next token (10 ms), not for the old one's (a minute): neither the
+/// host's memory of the refusal nor the store's bucket holds it back.
+#[tokio::test(start_paused = true)]
+async fn a_raised_limit_is_not_held_back_by_the_old_limit_s_wait() {
+    let quota = setting("a: 1/min burst 1");
+    let global: Global = MemoryGlobalStore::with_clock(TokioClock::new());
+    let layer = keyed_by_string(&quota, &global, Duration::from_secs(2));
+    let k = || "k".to_owned();
+    assert!(layer.acquire(k(), 1).await.is_ok());
+    let refused = layer.acquire(k(), 1).await.unwrap_err();
+    assert_eq!(refused.retry_after, Some(Duration::from_secs(60)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    set(&quota, "a: 100/s burst 100");
+    // The sixtieth of a token accrued in that second is kept: 10 ms less a sixtieth.
+    let refused = layer.acquire(k(), 1).await.unwrap_err();
+    assert_eq!(refused.retry_after, Some(Duration::from_micros(9_834)));
+    tokio::time::sleep(Duration::from_micros(9_834)).await;
+    assert!(layer.acquire(k(), 1).await.is_ok());
+    // From there on, the new rate (offered exactly: a lease's edges lose a few), not one a
+    // minute.
+    let admitted = drive(&layer, "k", 100, 1).await;
+    assert!((90..=101).contains(&admitted), "{admitted}");
+}

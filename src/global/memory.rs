@@ -43,10 +43,9 @@ const SHARDS: usize = 1 << SHARD_BITS;
 /// bound. A forgotten bucket starts full again: each can admit what it lacked then, at most
 /// the few tokens a nearly full bucket lacks while the store holds fewer keys than the bound.
 ///
-/// When a key's limit changes (a key moved to another tier), its bucket keeps the time until
-/// it is full again (between limits of the same window, the same share of the capacity), never
-/// above the new capacity. The Redis store keeps the token count instead, capped at the new
-/// capacity; the two agree whenever the limit is the same.
+/// When a key's limit changes (raised, lowered, another tier under the same name), its bucket
+/// keeps its whole tokens (a debt too), at most the new capacity, as the Redis store does (see
+/// [`TokenBucket::carried`]): a raised limit is not held back by the old one's refill.
 ///
 /// ```
 /// use hierarchical_throttle::{Limit, quota::BucketKey};
@@ -89,6 +88,9 @@ struct Shard<K> {
 #[derive(Debug)]
 struct Table<K> {
     names: BucketNames,
+    /// The limit every bucket of `buckets` is kept under (its instant full says nothing
+    /// without it): the first a compact bucket was kept with, then the one most buckets have.
+    compact_limit: Option<Limit>,
     buckets: HashTable<(K, FullAt)>,
     /// Buckets kept whole with their limit: those of limits that [warm up](Limit::warm_up)
     /// (their cold permits are state of their own), and those full again beyond the clock's
@@ -103,6 +105,7 @@ impl<K> Shard<K> {
             None => {
                 self.tables.push(Table {
                     names,
+                    compact_limit: None,
                     buckets: HashTable::new(),
                     far: HashTable::new(),
                 });
@@ -162,8 +165,13 @@ impl<K> Shard<K> {
 impl<K: Eq> Table<K> {
     /// `key`'s bucket at `now`: full if the table holds none.
     fn get(&self, hash: u64, key: &K, limit: &Limit, now: u64) -> TokenBucket {
-        if let Some((_, full_at)) = self.buckets.find(hash, |e| e.0 == *key) {
-            return TokenBucket::from_full_at(*full_at, limit, now);
+        let compact = self.buckets.find(hash, |e| e.0 == *key);
+        if let (Some((_, full_at)), Some(kept_with)) = (compact, &self.compact_limit) {
+            let bucket = TokenBucket::from_full_at(*full_at, kept_with, now);
+            return match kept_with == limit {
+                true => bucket,
+                false => bucket.carried(kept_with, limit, now),
+            };
         }
         match self.far.find(hash, |e| e.0 == *key) {
             Some((_, (bucket, kept_with))) => bucket.carried(kept_with, limit, now),
@@ -188,15 +196,48 @@ impl<K: Eq> Table<K> {
                 take_out(&mut self.buckets, hash, key);
                 take_out(&mut self.far, hash, key);
             }
-            Some(full_at) => {
+            Some(full_at) if self.keeps_compact(limit, now, &hasher) => {
                 take_out(&mut self.far, hash, key);
                 upsert(&mut self.buckets, hash, key, full_at, hasher);
             }
-            None => {
+            _ => {
                 take_out(&mut self.buckets, hash, key);
                 upsert(&mut self.far, hash, key, (*bucket, *limit), hasher);
             }
         }
+    }
+
+    /// Whether a bucket of `limit` may be kept compact: when the compact buckets are kept under
+    /// it (or there are none yet). Once most of the table's buckets are of another limit than
+    /// its compact ones (a limit changed for every key), the compact ones are kept whole and
+    /// `limit` becomes the compact one; with a margin, so that two tiers under one name never
+    /// make it swap back and forth.
+    fn keeps_compact(&mut self, limit: &Limit, now: u64, hasher: impl Fn(&K) -> u64) -> bool
+    where
+        K: Clone,
+    {
+        match &self.compact_limit {
+            Some(kept_with) if kept_with == limit => return true,
+            Some(_)
+                if !self.buckets.is_empty() && self.far.len() <= 2 * self.buckets.len() + 64 =>
+            {
+                return false;
+            }
+            _ => {}
+        }
+        if let Some(kept_with) = self.compact_limit.replace(*limit) {
+            for (key, full_at) in self.buckets.drain() {
+                let bucket = TokenBucket::from_full_at(full_at, &kept_with, now);
+                upsert(
+                    &mut self.far,
+                    hasher(&key),
+                    &key,
+                    (bucket, kept_with),
+                    &hasher,
+                );
+            }
+        }
+        true
     }
 
     /// Forgets the buckets full at `now`.
@@ -472,6 +513,52 @@ mod tests {
             .unwrap()
             .block_on(call)
             .unwrap()
+    }
+
+    /// Buckets of two limits under one name (two tiers) keep their levels, whichever limit
+    /// the table keeps compact; once most keys have moved to the second (a limit changed for
+    /// every key), it becomes the compact one and the first's buckets are kept whole.
+    #[test]
+    fn buckets_of_two_limits_under_one_name_keep_their_levels() {
+        let clock = ManualClock::new();
+        let store = MemoryGlobalStore::with_clock(clock.clone());
+        let (first, second) = (
+            Limit::per_hour(10).burst(10).unwrap(),
+            Limit::per_hour(20).burst(20).unwrap(),
+        );
+        let key = |k: u64| BucketKey::new(k, "tier").unwrap();
+        let run = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let take = |k: u64, limit: &Limit, want: u64| {
+            let bucket = key(k);
+            let call = store.acquire(&bucket, limit, TokenRequest::now(1, want));
+            run.block_on(call).unwrap().remaining
+        };
+        for k in 0..1_000 {
+            assert_eq!(take(k, &first, 3), 7);
+        }
+        for k in 1_000..20_000 {
+            assert_eq!(take(k, &second, 5), 15);
+        }
+        for k in 0..1_000 {
+            assert_eq!(store.peek(&key(k), &first).tokens(), 7, "key {k}");
+        }
+        for k in 1_000..20_000 {
+            assert_eq!(store.peek(&key(k), &second).tokens(), 15, "key {k}");
+        }
+        let compact: Vec<Option<Limit>> = (store.inner.shards.iter())
+            .flat_map(|s| {
+                lock(s)
+                    .tables
+                    .iter()
+                    .map(|t| t.compact_limit)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert!(compact.iter().all(|l| *l == Some(second)), "{compact:?}");
+        // A key of the first tier moved to the second keeps its tokens (7, below 20).
+        assert_eq!(take(3, &second, 1), 6);
     }
 
     /// A bucket whose refill reaches beyond the clock's range has no compact form: it is kept

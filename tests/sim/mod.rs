@@ -2006,9 +2006,7 @@ fn traffic(s: &Scenario, rng: &mut Rng) -> Vec<Arrival> {
 /// changed at run time counts from the change with its new capacity and rate (a fresh
 /// allowance: the store may carry the bucket over); after a change, a key's limits also allow
 /// the tokens its hosts held or had asked for at the change (`grace`): a limit added is not
-/// drawn on before each host's next batch reads the new quota, and the memory store carries a
-/// bucket across a change as its time until full, which forgives part of what hosts reserved
-/// ahead when the rate drops.
+/// drawn on before each host's next batch reads the new quota.
 ///
 /// When responses settle costs, a request that used more than it was charged takes the rest
 /// into debt, which later requests pay: the tokens used by `t` stay within the allowance plus

@@ -3,8 +3,8 @@
 //! own.
 //!
 //! [`assert_conformance`] runs acquires, reservations, hand-backs (expired and not), reads,
-//! operators' changes (expired and not), batches of calls over many buckets, limits that warm
-//! up, and calendar quotas across their resets (with the `tz` feature, in zones across their
+//! operators' changes (expired and not), a key's limit changed (raised and lowered), batches of
+//! calls over many buckets, limits that warm up, and calendar quotas across their resets (with the `tz` feature, in zones across their
 //! changes of offset too), against exact expected answers and against the pure
 //! [`TokenBucket`](crate::bucket::TokenBucket) in long seeded runs. A store that drifts from
 //! it admits more or less than the hosts of a fleet expect of it. [`assert_slot_conformance`]
@@ -16,8 +16,8 @@
 //! clock), as [`MemoryGlobalStore::with_clock`](crate::MemoryGlobalStore::with_clock) and
 //! `RedisGlobalStore::with_clock_override` do: the suite moves the clock, forward only, to
 //! instants from 1970 to 2036. It writes buckets whose names start with `conformance-`,
-//! `batch-`, `noise-`, `reservation-`, `level-`, `adjust-`, `warm-`, `emptied-` and
-//! `calendar-`: run it on an empty store, or a key space of its own. A mismatch panics with
+//! `batch-`, `noise-`, `reservation-`, `limit-change-`, `level-`, `adjust-`, `warm-`,
+//! `emptied-` and `calendar-`: run it on an empty store, or a key space of its own. A mismatch panics with
 //! the case's name.
 //!
 //! ```
@@ -49,7 +49,7 @@ pub use slots::assert_slot_conformance;
 
 use operations::{
     assert_adjust_conformance, assert_batch_conformance, assert_level_conformance,
-    assert_reservation_conformance,
+    assert_limit_change_conformance, assert_reservation_conformance,
 };
 use seeded::{assert_calendar_conformance, assert_warm_up_conformance};
 
@@ -307,6 +307,7 @@ where
         assert_eq!(answers, expected, "case `{name}`");
     }
     assert_reservation_conformance(store, clock).await;
+    assert_limit_change_conformance(store, clock).await;
     assert_level_conformance(store, clock).await;
     assert_adjust_conformance(store, clock).await;
     assert_batch_conformance(store, clock).await;

@@ -175,6 +175,53 @@ where
     }
 }
 
+/// A bucket whose limit changes keeps its whole tokens, at most the new capacity: a limit
+/// raised from one a minute to a hundred a second refills at once at its own rate (it is not
+/// held back by the old limit's minute), and one lowered below the level admits its capacity.
+/// Each change here comes at the instant of the bucket's last call: what accrued between that
+/// call and the first under the new limit is a store's own (Redis counts it at the new rate,
+/// the memory store at the old one).
+pub(super) async fn assert_limit_change_conformance<G>(store: &G, clock: &ManualClock)
+where
+    G: GlobalStore<BucketKey<String>>,
+{
+    let slow = Limit::per_minute(1).burst(1).unwrap();
+    let fast = Limit::per_second(100).burst(100).unwrap();
+    let lowered = Limit::per_minute(6).burst(5).unwrap();
+    let key = |name: &str| {
+        let origin = clock.now().as_micros();
+        BucketKey::new(format!("limit-change-{name}-{origin}"), "default").unwrap()
+    };
+    let answer = |g: crate::bucket::Grant| (g.granted, g.remaining, g.refill_in.as_micros());
+    let raised = key("raised");
+    let take = |limit, want| store.acquire(&raised, limit, TokenRequest::now(1, want));
+    assert_eq!(answer(take(&slow, 1).await.unwrap()), (1, 0, 60_000_000));
+    assert_eq!(
+        answer(take(&fast, 100).await.unwrap()),
+        (0, 0, 10_000),
+        "raised: the next token in 10 ms, not in a minute"
+    );
+    clock.advance(Duration::from_millis(100));
+    assert_eq!(
+        answer(take(&fast, 100).await.unwrap()),
+        (10, 0, 10_000),
+        "raised: 100 ms at 100 a second"
+    );
+    let lower = key("lowered");
+    let take = |limit, want| store.acquire(&lower, limit, TokenRequest::now(1, want));
+    assert_eq!(answer(take(&fast, 10).await.unwrap()), (10, 90, 0));
+    assert_eq!(
+        answer(take(&lowered, 1).await.unwrap()),
+        (1, 4, 0),
+        "lowered: 5 of the 90 left"
+    );
+    assert_eq!(
+        answer(take(&fast, 100).await.unwrap()),
+        (4, 0, 10_000),
+        "raised again: the 4 left"
+    );
+}
+
 /// Reading a bucket's level: exact values, for a bucket never seen, emptied, refilling and in
 /// debt to a reservation.
 pub(super) async fn assert_level_conformance<G>(store: &G, clock: &ManualClock)

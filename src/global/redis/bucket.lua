@@ -316,7 +316,9 @@ local function load(KEYS, ARGV, redis_now)
       error('not a bucket: ' .. key)
     end
     tokens = tonumber(t)
-    remainder = tonumber(r)
+    -- A remainder kept under another limit (the key's limit changed; its p is not stored)
+    -- counts for less than one token of this one.
+    remainder = math_min(tonumber(r), math_max(p - 1, 0))
     updated = tonumber(u)
     -- Cold permits of another limit (one the key moved from) count up to this one's store.
     cold = math_min(tonumber(c) or 0, cold_max)
