@@ -9,6 +9,7 @@
 mod fallback;
 mod fetch;
 mod reserved;
+mod reshape;
 
 use crate::batch::DemandHistory;
 use crate::bucket::{BucketLevel, Grant, TokenBucket};
@@ -379,35 +380,6 @@ impl LocalBucket {
         self.uncounted = self.uncounted.saturating_sub(1);
     }
 
-    /// Tells the bucket which limit it serves: its `name` and `shape` (a hash of its name and
-    /// shape). When the shape changed (a limit was raised or lowered), what the bucket knew of
-    /// the global bucket no longer holds: it forgets that the key was throttled. When the name
-    /// changed (the key moved to another tier), the lease holds another global bucket's tokens,
-    /// which this limit may not use: they are taken out, reserved ones too, and returned as
-    /// forfeited; what it owed that bucket for credit is returned as uncharged.
-    pub(crate) fn reshape(&mut self, name: Name, shape: u32) -> Reshaped {
-        let cold = self.cold();
-        if cold.shape == shape && cold.dispenser == name.id() {
-            return Reshaped::default();
-        }
-        let moved = !self.holds_tokens_of(name);
-        let mut reshaped = Reshaped::default();
-        if moved {
-            self.low_water = 0;
-            reshaped.forfeited = self.take_all_leased();
-        }
-        let cold = self.cold_mut();
-        if moved {
-            cold.global_left = NO_ANSWER;
-            cold.quiet_at = 0;
-            reshaped.uncharged = u64::from(std::mem::take(&mut cold.owed));
-        }
-        cold.shape = shape;
-        cold.next_token_at = 0;
-        cold.dispenser = name.id();
-        reshaped
-    }
-
     /// Whether the lease holds tokens of the global bucket called `name` (or of no known one:
     /// tokens put back into a bucket that had shed its state).
     pub(crate) fn holds_tokens_of(&self, name: Name) -> bool {
@@ -670,15 +642,6 @@ impl LocalBucket {
             taken.refill_in_micros.max(1)
         }
     }
-}
-
-/// What a bucket gave up when told it serves another limit (see [`LocalBucket::reshape`]).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Reshaped {
-    /// Leased tokens of the global bucket the key left.
-    pub(crate) forfeited: u64,
-    /// Tokens admitted on credit that bucket never took.
-    pub(crate) uncharged: u64,
 }
 
 /// Half a batch, as a low-water mark.

@@ -55,6 +55,19 @@ impl Reserved {
         self.set(tranches);
     }
 
+    /// Brings each tranche due no later than `accrue` (micros to refill tokens) says the
+    /// tranches up to it refill from `now`: for tokens reserved under a limit since raised.
+    pub(super) fn hasten(&mut self, now: u64, accrue: impl Fn(u64) -> u64) {
+        let mut reserved = 0u64;
+        let tranches = (self.all().iter())
+            .map(|&(due, tokens)| {
+                reserved = reserved.saturating_add(tokens);
+                (due.min(now.saturating_add(accrue(reserved))), tokens)
+            })
+            .collect();
+        self.set(tranches);
+    }
+
     /// Tokens due by `now`, without taking them.
     pub(super) fn due_by(&self, now: u64) -> u64 {
         self.all()

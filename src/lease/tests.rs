@@ -132,6 +132,31 @@ fn reserved_tokens_are_used_only_once_due() {
     assert_eq!(b.leased_tokens(), 0);
 }
 
+/// Tokens reserved under a limit since raised fall due by the new limit's refill at the
+/// latest (the store pays its debt back at the new rate); a lowered limit delays none.
+#[test]
+fn reserved_tokens_fall_due_by_a_raised_limit_s_refill() {
+    let mut b = LocalBucket::default();
+    b.reshape(Name::intern("default"), 1, &limit(), 0);
+    let (_, _rx) = queue(&mut b, 1, 0);
+    // 2 and then 3 tokens reserved under 10 a second: due at 201 and 301 ms.
+    b.settle(&grant(0, 2, 200, 400), 1_000, 0, &limit());
+    b.cold_mut().reserved.add(301_000, 3);
+    let due = |b: &LocalBucket| b.cold().reserved.all().to_vec();
+    assert_eq!(due(&b), [(201_000, 2), (301_000, 3)]);
+    // Lowered: the reservations stand as they were.
+    let slow = Limit::per_second(1).burst(10).unwrap();
+    b.reshape(Name::intern("default"), 2, &slow, 2_000);
+    assert_eq!(due(&b), [(201_000, 2), (301_000, 3)]);
+    // Raised to 1,000 a second: the first 2 tokens refill by 4 ms, all 5 by 7 ms.
+    let fast = Limit::per_second(1_000).burst(10).unwrap();
+    b.reshape(Name::intern("default"), 3, &fast, 2_000);
+    assert_eq!(due(&b), [(4_000, 2), (7_000, 3)]);
+    // The same limit again changes nothing.
+    b.reshape(Name::intern("default"), 3, &limit(), 2_000);
+    assert_eq!(due(&b), [(4_000, 2), (7_000, 3)]);
+}
+
 /// A bucket waiting for tokens it reserved is not evicted: one made afresh would reserve again
 /// behind them (seed 74681 of the simulation: a key over its limit, evicted again and again by
 /// a key spray, queued forty reservations and told waits of seconds).
@@ -577,9 +602,9 @@ fn tokens_given_back_pay_the_credit_first() {
 #[test]
 fn a_bucket_that_moves_tiers_drops_its_credit_as_uncharged() {
     let mut b = LocalBucket::default();
-    b.reshape(Name::intern("default"), 1);
+    b.reshape(Name::intern("default"), 1, &limit(), 0);
     on_credit(&mut b, 1, 0, 1);
-    let reshaped = b.reshape(Name::intern("tier2"), 2);
+    let reshaped = b.reshape(Name::intern("tier2"), 2, &limit(), 0);
     assert_eq!(reshaped.uncharged, 1);
     assert_eq!(b.owed(), 0);
 }

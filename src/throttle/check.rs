@@ -100,7 +100,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         // Made only for a request that waits: a refusal allocates nothing.
         let mut verdict = None;
         let miss = self.local.with_bucket(id, |b| {
-            self.serve(id, &bucket, b);
+            self.serve(id, &bucket, b, now);
             self.stats.admitted_local.add(b.take_uncounted());
             b.miss(
                 cost,
@@ -184,7 +184,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         // What the lease knows must be of the limit it serves now: after a change of limit,
         // a wait known of the one before says nothing.
         let until = self.local.with_bucket(id, |b| {
-            self.serve(id, &bucket, b);
+            self.serve(id, &bucket, b, now);
             b.known_short(cost, now, &bucket.limit, memory)
         });
         let refusal = until.map(|until| bucket.throttled(id, until.saturating_sub(now)));
@@ -211,11 +211,11 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// Tells bucket `b` (of `id`) the limit it serves now, `bucket`: a first bucket learns how
     /// many limits its key has, and a lease of another global bucket (the key changed tiers)
     /// is forfeited, what it owed that bucket for credit uncharged.
-    pub(super) fn serve(&self, id: &LeaseKey<K>, bucket: &Resolved, b: &mut LocalBucket) {
+    pub(super) fn serve(&self, id: &LeaseKey<K>, bucket: &Resolved, b: &mut LocalBucket, now: u64) {
         if id.slot == 0 {
             b.set_slots(bucket.slots);
         }
-        let reshaped = b.reshape(bucket.name, bucket.shape());
+        let reshaped = b.reshape(bucket.name, bucket.shape(), &bucket.limit, now);
         self.stats.tokens_forfeited.add(reshaped.forfeited);
         self.stats.tokens_uncharged.add(reshaped.uncharged);
     }

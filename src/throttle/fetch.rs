@@ -63,7 +63,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         // Read before the plan, so a request that joins the fetch after it sends it at once.
         let expedites = self.calls.expedites();
         let plan = self.local.with_bucket(id, |b| {
-            self.serve(id, &bucket, b);
+            self.serve(id, &bucket, b, now);
             b.plan(now, interval, &limit, reserving, self.recheck_after())
         });
         let Some(plan) = plan else {
@@ -195,7 +195,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let (settled, dispenser) = self.local.with_bucket(id, |b| {
             let settled = match &bucket {
                 Some(bucket) => {
-                    self.serve(id, bucket, b);
+                    self.serve(id, bucket, b, now);
                     let mut settled = b.settle(outcome, now, self.interval(now), &bucket.limit);
                     // Served the waiters; no token of this window is kept for the next: not
                     // near a reset, nor from an answer asked for before one (a waiter gone

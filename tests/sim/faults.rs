@@ -157,6 +157,8 @@ pub struct FaultyGlobal {
     ledger: Arc<Mutex<Ledger>>,
     /// When tokens last came back to each bucket.
     returned_at: Arc<Mutex<HashMap<BucketKey<String>, Duration>>>,
+    /// The limit of each bucket's last call.
+    last_limit: Arc<Mutex<HashMap<BucketKey<String>, Limit>>>,
     restarts: Arc<Mutex<Vec<Duration>>>,
     forgiven: Arc<Mutex<HashMap<BucketKey<String>, u64>>>,
     /// The calls still to be applied late.
@@ -173,6 +175,7 @@ impl FaultyGlobal {
             healed: Arc::default(),
             ledger: Arc::default(),
             returned_at: Arc::default(),
+            last_limit: Arc::default(),
             restarts: Arc::default(),
             forgiven: Arc::default(),
             late: Arc::default(),
@@ -200,6 +203,7 @@ impl FaultyGlobal {
         let origin = self.clock.unix_origin();
         let now = self.clock.now() + origin;
         let expired = back.has_expired(now.as_micros() as u64);
+        self.note_limit(&bucket, &limit);
         let Ok(()) = self.store().release(&bucket, &limit, back).await;
         let mut ledger = self.ledger.lock().unwrap();
         if expired {
@@ -212,6 +216,21 @@ impl FaultyGlobal {
         }
         ledger.returned += back.tokens;
         self.mark_returned(bucket);
+    }
+
+    /// A call to `bucket` under `limit`. While a limit change spreads, hosts call under both
+    /// limits, and the store refills the bucket at the rate of the limit it is called under:
+    /// a call under another limit than the last is taken as tokens come back, which a host
+    /// on the other limit cannot foresee.
+    fn note_limit(&self, bucket: &BucketKey<String>, limit: &Limit) {
+        let last = self
+            .last_limit
+            .lock()
+            .unwrap()
+            .insert(bucket.clone(), *limit);
+        if last.is_some_and(|last| last != *limit) {
+            self.mark_returned(bucket.clone());
+        }
     }
 
     /// Tokens came back to `bucket` now (see `tokens_reappeared_since`).
@@ -249,6 +268,7 @@ impl FaultyGlobal {
         }
         let level = |b: TokenBucket| i128::from(b.tokens()) - i128::from(b.owed());
         let before = level(store.peek(&key, &limit));
+        self.note_limit(&key, &limit);
         let Ok(after) = store.adjust(&key, &limit, adjustment, expires).await;
         let added = level(store.peek(&key, &limit)) - before;
         if added > 0 {
@@ -438,6 +458,7 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
             if fault == Fault::AppliedLate {
                 let late = this.clone();
                 this.apply_late(async move {
+                    late.note_limit(&key, &limit);
                     let Ok(grant) = late.store().acquire(&key, &limit, request).await;
                     let tokens = grant.granted + grant.reserved;
                     let mut ledger = late.ledger.lock().unwrap();
@@ -455,6 +476,7 @@ impl GlobalStore<BucketKey<String>> for FaultyGlobal {
             if partial {
                 request.want = this.cut_want(request.want).max(request.min);
             }
+            this.note_limit(&key, &limit);
             let Ok(grant) = this.store().acquire(&key, &limit, request).await;
             let tokens = grant.granted + grant.reserved;
             this.ledger.lock().unwrap().dispensed += tokens;

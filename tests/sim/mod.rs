@@ -24,28 +24,26 @@
 //! quota's reset). A calendar quota's hand-back is never taken into a window after the one it
 //! was sent in, nor an operator's change applied in one after the one it was made in.
 //!
-//! Seeds also draw run-time limit changes (raised, lowered, a limit added, removed, renamed),
-//! failure policies that admit (their admissions then settled), settled costs up to
-//! `u64::MAX`, reservations parked and dropped, shadow mode, a second limit in shadow (held to
-//! nothing, and never to refuse), uses outside a service (`acquire`, `acquire_ref` on a
-//! borrowed key, bodies streamed through `meter`, each frame a use), cold starts on credit,
-//! batch sizes, a second layer of other limits on the same store, and an operator's changes by
-//! hand (reset, drain, tokens added or removed) through one host's layer, hosts that hand back
-//! every lease they hold as if about to stop (and serve on; one also while the run winds
-//! down, racing the last sweeps), requests exempt from every limit (never refused, counted,
-//! and taking nothing), requests without a key under an admitting or a refusing
-//! `MissingKey` policy (each counted once and decided as it says), limits that warm up,
-//! calendar quotas whose day ends during the run (each window held to its own allowance), a
-//! level of tenants above the keys (each tenant's bucket held to the bounds of a key's, its
-//! refusals exact, in shadow by level or by limit, its quota changed at run time), one
-//! limit for every key as a fixed quota, admitted responses told their limits' state (never
-//! more tokens than a bucket holds), beside the traffic
-//! and through the store's latency and faults, and how long hosts
-//! refuse a key from one answer, how hosts size their batches (the default, fixed fractions,
-//! a policy that asks for nothing and one that asks for everything), how long they leave a
-//! failing store alone, and how much jitter lengthens refusals' waits; the oracle's bounds
-//! follow (see `check_allowance`: tokens a change adds are allowed on top, and count as
-//! tokens that reappeared for exactness).
+//! Seeds also draw run-time limit changes (raised, raised fiftyfold, lowered, a limit added,
+//! removed, renamed), failure policies that admit (their admissions then settled), settled costs up
+//! to `u64::MAX`, reservations parked and dropped, shadow mode, a second limit in shadow (held to
+//! nothing, and never to refuse), uses outside a service (`acquire`, `acquire_ref` on a borrowed
+//! key, bodies streamed through `meter`, each frame a use), cold starts on credit, batch sizes, a
+//! second layer of other limits on the same store, and an operator's changes by hand (reset, drain,
+//! tokens added or removed) through one host's layer, hosts that hand back every lease they hold as
+//! if about to stop (and serve on; one also while the run winds down, racing the last sweeps),
+//! requests exempt from every limit (never refused, counted, and taking nothing), requests without
+//! a key under an admitting or a refusing `MissingKey` policy (each counted once and decided as it
+//! says), limits that warm up, calendar quotas whose day ends during the run (each window held to
+//! its own allowance), a level of tenants above the keys (each tenant's bucket held to the bounds
+//! of a key's, its refusals exact, in shadow by level or by limit, its quota changed at run time),
+//! one limit for every key as a fixed quota, admitted responses told their limits' state (never
+//! more tokens than a bucket holds), beside the traffic and through the store's latency and faults,
+//! and how long hosts refuse a key from one answer, how hosts size their batches (the default,
+//! fixed fractions, a policy that asks for nothing and one that asks for everything), how long they
+//! leave a failing store alone, and how much jitter lengthens refusals' waits; the oracle's bounds
+//! follow (see `check_allowance`: tokens a change adds are allowed on top, and count as tokens that
+//! reappeared for exactness).
 #![allow(dead_code)]
 
 mod answers;
@@ -342,6 +340,10 @@ pub struct LimitChange {
 pub enum ChangeKind {
     /// The first limit, four times faster with twice the burst.
     Raise,
+    /// The first limit, fifty times faster with twice the burst: its window 25 times shorter
+    /// (a tier upgrade from a per-minute plan to a per-second one). Drawn in place of some
+    /// raises, by a stream of its own.
+    RaiseSteeply,
     /// The first limit, four times slower with half the burst (at least 1).
     Lower,
     /// A limit `extra` added: a tenth of the first's rate, a fifth of its burst.
@@ -668,6 +670,16 @@ impl Scenario {
         if keyless.chance(0.25) {
             self.keyless = Some((keyless.range(3, 10), keyless.chance(0.5)));
         }
+        // Half the raises are steep: a stream of its own, so other draws stay as they were.
+        let mut steep = Rng::new(self.seed ^ 0x57EE_9000);
+        for change in [&mut self.change, &mut self.tenant_change]
+            .into_iter()
+            .flatten()
+        {
+            if change.kind == ChangeKind::Raise && steep.chance(0.5) {
+                change.kind = ChangeKind::RaiseSteeply;
+            }
+        }
         self
     }
 
@@ -768,6 +780,12 @@ fn changed(quota: &Quota, kind: ChangeKind) -> Quota {
         ChangeKind::Raise => with_first(
             first_name,
             Limit::per(first.refill_amount() * 4, first.refill_period())
+                .burst(first.capacity() * 2)
+                .expect("a valid limit"),
+        ),
+        ChangeKind::RaiseSteeply => with_first(
+            first_name,
+            Limit::per(first.refill_amount() * 50, first.refill_period())
                 .burst(first.capacity() * 2)
                 .expect("a valid limit"),
         ),
@@ -873,8 +891,9 @@ pub struct Recorder {
     unix_origin: Duration,
     /// How far ahead of the refill hosts may reserve.
     max_reservation: Duration,
-    /// The keys (by level) whose limit is raised during the run.
-    raised: Vec<(Option<&'static str>, &'static str)>,
+    /// The keys (by level) whose limit is raised during the run, when, and how many times
+    /// faster it refills then.
+    raised: Vec<(Option<&'static str>, &'static str, Duration, u32)>,
 }
 
 impl Recorder {
@@ -918,11 +937,13 @@ impl Recorder {
                 reset - unix_now
             }
             None => {
-                // A wait told before a limit was raised was for one four times slower.
-                let raised = self
-                    .raised
-                    .contains(&(bucket.level(), bucket.key().as_str()));
-                let slower = if raised { 12 } else { 3 };
+                // A wait told of a request sent before its limit was raised may be the old
+                // limit's; once raised, neither the host nor the store holds a request back
+                // by the old limit's refill.
+                let raised = (self.raised.iter()).find(|(level, key, at, _)| {
+                    (*level, *key) == (bucket.level(), bucket.key().as_str()) && job.sent < *at
+                });
+                let slower = 3 * raised.map_or(1, |(.., times)| *times);
                 limit.time_to_accrue(tokens).saturating_mul(slower)
             }
         };
@@ -1135,8 +1156,17 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             (Some(TENANT), "t-0", s.tenant_change),
         ]
         .into_iter()
-        .filter(|(_, _, change)| change.is_some_and(|c| c.kind == ChangeKind::Raise))
-        .map(|(level, key, _)| (level, key))
+        .filter_map(|(level, key, change)| match change? {
+            LimitChange {
+                at,
+                kind: ChangeKind::Raise,
+            } => Some((level, key, at, 4)),
+            LimitChange {
+                at,
+                kind: ChangeKind::RaiseSteeply,
+            } => Some((level, key, at, 50)),
+            _ => None,
+        })
         .collect(),
     };
     // Layers by group, then host.
