@@ -508,12 +508,12 @@ fn surcharge(hi: u64, lo: u64, max: u64) -> u64 {
     (width as f64 * height as f64 / (2 * max) as f64).ceil() as u64
 }
 
-/// A limit's capacity as a level: capacities are below 2^53, so it always fits.
 /// `units` of `1 / from` of a token as units of `1 / to` (rounded down): the same share.
 fn rescaled(units: u64, from: u64, to: u64) -> u64 {
     (u128::from(units) * u128::from(to) / u128::from(from.max(1))) as u64
 }
 
+/// A limit's capacity as a level: capacities are below 2^53, so it always fits.
 fn capacity(limit: &Limit) -> i64 {
     i64::try_from(limit.capacity()).unwrap_or(i64::MAX)
 }

@@ -217,9 +217,9 @@ impl<K: Clone> MemoryLocalStore<K> {
     }
 
     /// Frees at least an eighth of a full shard: first buckets not used since the last pass,
-    /// then any other that [may be evicted](LocalBucket::may_evict). Evicted buckets holding leased tokens or uncounted
-    /// requests are all kept for the throttle (it takes them every half lease time), so no
-    /// leased token is stranded.
+    /// then any other that [may be evicted](LocalBucket::may_evict). Evicted buckets holding
+    /// leased tokens or uncounted requests are all kept for the throttle (it takes them every
+    /// half lease time), so no leased token is stranded.
     fn make_room(&self, table: &mut Shard<K>) {
         let target = self.per_shard - (self.per_shard / 8).max(1);
         let mut evicted = Vec::new();

@@ -4,21 +4,21 @@
 //!
 //! [`assert_conformance`] runs acquires, reservations, hand-backs (expired and not), reads,
 //! operators' changes (expired and not), a key's limit changed (raised and lowered), batches of
-//! calls over many buckets, limits that warm up, and calendar quotas across their resets (with the `tz` feature, in zones across their
-//! changes of offset too), against exact expected answers and against the pure
-//! [`TokenBucket`](crate::bucket::TokenBucket) in long seeded runs. A store that drifts from
-//! it admits more or less than the hosts of a fleet expect of it. [`assert_slot_conformance`]
-//! holds a [`SlotStore`](crate::global::slots::SlotStore) of your own to the rules of
-//! concurrency slots.
+//! calls over many buckets, limits that warm up, and calendar quotas across their resets (with
+//! the `tz` feature, in zones across their changes of offset too), against exact expected
+//! answers and against the pure [`TokenBucket`](crate::bucket::TokenBucket) in long seeded
+//! runs. A store that drifts from it admits more or less than the hosts of a fleet expect of
+//! it. [`assert_slot_conformance`] holds a [`SlotStore`](crate::global::slots::SlotStore) of
+//! your own to the rules of concurrency slots.
 //!
-//! The store must keep time by the [`ManualClock`] it is given (Unix time: the clock's
-//! reading plus its [`unix_origin`](crate::clock::Clock::unix_origin), zero for a manual
-//! clock), as [`MemoryGlobalStore::with_clock`](crate::MemoryGlobalStore::with_clock) and
+//! The store must keep time by the [`ManualClock`] it is given (Unix time: the clock's reading
+//! plus its [`unix_origin`](crate::clock::Clock::unix_origin), zero for a manual clock), as
+//! [`MemoryGlobalStore::with_clock`](crate::MemoryGlobalStore::with_clock) and
 //! `RedisGlobalStore::with_clock_override` do: the suite moves the clock, forward only, to
 //! instants from 1970 to 2036. It writes buckets whose names start with `conformance-`,
 //! `batch-`, `noise-`, `reservation-`, `limit-change-`, `level-`, `adjust-`, `warm-`,
-//! `emptied-` and `calendar-`: run it on an empty store, or a key space of its own. A mismatch panics with
-//! the case's name.
+//! `emptied-` and `calendar-`: run it on an empty store, or a key space of its own. A mismatch
+//! panics with the case's name.
 //!
 //! ```
 //! use hierarchical_throttle::MemoryGlobalStore;

@@ -25,7 +25,8 @@ local answered = false
 -- own (its key holds something else), and met before any bucket was answered.
 local function refusal(err)
   local message = type(err) == 'table' and err.err or tostring(err)
-  local own = string.find(message, 'WRONGTYPE', 1, true) or string.find(message, 'not a bucket', 1, true)
+  local own = string.find(message, 'WRONGTYPE', 1, true)
+    or string.find(message, 'not a bucket', 1, true)
   if not own and not answered then
     return message
   end
@@ -46,24 +47,19 @@ for i = 1, #KEYS do
   end
   keys[1] = KEYS[i]
   -- A bucket reads its key before it writes it: one that fails has written nothing.
-  if ARGV[base + 1] == 'a' then
-    local ok, reply = pcall(acquire, keys, args, redis_now)
-    local refused = not ok and refusal(reply)
-    if refused then
-      return redis.error_reply(refused)
-    end
-    answered = answered or ok
+  local acquiring = ARGV[base + 1] == 'a'
+  local ok, reply = pcall(acquiring and acquire or release, keys, args, redis_now)
+  local refused = not ok and refusal(reply)
+  if refused then
+    return redis.error_reply(refused)
+  end
+  answered = answered or ok
+  if acquiring then
     for j = 1, 5 do
       replies[n + j] = ok and reply[j] or (j == 1 and -1 or 0)
     end
     n = n + 5
   else
-    local ok, reply = pcall(release, keys, args, redis_now)
-    local refused = not ok and refusal(reply)
-    if refused then
-      return redis.error_reply(refused)
-    end
-    answered = answered or ok
     n = n + 1
     replies[n] = ok and reply or -1
   end
