@@ -568,6 +568,38 @@ mod tests {
         assert_eq!(take(3, &second, 1), 6);
     }
 
+    /// A bucket that refilled under the limit it was kept with is full under any other: a
+    /// limit raised after the bucket refilled gives the new capacity at once, whether the
+    /// bucket was kept compact (the table's limit) or whole (another tier's), and whether or
+    /// not a pass over the store forgot it first.
+    #[test]
+    fn a_bucket_refilled_under_its_old_limit_is_full_under_a_raised_one() {
+        let clock = ManualClock::new();
+        let store = MemoryGlobalStore::with_clock(clock.clone());
+        let (old, raised) = (
+            Limit::per_second(1).burst(1).unwrap(),
+            Limit::per_second(10).burst(10).unwrap(),
+        );
+        let run = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let take = |k: u64, limit: &Limit, want: u64| {
+            let bucket = BucketKey::new(k, "tier").unwrap();
+            let call = store.acquire(&bucket, limit, TokenRequest::now(1, want));
+            run.block_on(call).unwrap().granted
+        };
+        // Enough keys under the first limit that every shard's table keeps it compact, then
+        // one under another limit, kept whole.
+        for k in 0..1_000 {
+            assert_eq!(take(k, &old, 1), 1);
+        }
+        let other = Limit::per_second(2).burst(1).unwrap();
+        assert_eq!(take(1_000, &other, 1), 1);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(take(1_000, &raised, 10), 10, "kept whole");
+        assert_eq!(take(1, &raised, 10), 10, "kept compact");
+    }
+
     /// A bucket whose refill reaches beyond the clock's range has no compact form: it is kept
     /// whole, as exactly as any other, and forgotten once full like any other.
     #[test]

@@ -178,9 +178,10 @@ where
 /// A bucket whose limit changes keeps its whole tokens, at most the new capacity: a limit
 /// raised from one a minute to a hundred a second refills at once at its own rate (it is not
 /// held back by the old limit's minute), and one lowered below the level admits its capacity.
-/// Each change here comes at the instant of the bucket's last call: what accrued between that
-/// call and the first under the new limit is a store's own (Redis counts it at the new rate,
-/// the memory store at the old one).
+/// A bucket that had refilled under the old limit is full under the new one. Each other change
+/// here comes at the instant of the bucket's last call: what accrued between that call and the
+/// first under the new limit is a store's own (Redis counts it at the new rate, the memory
+/// store at the old one).
 pub(super) async fn assert_limit_change_conformance<G>(store: &G, clock: &ManualClock)
 where
     G: GlobalStore<BucketKey<String>>,
@@ -219,6 +220,15 @@ where
         answer(take(&fast, 100).await.unwrap()),
         (4, 0, 10_000),
         "raised again: the 4 left"
+    );
+    let refilled = key("refilled");
+    let take = |limit, want| store.acquire(&refilled, limit, TokenRequest::now(1, want));
+    assert_eq!(answer(take(&slow, 1).await.unwrap()), (1, 0, 60_000_000));
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        answer(take(&fast, 100).await.unwrap()),
+        (100, 0, 10_000),
+        "refilled under the old limit: the new one's capacity"
     );
 }
 
