@@ -150,8 +150,12 @@ where
                 }));
             }
             if !this.rest.is_empty() {
-                let take = this.rest.len().min(this.max_chunk.get());
-                let piece = this.rest.split_to(take);
+                // A frame within the piece size moves whole: splitting shared bytes would
+                // count one more reference to them.
+                let piece = match this.rest.len() <= this.max_chunk.get() {
+                    true => std::mem::take(this.rest),
+                    false => this.rest.split_to(this.max_chunk.get()),
+                };
                 let cost = u64::try_from(piece.len()).unwrap_or(u64::MAX);
                 let acquire = this.handle.acquire(this.key.clone(), cost);
                 *this.charging = Some((acquire, piece));
