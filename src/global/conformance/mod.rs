@@ -3,13 +3,14 @@
 //! own.
 //!
 //! [`assert_conformance`] runs acquires, reservations, hand-backs (expired and not), reads,
-//! operators' changes (expired and not), a key's limit changed (raised and lowered), batches of
-//! calls over many buckets, limits that warm up, and calendar quotas across their resets (with
-//! the `tz` feature, in zones across their changes of offset too), against exact expected
-//! answers and against the pure [`TokenBucket`](crate::bucket::TokenBucket) in long seeded
-//! runs. A store that drifts from it admits more or less than the hosts of a fleet expect of
-//! it. [`assert_slot_conformance`] holds a [`SlotStore`](crate::global::slots::SlotStore) of
-//! your own to the rules of concurrency slots.
+//! operators' changes (expired and not), a key's limit changed (raised, lowered, and raised
+//! after the bucket refilled), batches of calls over many buckets, limits that warm up, and
+//! calendar quotas across their resets (with the `tz` feature, in zones across their changes
+//! of offset too), against exact expected answers and against the pure
+//! [`TokenBucket`](crate::bucket::TokenBucket) in long seeded runs. A store that drifts from it
+//! admits more or less than the hosts of a fleet expect of it. [`assert_slot_conformance`]
+//! holds a [`SlotStore`](crate::global::slots::SlotStore) of your own to the rules of
+//! concurrency slots.
 //!
 //! The store must keep time by the [`ManualClock`] it is given (Unix time: the clock's reading
 //! plus its [`unix_origin`](crate::clock::Clock::unix_origin), zero for a manual clock), as
