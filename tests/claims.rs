@@ -287,3 +287,33 @@ async fn a_limit_read_from_shared_settings_changes_at_run_time() {
     clock.advance(Duration::from_secs(1));
     assert_eq!(served(&mut host).await, 10, "a second at the new rate");
 }
+
+/// The background sweep runs every half lease time-to-live by the runtime's clock, the first
+/// one period after the slow path that started it: an expired lease stays on the host until
+/// then, and is handed back by that sweep.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_background_sweep_first_runs_one_period_after_it_starts() {
+    let clock = ManualClock::new();
+    let layer = host_builder(&clock, Limit::per_hour(10).burst(10).unwrap())
+        .batch_policy(FractionOfCapacity::new(1.0).unwrap())
+        .lease_ttl(Duration::from_secs(5))
+        .global_store(store(&clock))
+        .build()
+        .unwrap();
+    let mut host = layer.layer(backend());
+    assert_eq!(send(&mut host, "a", 1).await, Outcome::Served);
+    // The lease expires by the host's clock; the runtime's has not moved.
+    clock.advance(Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_millis(2_499)).await;
+    assert_eq!(
+        layer.stats().tokens_returned,
+        0,
+        "no sweep before its period"
+    );
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    assert_eq!(
+        layer.stats().tokens_returned,
+        9,
+        "the first sweep hands the lease back"
+    );
+}

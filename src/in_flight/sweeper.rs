@@ -33,7 +33,9 @@ where
         let running = Running(Arc::downgrade(self));
         runtime.spawn(async move {
             let tick = self_tick(&running);
-            let mut interval = tokio::time::interval(tick);
+            // The first sweep one tick on: a sweep at once has nothing to renew or give back,
+            // and would run at whichever await of its caller the scheduler reached first.
+            let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 interval.tick().await;

@@ -370,7 +370,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Sweeper<K, G, L, C> {
         let Some(period) = self.throttle.upgrade().map(|t| t.config.lease_ttl / 2) else {
             return;
         };
-        let mut ticks = tokio::time::interval(period.max(Duration::from_millis(1)));
+        let period = period.max(Duration::from_millis(1));
+        // The first sweep one period on: a sweep at once has nothing to hand back, and would
+        // run at whichever await of its caller the scheduler reached first.
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
