@@ -435,12 +435,16 @@ impl TokenBucket {
     /// and its cold permits as the same share of a token (none accrued when either limit is a
     /// calendar quota's, whose tokens come only at resets), cold permits up to the new store.
     /// So a raised limit is not held back by the old one's refill, and a lowered one admits at
-    /// most its own capacity at once.
+    /// most its own capacity at once. A bucket full by now is full under `to`: a full bucket
+    /// is no state at all (a store may have forgotten it, Redis lets it expire).
     pub fn carried(&self, from: &Limit, to: &Limit, now_micros: u64) -> Self {
         let mut bucket = *self;
         bucket.refill(from, now_micros);
         if from == to {
             return bucket;
+        }
+        if bucket.is_full_at(from, now_micros) {
+            return Self::full(to, now_micros);
         }
         let (p_from, p_to) = (from.period_micros(), to.period_micros());
         bucket.tokens = bucket.tokens.min(capacity(to));

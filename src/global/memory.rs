@@ -166,10 +166,6 @@ impl<K: Eq> Table<K> {
     /// `key`'s bucket at `now`: full if the table holds none.
     fn get(&self, hash: u64, key: &K, limit: &Limit, now: u64) -> TokenBucket {
         let compact = self.buckets.find(hash, |e| e.0 == *key);
-        // A bucket full by now is full under any limit (on Redis it has expired by then).
-        if compact.is_some_and(|(_, at)| at.is_full_at(now)) {
-            return TokenBucket::full(limit, now);
-        }
         if let (Some((_, full_at)), Some(kept_with)) = (compact, &self.compact_limit) {
             let bucket = TokenBucket::from_full_at(*full_at, kept_with, now);
             return match kept_with == limit {
@@ -178,9 +174,6 @@ impl<K: Eq> Table<K> {
             };
         }
         match self.far.find(hash, |e| e.0 == *key) {
-            Some((_, (bucket, kept_with))) if bucket.is_full_at(kept_with, now) => {
-                TokenBucket::full(limit, now)
-            }
             Some((_, (bucket, kept_with))) => bucket.carried(kept_with, limit, now),
             None => TokenBucket::full(limit, now),
         }
