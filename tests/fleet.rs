@@ -1,5 +1,6 @@
 //! Fleets sharing one global store, loaded above the limit for a simulated minute: they admit
-//! no more than the limit allows, nearly all of it, and rarely call the global store.
+//! no more than the limit allows, nearly all of it, and rarely call the global store; and a
+//! burst after a quiet stretch, which may spend what hosts held when it came.
 
 mod common;
 
@@ -99,4 +100,117 @@ async fn stopping_waits_for_the_fetch_under_way_and_charges_its_credit() {
     assert_eq!(stats.admitted_on_credit, 1);
     assert_eq!(stats.tokens_uncharged, 0);
     assert_eq!(stats.tokens_returned, 49);
+}
+
+/// What four hosts admit in one burst of a key after serving it slowly and then a quiet
+/// stretch, and what they held when the burst came.
+#[derive(Debug)]
+struct BurstAfterQuiet {
+    /// Leased tokens the hosts held when the burst came: dispensed to them, not handed back
+    /// and not used (every admission here used a leased token: `ColdStart::Exact`).
+    held: u64,
+    /// Requests of the burst admitted (800 sent at one instant, 200 per host).
+    burst: u64,
+}
+
+/// Four hosts of a key limited to 100/s burst 100, each sending it a request every half
+/// second for 10 s (far from its limit), then `quiet`, then a burst at one instant. Each host
+/// hands back its expired leases every 500 ms, as its sweeper would.
+async fn burst_after_quiet(quiet: std::time::Duration, exact_windows: bool) -> BurstAfterQuiet {
+    use hierarchical_throttle::batch::BatchContext;
+    let clock = ManualClock::new();
+    let global = MemoryGlobalStore::with_clock(clock.clone());
+    let limit = Limit::per_second(100).burst(100).unwrap();
+    let layers: Vec<_> = (0..4)
+        .map(|_| {
+            let host = host_builder(&clock, limit).global_store(global.clone());
+            match exact_windows {
+                // The README's setting: a host asks only for what its waiting requests need.
+                true => host.batch_policy(|cx: &BatchContext<'_>| cx.needed),
+                false => host,
+            }
+            .build()
+            .unwrap()
+        })
+        .collect();
+    let mut hosts: Vec<_> = layers
+        .iter()
+        .map(|l| tower::Layer::layer(l, backend()))
+        .collect();
+    let mut admitted = 0;
+    let end = 10_000 + quiet.as_millis() as u64;
+    for ms in 1..=end {
+        clock.set(std::time::Duration::from_millis(ms));
+        for (i, host) in hosts.iter_mut().enumerate() {
+            if ms <= 10_000 && ms % 500 == i as u64 * 100 {
+                assert_eq!(
+                    send(host, "k", 1).await,
+                    Outcome::Served,
+                    "far from the limit"
+                );
+                admitted += 1;
+            }
+        }
+        settle_background().await;
+        if ms % 500 == 0 {
+            for layer in &layers {
+                layer.return_unused_leases().await;
+            }
+        }
+    }
+    let dispensed: u64 = layers
+        .iter()
+        .map(|l| l.stats())
+        .map(|s| s.tokens_leased - s.tokens_returned)
+        .sum();
+    let mut burst = 0;
+    for _ in 0..200 {
+        for host in hosts.iter_mut() {
+            burst += u64::from(send(host, "k", 1).await == Outcome::Served);
+            settle_background().await;
+        }
+    }
+    BurstAfterQuiet {
+        held: dispensed - admitted,
+        burst,
+    }
+}
+
+/// Leases trade the burst of a window for calls: a window that starts while hosts hold leased
+/// tokens may spend those too, on top of a global bucket that refilled meanwhile. The fleet's
+/// bound over any window `[s, s + t]` is `capacity + rate × t` plus what hosts held at `s`;
+/// for a key far from its limit each host keeps at least a sixteenth of the capacity for ten
+/// lease times-to-live, then hands it back.
+#[tokio::test(flavor = "current_thread")]
+async fn a_burst_after_a_quiet_stretch_spends_at_most_what_hosts_held() {
+    let after_a_second = burst_after_quiet(std::time::Duration::from_secs(1), false).await;
+    println!("after a quiet second: {after_a_second:?}");
+    let BurstAfterQuiet { held, burst } = after_a_second;
+    // Each host's batch was a sixteenth of the capacity (its demand was less), part spent.
+    assert!(
+        held > 0 && held <= 4 * (100 / 16),
+        "what hosts held: {held}"
+    );
+    assert_eq!(
+        burst,
+        100 + held,
+        "the refilled bucket, and what hosts held"
+    );
+
+    // Ten lease times-to-live (2 s each) and a sweep later, every kept lease has gone back.
+    let after_25_s = burst_after_quiet(std::time::Duration::from_secs(25), false).await;
+    println!("after 25 quiet seconds: {after_25_s:?}");
+    assert_eq!(after_25_s.held, 0, "kept leases go back after ten TTLs");
+    assert_eq!(after_25_s.burst, 100, "the burst, exactly");
+}
+
+/// A batch policy that asks only for what the waiting requests need leaves nothing on the
+/// hosts, so every window holds the token bucket's bound exactly (with `ColdStart::Exact`), for
+/// a call to the store per request, as a per-request limiter makes.
+#[tokio::test(flavor = "current_thread")]
+async fn asking_only_for_what_requests_need_keeps_every_burst_exact() {
+    let run = burst_after_quiet(std::time::Duration::from_secs(1), true).await;
+    println!("asking for what requests need: {run:?}");
+    assert_eq!(run.held, 0);
+    assert_eq!(run.burst, 100);
 }
