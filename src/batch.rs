@@ -103,10 +103,11 @@ pub struct BatchContext<'a> {
     /// Tokens the lease may keep past its time-to-live: a sixteenth of the capacity (at least
     /// one token) while the global bucket held at least half its capacity at the last answer,
     /// none once the key is near its limit. [`WeightedDemand`] asks for at least this, so that
-    /// a slow key fetches a few requests' worth at a time rather than one token. What a host
-    /// holds, a burst after a quiet stretch may spend on top of a refilled global bucket; a
-    /// policy that asks only for [`needed`](Self::needed) holds nothing between requests, for
-    /// a call per request (the README's "windows that start later").
+    /// a slow key fetches a few requests' worth at a time rather than one token. None when the
+    /// host keeps no small leases ([`keep_small_leases`](crate::Builder::keep_small_leases)).
+    /// What a host holds, a burst after a quiet stretch may spend on top of a refilled global
+    /// bucket; a policy that asks only for [`needed`](Self::needed) holds nothing between
+    /// requests, for a call per request (the README's "windows that start later").
     pub keep: u64,
 }
 

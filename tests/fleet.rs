@@ -111,23 +111,40 @@ struct BurstAfterQuiet {
     held: u64,
     /// Requests of the burst admitted (800 sent at one instant, 200 per host).
     burst: u64,
+    /// The hosts' calls to the global store before the burst.
+    calls: u64,
+}
+
+/// How the hosts of [`burst_after_quiet`] lease.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Leasing {
+    Defaults,
+    /// `keep_small_leases(false)`.
+    NoSmallLeases,
+    /// A batch policy asking only for what the waiting requests need.
+    ExactWindows,
 }
 
 /// Four hosts of a key limited to 100/s burst 100, each sending it a request every half
 /// second for 10 s (far from its limit), then `quiet`, then a burst at one instant. Each host
-/// hands back its expired leases every 500 ms, as its sweeper would.
-async fn burst_after_quiet(quiet: std::time::Duration, exact_windows: bool) -> BurstAfterQuiet {
+/// hands back its expired leases every 500 ms, as its sweeper would; its calls go with the
+/// scheduler turn they are made in (no linger, which runs on the runtime's time, not the
+/// hosts' manual clock), so that what a sweep hands back reaches the store before the burst.
+async fn burst_after_quiet(quiet: std::time::Duration, leasing: Leasing) -> BurstAfterQuiet {
     use hierarchical_throttle::batch::BatchContext;
     let clock = ManualClock::new();
     let global = MemoryGlobalStore::with_clock(clock.clone());
     let limit = Limit::per_second(100).burst(100).unwrap();
     let layers: Vec<_> = (0..4)
         .map(|_| {
-            let host = host_builder(&clock, limit).global_store(global.clone());
-            match exact_windows {
+            let host = host_builder(&clock, limit)
+                .global_batch_linger(std::time::Duration::ZERO)
+                .global_store(global.clone());
+            match leasing {
+                Leasing::Defaults => host,
+                Leasing::NoSmallLeases => host.keep_small_leases(false),
                 // The README's setting: a host asks only for what its waiting requests need.
-                true => host.batch_policy(|cx: &BatchContext<'_>| cx.needed),
-                false => host,
+                Leasing::ExactWindows => host.batch_policy(|cx: &BatchContext<'_>| cx.needed),
             }
             .build()
             .unwrap()
@@ -163,6 +180,7 @@ async fn burst_after_quiet(quiet: std::time::Duration, exact_windows: bool) -> B
         .map(|l| l.stats())
         .map(|s| s.tokens_leased - s.tokens_returned)
         .sum();
+    let calls = layers.iter().map(|l| l.stats().global_calls).sum();
     let mut burst = 0;
     for _ in 0..200 {
         for host in hosts.iter_mut() {
@@ -173,6 +191,7 @@ async fn burst_after_quiet(quiet: std::time::Duration, exact_windows: bool) -> B
     BurstAfterQuiet {
         held: dispensed - admitted,
         burst,
+        calls,
     }
 }
 
@@ -183,9 +202,10 @@ async fn burst_after_quiet(quiet: std::time::Duration, exact_windows: bool) -> B
 /// lease times-to-live, then hands it back.
 #[tokio::test(flavor = "current_thread")]
 async fn a_burst_after_a_quiet_stretch_spends_at_most_what_hosts_held() {
-    let after_a_second = burst_after_quiet(std::time::Duration::from_secs(1), false).await;
+    let after_a_second =
+        burst_after_quiet(std::time::Duration::from_secs(1), Leasing::Defaults).await;
     println!("after a quiet second: {after_a_second:?}");
-    let BurstAfterQuiet { held, burst } = after_a_second;
+    let BurstAfterQuiet { held, burst, .. } = after_a_second;
     // Each host's batch was a sixteenth of the capacity (its demand was less), part spent.
     assert!(
         held > 0 && held <= 4 * (100 / 16),
@@ -198,7 +218,7 @@ async fn a_burst_after_a_quiet_stretch_spends_at_most_what_hosts_held() {
     );
 
     // Ten lease times-to-live (2 s each) and a sweep later, every kept lease has gone back.
-    let after_25_s = burst_after_quiet(std::time::Duration::from_secs(25), false).await;
+    let after_25_s = burst_after_quiet(std::time::Duration::from_secs(25), Leasing::Defaults).await;
     println!("after 25 quiet seconds: {after_25_s:?}");
     assert_eq!(after_25_s.held, 0, "kept leases go back after ten TTLs");
     assert_eq!(after_25_s.burst, 100, "the burst, exactly");
@@ -209,8 +229,24 @@ async fn a_burst_after_a_quiet_stretch_spends_at_most_what_hosts_held() {
 /// a call to the store per request, as a per-request limiter makes.
 #[tokio::test(flavor = "current_thread")]
 async fn asking_only_for_what_requests_need_keeps_every_burst_exact() {
-    let run = burst_after_quiet(std::time::Duration::from_secs(1), true).await;
+    let run = burst_after_quiet(std::time::Duration::from_secs(1), Leasing::ExactWindows).await;
     println!("asking for what requests need: {run:?}");
     assert_eq!(run.held, 0);
     assert_eq!(run.burst, 100);
+}
+
+/// Without small leases kept, a key's leases go back whole one time-to-live after their last
+/// use: a burst after a longer quiet gets exactly the capacity, where the defaults' kept
+/// leases add theirs; the slow traffic before it costs more calls.
+#[tokio::test(flavor = "current_thread")]
+async fn hosts_keeping_no_small_leases_hold_nothing_once_quiet_for_a_ttl() {
+    let quiet = std::time::Duration::from_secs(3);
+    let kept = burst_after_quiet(quiet, Leasing::Defaults).await;
+    let none = burst_after_quiet(quiet, Leasing::NoSmallLeases).await;
+    println!("after 3 quiet seconds: defaults {kept:?}, no small leases {none:?}");
+    assert!(kept.held > 0, "the defaults keep small leases: {kept:?}");
+    assert_eq!(kept.burst, 100 + kept.held);
+    assert_eq!(none.held, 0);
+    assert_eq!(none.burst, 100, "the burst, exactly");
+    assert!(none.calls > kept.calls, "{none:?} against {kept:?}");
 }

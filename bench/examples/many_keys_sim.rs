@@ -3,8 +3,8 @@
 //! The long tail on simulated time: four hosts (40/30/20/10 % of the traffic) share one
 //! in-memory global store that answers after 0 or 5 ms; 10,000 keys of Zipf(1.0) popularity,
 //! each limited to 50/s burst 100; the hottest key offered 1x or 10x its limit, Poisson
-//! arrivals over 60 s. For the default configuration (credit for cold keys) and for
-//! `ColdStart::Exact`, it reports global calls and round trips (batches) per 1,000 requests
+//! arrivals over 60 s. For the default configuration (credit for cold keys), for
+//! `ColdStart::Exact` and for `keep_small_leases(false)`, it reports global calls and round trips (batches) per 1,000 requests
 //! over all keys, the share of the allowance admitted (per key, `min(offered, burst + rate x
 //! 60 s)`), and any key admitted past `burst + rate x 60 s + hosts x credit`. Writes
 //! `docs/many_keys_sim.md`.
@@ -177,9 +177,12 @@ struct Outcome {
 
 type Reject = fn(&usize, Rejection<usize>) -> Result<bool, Infallible>;
 
+/// How the hosts are set up: their cold start, and whether they keep small leases.
+type Configuration = (ColdStart, bool);
+
 async fn simulate(
     arrivals: &[(u64, usize, usize)],
-    cold_start: ColdStart,
+    (cold_start, keep_small_leases): Configuration,
     latency: Duration,
 ) -> Outcome {
     let limit = Limit::per_second(RATE).burst(BURST).expect("a valid limit");
@@ -197,6 +200,7 @@ async fn simulate(
                 .clock(TokioClock::new())
                 .limit(limit)
                 .cold_start(cold_start)
+                .keep_small_leases(keep_small_leases)
                 .on_rejection((|_, _| Ok(false)) as Reject)
                 .global_store(store.clone())
                 .build()
@@ -249,16 +253,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for factor in [1.0, 10.0] {
         let arrivals = arrivals(factor);
         for latency_ms in [0, 5] {
-            for (name, cold_start) in [
-                ("defaults (credit)", ColdStart::default()),
-                ("`ColdStart::Exact`", ColdStart::Exact),
+            for (name, configuration) in [
+                ("defaults (credit)", (ColdStart::default(), true)),
+                ("`ColdStart::Exact`", (ColdStart::Exact, true)),
+                ("`keep_small_leases(false)`", (ColdStart::default(), false)),
             ] {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_time()
                     .start_paused(true)
                     .build()?;
                 let latency = Duration::from_millis(latency_ms);
-                let out = runtime.block_on(simulate(&arrivals, cold_start, latency));
+                let out = runtime.block_on(simulate(&arrivals, configuration, latency));
                 let per_1000 = |n: u64| 1000.0 * n as f64 / out.requests as f64;
                 let row = format!(
                     "| {factor}x | {latency_ms} ms | {name} | {} | {:.1} | {:.1} | {:.1} | {:.1} % | {} |\n",

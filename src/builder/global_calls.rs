@@ -126,6 +126,19 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
         self
     }
 
+    /// Whether a host keeps a small lease for a key far from its limit (the global bucket at
+    /// least half full at its last answer): it asks for at least a sixteenth of the capacity
+    /// ([`BatchContext::keep`](crate::batch::BatchContext::keep)) and keeps up to that much
+    /// unused for ten lease times-to-live, so a key with a few requests a second per host
+    /// costs a call per few requests rather than one per request. Default: on. Off, leases
+    /// follow demand alone and go back whole after one time-to-live: a burst after a quiet
+    /// stretch longer than that (and a sweep) spends nothing hosts kept, for more calls on
+    /// slow keys (the README's "windows that start later").
+    pub fn keep_small_leases(mut self, on: bool) -> Self {
+        self.config.keep_small_leases = on;
+        self
+    }
+
     /// How batches are sized. Default: [`WeightedDemand`](crate::batch::WeightedDemand).
     pub fn batch_policy(mut self, policy: impl BatchPolicy) -> Self {
         self.batch = Box::new(policy);

@@ -64,6 +64,7 @@ impl HierarchicalThrottleLayer<Unset, Unset, Unset> {
                 max_backoff: Duration::from_secs(1),
                 max_reservation: Duration::from_millis(100),
                 cold_start: crate::credit::ColdStart::default(),
+                keep_small_leases: true,
                 global_batch: DEFAULT_GLOBAL_BATCH,
                 global_batch_linger: DEFAULT_GLOBAL_BATCH_LINGER,
                 shadow: false,

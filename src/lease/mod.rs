@@ -548,9 +548,16 @@ impl LocalBucket {
 
     /// Takes the usable leased tokens out if the lease has not been used for `ttl` micros, so
     /// they can be handed back: whether or not a batch is in flight or tokens are reserved
-    /// ahead (those stay, and age once due). Drops the slow path's state once it holds nothing
+    /// ahead (those stay, and age once due); but for a small lease of a key far from its limit
+    /// when the host `keeps_small` leases. Drops the slow path's state once it holds nothing
     /// any more (at `now`, in demand interval `interval`).
-    pub(crate) fn take_expired(&mut self, now: u64, ttl: u64, interval: u64) -> u64 {
+    pub(crate) fn take_expired(
+        &mut self,
+        now: u64,
+        ttl: u64,
+        keeps_small: bool,
+        interval: u64,
+    ) -> u64 {
         self.release_pending(now);
         if let Some(cold) = self.cold.as_deref_mut()
             && now >= cold.credit_after
@@ -567,7 +574,7 @@ impl LocalBucket {
         }
         // A small lease of a key far from its limit stays (a while), so that a slow key is not
         // handed back and fetched again every time-to-live.
-        let keep = match unused_for < ttl.saturating_mul(KEEP_TTLS) {
+        let keep = match keeps_small && unused_for < ttl.saturating_mul(KEEP_TTLS) {
             true => u64::from(self.cold().keep),
             false => 0,
         };

@@ -315,8 +315,8 @@ fn leases_expire_unless_a_batch_is_in_flight_or_reserved() {
     let mut b = LocalBucket::default();
     let (_, _rx) = queue(&mut b, 1, 0);
     b.settle(&grant(6, 0, 0, 0), 0, 0, &limit());
-    assert_eq!(b.take_expired(1_999_999, 2_000_000, 1), 0);
-    assert_eq!(b.take_expired(2_000_000, 2_000_000, 2), 5);
+    assert_eq!(b.take_expired(1_999_999, 2_000_000, true, 1), 0);
+    assert_eq!(b.take_expired(2_000_000, 2_000_000, true, 2), 5);
     assert_eq!(b.leased_tokens(), 0);
 }
 
@@ -334,12 +334,12 @@ fn a_quiet_bucket_sheds_its_slow_path_state_and_reads_the_same() {
     // Four granted, one to the waiter; the global bucket is left empty, full at 1 s.
     b.settle(&grant(4, 0, 0, 0), 0, 0, &limit);
     assert!(b.holds_cold_state());
-    assert_eq!(b.take_expired(2 * SECOND, 2 * SECOND, 2), 3);
+    assert_eq!(b.take_expired(2 * SECOND, 2 * SECOND, true, 2), 3);
     // The token served is recorded when it was served, as interval 0's demand, which the
     // window holds until interval 16.
-    assert_eq!(b.take_expired(15 * SECOND, 2 * SECOND, 15), 0);
+    assert_eq!(b.take_expired(15 * SECOND, 2 * SECOND, true, 15), 0);
     assert!(b.holds_cold_state(), "demand is left in the window");
-    assert_eq!(b.take_expired(16 * SECOND, 2 * SECOND, 16), 0);
+    assert_eq!(b.take_expired(16 * SECOND, 2 * SECOND, true, 16), 0);
     assert!(!b.holds_cold_state(), "nothing left to keep");
     assert_eq!(b.view(16 * SECOND, &limit, true), View::full(&limit));
     assert_eq!(b.known_short(1, 16 * SECOND, &limit, FOREVER), None);
@@ -352,17 +352,17 @@ fn a_bucket_keeps_its_slow_path_state_while_anything_is_left() {
     let mut b = LocalBucket::default();
     let (_, _rx) = queue(&mut b, 1, 0);
     b.settle(&grant(0, 0, 0, 30_000), 0, 0, &limit);
-    assert_eq!(b.take_expired(29 * SECOND, 2 * SECOND, 29), 0);
+    assert_eq!(b.take_expired(29 * SECOND, 2 * SECOND, true, 29), 0);
     assert!(b.holds_cold_state(), "the key is throttled until 30 s");
     assert_eq!(
         b.known_short(1, 29 * SECOND, &limit, FOREVER),
         Some(30 * SECOND)
     );
     // Its first token comes at 30 s, the bucket is full nine tenths of a second later.
-    b.take_expired(30 * SECOND + 899_999, 2 * SECOND, 30);
+    b.take_expired(30 * SECOND + 899_999, 2 * SECOND, true, 30);
     assert!(b.holds_cold_state(), "the fleet estimate is short of full");
     assert!(b.view(30 * SECOND + 899_999, &limit, true).tokens < limit.capacity());
-    b.take_expired(30 * SECOND + 900_000, 2 * SECOND, 30);
+    b.take_expired(30 * SECOND + 900_000, 2 * SECOND, true, 30);
     assert!(!b.holds_cold_state());
 
     // A bucket that used its own fallback bucket (store down) keeps it until it is full
@@ -370,9 +370,9 @@ fn a_bucket_keeps_its_slow_path_state_while_anything_is_left() {
     let share = Limit::per_second(1).burst(4).unwrap();
     let mut b = LocalBucket::default();
     assert_eq!(b.take_fallback(&share, 0, 2), 0);
-    b.take_expired(2 * SECOND - 1, SECOND, 0);
+    b.take_expired(2 * SECOND - 1, SECOND, true, 0);
     assert!(b.holds_cold_state(), "the fallback bucket is refilling");
-    b.take_expired(2 * SECOND, SECOND, 0);
+    b.take_expired(2 * SECOND, SECOND, true, 0);
     assert!(
         !b.holds_cold_state(),
         "a full fallback bucket is the same as none"
@@ -388,7 +388,7 @@ fn a_bucket_keeps_its_slow_path_state_while_anything_is_left() {
     let mut b = LocalBucket::default();
     let (_, _rx) = queue(&mut b, 1, 0);
     b.settle(&grant(1, 2, 40_000, 0), 0, 0, &limit);
-    assert_eq!(b.take_expired(20 * SECOND, 2 * SECOND, 20), 0);
+    assert_eq!(b.take_expired(20 * SECOND, 2 * SECOND, true, 20), 0);
     assert!(b.holds_cold_state(), "reserved tokens are held");
     assert_eq!(b.leased_tokens(), 2);
 }
@@ -646,13 +646,26 @@ fn a_small_lease_of_a_key_far_from_its_limit_outlives_its_ttl_for_a_while() {
     let ttl = 1_000_000;
     let mut b = LocalBucket::default();
     b.settle(&grant_leaving(25, 135), 0, 0, &limit);
-    assert_eq!(b.take_expired(ttl - 1, ttl, 0), 0);
+    assert_eq!(b.take_expired(ttl - 1, ttl, true, 0), 0);
     // Past its time-to-live, all but a sixteenth of the capacity goes back...
-    assert_eq!(b.take_expired(ttl, ttl, 0), 15);
+    assert_eq!(b.take_expired(ttl, ttl, true, 0), 15);
     assert_eq!(b.leased_tokens(), 10);
     // ...and the rest once unused for ten times-to-live.
-    assert_eq!(b.take_expired(10 * ttl - 1, ttl, 0), 0);
-    assert_eq!(b.take_expired(10 * ttl, ttl, 0), 10);
+    assert_eq!(b.take_expired(10 * ttl - 1, ttl, true, 0), 0);
+    assert_eq!(b.take_expired(10 * ttl, ttl, true, 0), 10);
+}
+
+#[test]
+fn a_host_that_keeps_no_small_leases_hands_back_a_far_key_s_whole_lease_at_its_ttl() {
+    let limit = Limit::per_second(160).burst(160).unwrap();
+    let ttl = 1_000_000;
+    let mut b = LocalBucket::default();
+    b.settle(&grant_leaving(25, 135), 0, 0, &limit);
+    assert_eq!(b.take_expired(ttl - 1, ttl, false, 0), 0);
+    // Still far from its limit (the sweeper reads it first): its hand-back may linger.
+    assert!(b.is_far_from_limit());
+    assert_eq!(b.take_expired(ttl, ttl, false, 0), 25);
+    assert_eq!(b.leased_tokens(), 0);
 }
 
 #[test]
@@ -661,7 +674,7 @@ fn a_lease_of_a_key_near_its_limit_goes_back_whole_at_its_ttl() {
     let ttl = 1_000_000;
     let mut b = LocalBucket::default();
     b.settle(&grant_leaving(25, 40), 0, 0, &limit);
-    assert_eq!(b.take_expired(ttl, ttl, 0), 25);
+    assert_eq!(b.take_expired(ttl, ttl, true, 0), 25);
 }
 
 #[test]

@@ -160,7 +160,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             needed: plan.needed,
             demand: &plan.demand,
             intervals: self.config.demand_intervals,
-            keep: plan.keep,
+            keep: match self.config.keep_small_leases {
+                true => plan.keep,
+                false => 0,
+            },
         };
         catch_unwind(AssertUnwindSafe(|| self.batch.batch_size(&cx))).unwrap_or_else(|_| {
             tracing::debug!("the batch policy panicked; asking for what the waiters need");

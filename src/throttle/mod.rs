@@ -240,6 +240,9 @@ pub(crate) struct Config {
     pub(crate) global_batch_linger: Duration,
     /// Whether a request the lease cannot serve may be admitted on credit.
     pub(crate) cold_start: crate::credit::ColdStart,
+    /// Whether a key far from its limit is leased at least a sixteenth of its capacity at a
+    /// time, kept for up to ten lease times-to-live unused.
+    pub(crate) keep_small_leases: bool,
     pub(crate) shadow: bool,
     /// What the `RateLimit` fields say, and whether admitted responses get them (when the
     /// rejection handler writes them).

@@ -120,7 +120,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             }
             // Read first: a lease that gives back everything drops what it knew of the store.
             let unhurried = b.is_far_from_limit();
-            let tokens = b.take_expired(now, ttl, interval);
+            let tokens = b.take_expired(now, ttl, self.config.keep_small_leases, interval);
             returns.extend(Return::taken(id, b, tokens, now, unhurried));
         })
         .await;

@@ -40,8 +40,8 @@
 //! one limit for every key as a fixed quota, admitted responses told their limits' state (never
 //! more tokens than a bucket holds), beside the traffic and through the store's latency and faults,
 //! and how long hosts refuse a key from one answer, how hosts size their batches (the default,
-//! fixed fractions, a policy that asks for nothing and one that asks for everything), how long they
-//! leave a failing store alone, and how much jitter lengthens refusals' waits; the oracle's bounds
+//! fixed fractions, a policy that asks for nothing and one that asks for everything), whether they
+//! keep small leases for keys far from their limit, how long they leave a failing store alone, and how much jitter lengthens refusals' waits; the oracle's bounds
 //! follow (see `check_allowance`: tokens a change adds are allowed on top, and count as tokens that
 //! reappeared for exactness).
 #![allow(dead_code)]
@@ -264,6 +264,8 @@ pub struct Scenario {
     /// One request in this many (sent to a service, not exempt) has no key, and whether the
     /// hosts admit such requests (`MissingKey::Admit`) or refuse them (`MissingKey::Reject`).
     pub keyless: Option<(u64, bool)>,
+    /// Whether hosts keep small leases for keys far from their limit (the default).
+    pub keep_small_leases: bool,
 }
 
 /// A level `tenant` above the keys: hot key `hot-i` belongs to tenant `t-{i % count}`; of the
@@ -463,6 +465,7 @@ impl Scenario {
             stop_at_end: None,
             exempt_one_in: 0,
             keyless: None,
+            keep_small_leases: true,
         }
         .draw_more(&mut rng)
     }
@@ -670,6 +673,9 @@ impl Scenario {
         if keyless.chance(0.25) {
             self.keyless = Some((keyless.range(3, 10), keyless.chance(0.5)));
         }
+        // Small leases kept or not: a stream of its own.
+        let mut keeping = Rng::new(self.seed ^ 0x6EE9_5A11);
+        self.keep_small_leases = !keeping.chance(0.3);
         // Half the raises are steep: a stream of its own, so other draws stay as they were.
         let mut steep = Rng::new(self.seed ^ 0x57EE_9000);
         for change in [&mut self.change, &mut self.tenant_change]
@@ -1652,6 +1658,7 @@ fn build_host(
         .cold_start(s.cold_start)
         .global_batch(s.global_batch)
         .global_batch_linger(s.global_batch_linger)
+        .keep_small_leases(s.keep_small_leases)
         .max_store_backoff(s.max_store_backoff)
         .retry_after_jitter(s.retry_after_jitter)
         .shaping(s.shaping)
