@@ -4,8 +4,8 @@
 //! in-memory global store that answers after 0 or 5 ms; 10,000 keys of Zipf(1.0) popularity,
 //! each limited to 50/s burst 100; the hottest key offered 1x or 10x its limit, Poisson
 //! arrivals over 60 s. For the default configuration (credit for cold keys), for
-//! `ColdStart::Exact` and for `keep_small_leases(false)`, it reports global calls and round trips (batches) per 1,000 requests
-//! over all keys, the share of the allowance admitted (per key, `min(offered, burst + rate x
+//! `ColdStart::Exact` and for `keep_small_leases(false)`, it reports global calls and round
+//! trips (batches) per 1,000 requests over all keys, the share of the allowance admitted (per key, `min(offered, burst + rate x
 //! 60 s)`), and any key admitted past `burst + rate x 60 s + hosts x credit`. Writes
 //! `docs/many_keys_sim.md`.
 
@@ -177,12 +177,29 @@ struct Outcome {
 
 type Reject = fn(&usize, Rejection<usize>) -> Result<bool, Infallible>;
 
-/// How the hosts are set up: their cold start, and whether they keep small leases.
-type Configuration = (ColdStart, bool);
+/// How the hosts are set up.
+#[derive(Clone, Copy)]
+struct Configuration {
+    cold_start: ColdStart,
+    keep_small_leases: bool,
+}
+
+impl Configuration {
+    /// The builder's defaults.
+    fn defaults() -> Self {
+        Self {
+            cold_start: ColdStart::default(),
+            keep_small_leases: true,
+        }
+    }
+}
 
 async fn simulate(
     arrivals: &[(u64, usize, usize)],
-    (cold_start, keep_small_leases): Configuration,
+    Configuration {
+        cold_start,
+        keep_small_leases,
+    }: Configuration,
     latency: Duration,
 ) -> Outcome {
     let limit = Limit::per_second(RATE).burst(BURST).expect("a valid limit");
@@ -254,9 +271,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let arrivals = arrivals(factor);
         for latency_ms in [0, 5] {
             for (name, configuration) in [
-                ("defaults (credit)", (ColdStart::default(), true)),
-                ("`ColdStart::Exact`", (ColdStart::Exact, true)),
-                ("`keep_small_leases(false)`", (ColdStart::default(), false)),
+                ("defaults (credit)", Configuration::defaults()),
+                (
+                    "`ColdStart::Exact`",
+                    Configuration {
+                        cold_start: ColdStart::Exact,
+                        ..Configuration::defaults()
+                    },
+                ),
+                (
+                    "`keep_small_leases(false)`",
+                    Configuration {
+                        keep_small_leases: false,
+                        ..Configuration::defaults()
+                    },
+                ),
             ] {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_time()

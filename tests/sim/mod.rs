@@ -41,9 +41,10 @@
 //! more tokens than a bucket holds), beside the traffic and through the store's latency and faults,
 //! and how long hosts refuse a key from one answer, how hosts size their batches (the default,
 //! fixed fractions, a policy that asks for nothing and one that asks for everything), whether they
-//! keep small leases for keys far from their limit, how long they leave a failing store alone, and how much jitter lengthens refusals' waits; the oracle's bounds
-//! follow (see `check_allowance`: tokens a change adds are allowed on top, and count as tokens that
-//! reappeared for exactness).
+//! keep small leases for keys far from their limit, how long they leave a failing store alone,
+//! and how much jitter lengthens refusals' waits; the oracle's bounds follow (see
+//! `check_allowance`: tokens a change adds are allowed on top, and count as tokens that reappeared
+//! for exactness).
 #![allow(dead_code)]
 
 mod answers;
