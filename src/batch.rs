@@ -94,7 +94,8 @@ pub fn weighted_average(served: &[u32], x: usize) -> u64 {
 pub struct BatchContext<'a> {
     /// The key's limit.
     pub limit: &'a Limit,
-    /// Tokens the requests waiting for this batch need.
+    /// Tokens the requests waiting for this batch need, and those admitted on credit that it
+    /// pays for.
     pub needed: u64,
     /// This host's demand for the key, per interval, most recent first.
     pub demand: &'a [u32],
@@ -105,9 +106,13 @@ pub struct BatchContext<'a> {
     /// none once the key is near its limit. [`WeightedDemand`] asks for at least this, so that
     /// a slow key fetches a few requests' worth at a time rather than one token. None when the
     /// host keeps no small leases ([`keep_small_leases`](crate::Builder::keep_small_leases)).
-    /// What a host holds, a burst after a quiet stretch may spend on top of a refilled global
-    /// bucket; a policy that asks only for [`needed`](Self::needed) holds nothing between
-    /// requests, for a call per request (the README's "windows that start later").
+    /// The global bucket refills while a host keeps tokens: the host's next fetch takes back
+    /// what that refill put past `capacity - kept` by its estimate (on top of the batch this
+    /// policy asks for), so one host's burst after a quiet stretch spends at most the
+    /// capacity. Across hosts, one whose fetch comes after
+    /// the bucket ran dry still spends what it kept; a policy that asks only for
+    /// [`needed`](Self::needed) holds nothing between requests, for a call per request (the
+    /// README's "windows that start later").
     pub keep: u64,
 }
 

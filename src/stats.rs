@@ -59,8 +59,10 @@ pub struct ThrottleStats {
     /// over the buckets it decided): use the global store never dispensed.
     pub tokens_unleased: u64,
     /// Tokens neither used nor handed back: a lease (or a grant, or a refund) of a global
-    /// bucket the key no longer draws on after it changed tiers, and refunds of tokens the
-    /// failure policy admitted (they were never leased). Never given to another bucket.
+    /// bucket the key no longer draws on after it changed tiers, refunds of tokens the
+    /// failure policy admitted (they were never leased), and what a fetch took back out of a
+    /// global bucket that refilled around tokens this host held (the README's "windows that
+    /// start later"). Never given to another bucket.
     pub tokens_forfeited: u64,
     /// Requests that queued to wait for their tokens ([`Shaping::Wait`](crate::Shaping)). The
     /// checks they make while they wait are not counted above: a waiting request is counted

@@ -420,3 +420,45 @@ async fn exempt_requests_pass_untouched_while_their_key_is_throttled() {
     assert_eq!(stats.requests_refused, 2);
     assert_eq!(stats.missing_key, 0);
 }
+
+/// The README's lead example (every setting at its default) on one host: a key limited to
+/// 100/s burst 100, served slowly at one of several rates, then a burst of 300 at one of twenty
+/// moments after. A perfect bucket would have refilled to its capacity: the burst gets at most
+/// that, though the host held leased tokens of the key while its global bucket refilled
+/// around them (its fetch takes that refill back first), and at most a tenth less (what it
+/// takes back is reckoned from what it held at its last answer or sweep, and the traffic
+/// served since is counted as held).
+#[tokio::test(start_paused = true)]
+async fn a_burst_after_slow_traffic_gets_at_most_the_capacity() {
+    let mut bursts = Vec::new();
+    for every_ms in [1000, 300, 100, 37] {
+        for moment in 0..20u64 {
+            let clock = hierarchical_throttle::clock::TokioClock::new();
+            let app = Router::new().route("/", get(|| async { "ok" })).layer(
+                HierarchicalThrottleLayer::builder()
+                    .key_ref(|req: &Request<Body>| key::header_bytes(req, "x-api-key"))
+                    .clock(clock)
+                    .limit(Limit::per_second(100).burst(100).unwrap())
+                    .global_store(MemoryGlobalStore::with_clock(clock))
+                    .build()
+                    .unwrap(),
+            );
+            for _ in 0..10_000 / every_ms {
+                let served = get_status(&app, "/", Some("k")).await.status();
+                assert_eq!(served, StatusCode::OK, "far from the limit");
+                tokio::time::sleep(Duration::from_millis(every_ms)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(moment * 97)).await;
+            let burst = (0..300).map(|_| get_status(&app, "/", Some("k")));
+            let admitted = futures_util::future::join_all(burst)
+                .await
+                .iter()
+                .filter(|r| r.status() == StatusCode::OK)
+                .count();
+            bursts.push((every_ms, moment * 97, admitted));
+        }
+    }
+    println!("(every ms, burst after ms, admitted): {bursts:?}");
+    assert!(bursts.iter().all(|&(_, _, n)| (90..=100).contains(&n)));
+    assert!(bursts.iter().any(|&(_, _, n)| n == 100));
+}

@@ -130,10 +130,11 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     /// least half full at its last answer): it asks for at least a sixteenth of the capacity
     /// ([`BatchContext::keep`](crate::batch::BatchContext::keep)) and keeps up to that much
     /// unused for ten lease times-to-live, so a key with a few requests a second per host
-    /// costs a call per few requests rather than one per request. Default: on. Off, leases
-    /// follow demand alone and go back whole after one time-to-live: a burst after a quiet
-    /// stretch longer than that (and a sweep) spends nothing hosts kept, for more calls on
-    /// slow keys (the README's "windows that start later").
+    /// costs a call per few requests rather than one per request. Default: on. The global
+    /// bucket refilling around what hosts keep is taken back at their next fetch (the README's
+    /// "windows that start later"). Off, leases follow demand alone and go back whole after
+    /// one time-to-live, and hold nothing after a longer quiet stretch, for more calls on slow
+    /// keys.
     pub fn keep_small_leases(mut self, on: bool) -> Self {
         self.config.keep_small_leases = on;
         self

@@ -94,7 +94,10 @@ pub(crate) enum Miss {
 pub(crate) struct Plan {
     /// Tokens the waiting requests need, and what the bucket owes for credit.
     pub(crate) needed: u64,
-    /// Tokens the lease has room for, and what it owes.
+    /// What the fetch takes back out of the global bucket first, on top of the batch (see
+    /// [`LocalBucket::recharge`]).
+    pub(crate) recharge: u64,
+    /// Tokens the lease has room for, what it owes and its recharge.
     pub(crate) room: u64,
     /// The least worth asking for: what the lease may keep, while the global bucket is at
     /// least half full (a slow key then fetches a few requests' worth, not one token).
@@ -146,7 +149,10 @@ impl Plan {
     pub(crate) fn request(&self, batch: u64, max_delay: std::time::Duration) -> TokenRequest {
         TokenRequest {
             min: 1,
-            want: batch.max(self.needed).clamp(1, self.room),
+            want: batch
+                .max(self.needed)
+                .saturating_add(self.recharge)
+                .clamp(1, self.room),
             max_delay: if self.recheck {
                 std::time::Duration::ZERO
             } else {
@@ -312,6 +318,7 @@ impl LocalBucket {
         self.record_demand(now, interval);
         self.cold_mut().waiters.retain(|w| !w.is_gone());
         let owed = u64::from(self.cold().owed);
+        let recharge = self.recharge(now, limit);
         let needed = self
             .cold()
             .waiters
@@ -333,7 +340,8 @@ impl LocalBucket {
         let room = limit
             .capacity()
             .saturating_sub(self.tokens)
-            .saturating_add(owed);
+            .saturating_add(owed)
+            .saturating_add(recharge);
         if room == 0 {
             return None;
         }
@@ -345,6 +353,7 @@ impl LocalBucket {
         };
         Some(Plan {
             needed,
+            recharge,
             room,
             keep: u64::from(keep),
             demand,
@@ -368,6 +377,7 @@ impl LocalBucket {
         limit: &Limit,
     ) -> Settled {
         let mut settled = Settled::default();
+        let mut answered = false;
         match *outcome {
             FetchOutcome::Failed => return self.fail_fetch(),
             // Nothing asked: the key is throttled (its waiters are refused below), or the lease
@@ -377,6 +387,7 @@ impl LocalBucket {
             // (what it owed that bucket was counted as uncharged when it left).
             FetchOutcome::Granted { grant, from, .. } if !self.holds_tokens_of(from) => {
                 settled.forfeited = grant.granted.saturating_add(grant.reserved);
+                self.forget_held();
             }
             FetchOutcome::Granted {
                 grant,
@@ -385,7 +396,8 @@ impl LocalBucket {
                 shape,
             } => {
                 self.cold_mut().dispenser = from.id();
-                self.take_grant(&grant, sent_at, now, limit);
+                settled.forfeited = self.take_grant(&grant, sent_at, now, limit);
+                answered = true;
                 settled.excess = self.shed_excess(limit);
                 if self.cold().shape != shape {
                     // The limit changed while the call was under way: the answer's times are
@@ -424,6 +436,9 @@ impl LocalBucket {
                     .push((waiter, Verdict::Throttled { until }));
             }
         }
+        if answered {
+            self.sample_held_at_answer();
+        }
         if !kept.is_empty() {
             self.cold_mut().waiters = kept;
             self.fetching = true;
@@ -460,12 +475,16 @@ impl LocalBucket {
     }
 
     /// Adds a grant asked for at `sent_at` and received at `now` to the lease, once it has paid
-    /// what the bucket owes for credit (tokens granted first, then those reserved ahead).
-    fn take_grant(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) {
+    /// what the bucket owes for credit, then its recharge (tokens granted first, then those
+    /// reserved ahead). Returns the recharge paid: tokens taken out, to be forfeited.
+    fn take_grant(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) -> u64 {
         // From the time the call was sent, so that no request is refused while the global
         // bucket could already admit it.
+        let recharge = self.recharge(sent_at, limit);
         self.note_global(grant, sent_at, now, limit);
-        let grant = &self.pay_owed(*grant);
+        let grant = self.pay_owed(*grant);
+        let (grant, recharged) = Self::pay_recharge(grant, recharge);
+        let grant = &grant;
         if grant.granted > 0 {
             if self.tokens == 0 {
                 self.cold_mut().leased_at = now;
@@ -480,6 +499,7 @@ impl LocalBucket {
             let due = now.saturating_add(micros(grant.ready_in));
             self.cold_mut().reserved.add(due, grant.reserved);
         }
+        recharged
     }
 
     /// What is left of `grant` once it has paid what the bucket owes.
@@ -518,6 +538,7 @@ mod tests {
         demand[1] = previous;
         Plan {
             needed: 0,
+            recharge: 0,
             room: 100,
             keep: 1,
             demand,

@@ -8,6 +8,7 @@
 
 mod fallback;
 mod fetch;
+mod held;
 mod reserved;
 mod reshape;
 
@@ -79,6 +80,14 @@ struct Cold {
     /// Leased tokens the bucket may keep past the lease time-to-live: some when the global
     /// bucket held at least half its capacity at the last answer, none when it did not.
     keep: u32,
+    /// Tokens the lease held at the last sweep and at the one before, or at the last answer
+    /// (once it served its waiters) and the sweep since, while the key was far from its limit,
+    /// less those handed back since.
+    /// The global bucket refills while they are held, so a burst could spend both: the next
+    /// fetch first takes out what that refill put in the global bucket past `capacity - held`
+    /// ([`LocalBucket::recharge`]).
+    held_at_sweep: u32,
+    held_at_sweep_before: u32,
     /// Which limit (a hash of its name and shape) this bucket was last used for.
     shape: u32,
     /// The global bucket whose tokens the lease holds (its limit's name's [id](Name::id); 0
@@ -106,6 +115,8 @@ impl Cold {
         owed: 0,
         credit_after: 0,
         keep: 0,
+        held_at_sweep: 0,
+        held_at_sweep_before: 0,
         shape: 0,
         dispenser: 0,
         global_left: NO_ANSWER,
@@ -568,6 +579,7 @@ impl LocalBucket {
         if self.unrecorded > 0 {
             self.record_demand(now, interval);
         }
+        self.sample_held();
         let unused_for = now.saturating_sub(self.cold().leased_at);
         if unused_for < ttl {
             return 0;
@@ -580,6 +592,7 @@ impl LocalBucket {
         };
         let expired = self.tokens.saturating_sub(keep);
         self.tokens -= expired;
+        self.unhold(expired);
         if self.tokens == 0 {
             self.low_water = 0;
             self.shed_if_idle(now, interval);
@@ -621,12 +634,14 @@ impl LocalBucket {
     pub(crate) fn take_usable(&mut self) -> u64 {
         self.dated = false;
         self.low_water = 0;
+        self.forget_held();
         std::mem::take(&mut self.tokens)
     }
 
     /// Takes every leased token out, reserved ones included: the bucket is being dropped.
     pub(crate) fn take_all_leased(&mut self) -> u64 {
         let reserved = self.cold.as_mut().map_or(0, |c| c.reserved.take_all());
+        self.forget_held();
         std::mem::take(&mut self.tokens).saturating_add(reserved)
     }
 

@@ -4,9 +4,13 @@
 /// micros), earliest first: a later reservation never delays an earlier one, so tokens
 /// reserved while the store is slower than a token interval are used as each falls due.
 pub(super) struct Reserved {
-    // A boxed slice, not a `Vec`: the state stays in its allocation class, and tranches are
-    // added and released once per batch at most. `None` when empty.
-    tranches: Option<Box<[(u64, u64)]>>,
+    // Behind one thin pointer (a boxed slice is two words): the state stays in its allocation
+    // class, and tranches are added and released once per batch at most. `None` when empty.
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin pointer keeps the slow path's state in its allocation class"
+    )]
+    tranches: Option<Box<Vec<(u64, u64)>>>,
 }
 
 /// Tranches kept apart; beyond, the latest two merge (the later due wins, so nothing is used
@@ -17,11 +21,11 @@ impl Reserved {
     pub(super) const NONE: Self = Self { tranches: None };
 
     pub(super) fn all(&self) -> &[(u64, u64)] {
-        self.tranches.as_deref().unwrap_or(&[])
+        self.tranches.as_deref().map_or(&[], Vec::as_slice)
     }
 
     pub(super) fn set(&mut self, tranches: Vec<(u64, u64)>) {
-        self.tranches = (!tranches.is_empty()).then(|| tranches.into_boxed_slice());
+        self.tranches = (!tranches.is_empty()).then(|| Box::new(tranches));
     }
 
     pub(super) fn is_empty(&self) -> bool {

@@ -320,7 +320,7 @@ fn leases_expire_unless_a_batch_is_in_flight_or_reserved() {
     assert_eq!(b.leased_tokens(), 0);
 }
 
-const SECOND: u64 = 1_000_000;
+pub(super) const SECOND: u64 = 1_000_000;
 
 #[test]
 fn a_quiet_bucket_sheds_its_slow_path_state_and_reads_the_same() {
@@ -610,7 +610,7 @@ fn a_bucket_that_moves_tiers_drops_its_credit_as_uncharged() {
 }
 
 /// An answer granting `granted` tokens that left `remaining` in the global bucket.
-fn grant_leaving(granted: u64, remaining: u64) -> FetchOutcome {
+pub(super) fn grant_leaving(granted: u64, remaining: u64) -> FetchOutcome {
     FetchOutcome::Granted {
         grant: Grant {
             granted,
