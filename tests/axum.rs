@@ -462,3 +462,39 @@ async fn a_burst_after_slow_traffic_gets_at_most_the_capacity() {
     assert!(bursts.iter().all(|&(_, _, n)| (90..=100).contains(&n)));
     assert!(bursts.iter().any(|&(_, _, n)| n == 100));
 }
+
+/// The same app, a key served at 10x, 5x, 1.1x or half its limit for 5 s, then quiet for less
+/// than the lease time-to-live (so the host still holds its last batch) but long enough for
+/// the global bucket to refill, then a burst of 300: at most the capacity.
+#[tokio::test(start_paused = true)]
+async fn a_burst_after_busy_traffic_and_a_short_quiet_gets_at_most_the_capacity() {
+    let mut bursts = Vec::new();
+    for every_us in [1_000, 2_000, 9_000, 20_000] {
+        for quiet_ms in [1_200, 1_900] {
+            let clock = hierarchical_throttle::clock::TokioClock::new();
+            let app = Router::new().route("/", get(|| async { "ok" })).layer(
+                HierarchicalThrottleLayer::builder()
+                    .key_ref(|req: &Request<Body>| key::header_bytes(req, "x-api-key"))
+                    .clock(clock)
+                    .limit(Limit::per_second(100).burst(100).unwrap())
+                    .global_store(MemoryGlobalStore::with_clock(clock))
+                    .build()
+                    .unwrap(),
+            );
+            for _ in 0..5_000_000 / every_us {
+                get_status(&app, "/", Some("k")).await;
+                tokio::time::sleep(Duration::from_micros(every_us)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(quiet_ms)).await;
+            let burst = (0..300).map(|_| get_status(&app, "/", Some("k")));
+            let admitted = futures_util::future::join_all(burst)
+                .await
+                .iter()
+                .filter(|r| r.status() == StatusCode::OK)
+                .count();
+            bursts.push((every_us, quiet_ms, admitted));
+        }
+    }
+    println!("(every us, quiet ms, admitted): {bursts:?}");
+    assert!(bursts.iter().all(|&(_, _, n)| (90..=100).contains(&n)));
+}

@@ -1,6 +1,6 @@
 //! Tokens a lease holds while the global bucket refills around them: a host holding tokens
-//! of a key far from its limit, and a global bucket refilled to its capacity meanwhile, could
-//! both be spent in one burst. Answers and sweeps note what the lease holds; its next fetch
+//! of a key gone quiet, and a global bucket refilled to its capacity meanwhile, could both be
+//! spent in one burst. Answers and sweeps note what the lease holds; its next fetch
 //! first takes back out of the global bucket what the refill put past `capacity - held`, by
 //! this host's estimate, so a burst after a quiet stretch spends at most the capacity.
 
@@ -10,11 +10,10 @@ use crate::limit::Limit;
 use super::LocalBucket;
 
 impl LocalBucket {
-    /// Notes what the lease holds at a sweep, while the key is far from its limit (a key near
-    /// it keeps nothing, and its lease lasts less than a sweep).
+    /// Notes what the lease holds at a sweep.
     pub(super) fn sample_held(&mut self) {
         let tokens = u32::try_from(self.tokens).unwrap_or(u32::MAX);
-        if let Some(cold) = self.cold.as_deref_mut().filter(|c| c.keep > 0) {
+        if let Some(cold) = self.cold.as_deref_mut() {
             cold.held_at_sweep_before = cold.held_at_sweep;
             cold.held_at_sweep = tokens;
         }
@@ -48,20 +47,29 @@ impl LocalBucket {
 
     /// What a fetch sent at `now` takes out of the global bucket before anything else: the
     /// part of its refill since its last answer that, by this host's estimate, went past
-    /// `capacity - held`, while the key was far from its limit at that answer. `held` is the
-    /// most the lease held at the answer, at the last two sweeps since and now: what it served
-    /// since may have been a burst just before this fetch, spent on top of the refill, so it
-    /// counts as held. A bucket that stayed short of full loses nothing.
+    /// `capacity - held`. `held` is the most the lease held at that answer, at the last two
+    /// sweeps since and now: what it served since may have been a burst just before this
+    /// fetch, spent on top of the refill, so it counts as held. For a key near its limit at
+    /// that answer, only a fetch that requests wait on (a burst ran the lease dry) takes back:
+    /// fetching ahead of need, the host's estimate (blind to the other hosts, which keep such
+    /// a bucket short) would take back what never overflowed. A bucket that stayed short of
+    /// full loses nothing.
     pub(crate) fn recharge(&self, now: u64, limit: &Limit) -> u64 {
         let cold = self.cold();
-        if cold.keep == 0 {
-            // Near its limit at the last answer: nothing was noted.
+        if cold.global_left == super::NO_ANSWER {
+            // Tokens put back into a bucket no answer came to: nothing was taken from it.
             return 0;
         }
+        let ran_dry = !cold.waiters.is_empty() || cold.owed > 0;
+        if cold.keep == 0 && !ran_dry {
+            return 0;
+        }
+        // Tokens beyond the capacity (a limit lowered since) go back as excess.
         let held = self
             .tokens
             .max(u64::from(cold.held_at_sweep))
-            .max(u64::from(cold.held_at_sweep_before));
+            .max(u64::from(cold.held_at_sweep_before))
+            .min(limit.capacity());
         let beyond = self
             .global_estimate(now, limit)
             .saturating_add(held)
@@ -84,7 +92,7 @@ impl LocalBucket {
 #[cfg(test)]
 mod tests {
     use super::super::fetch::FetchOutcome;
-    use super::super::tests::{FOREVER, SECOND, grant_leaving};
+    use super::super::tests::{FOREVER, SECOND, grant_leaving, queue};
     use super::*;
 
     /// `granted` tokens asked for at `sent_at`, leaving `remaining` in the global bucket.
@@ -129,14 +137,31 @@ mod tests {
     }
 
     #[test]
-    fn a_key_near_its_limit_takes_nothing_back() {
+    fn a_key_near_its_limit_takes_back_only_for_a_burst_that_ran_its_lease_dry() {
         let limit = Limit::per_second(160).burst(160).unwrap();
         let ttl = 2_000_000;
         let mut b = LocalBucket::default();
-        // Under half left: the key is near its limit, and its lease lasts less than a sweep.
+        // Under half left: the key is near its limit. It goes quiet, holding 10.
         b.settle(&grant_leaving(10, 70), 0, 0, &limit);
         b.take_expired(SECOND / 2, ttl, true, 0);
-        assert_eq!(b.recharge(10 * SECOND, &limit), 0);
+        // A fetch ahead of need takes nothing back: other hosts may keep the bucket short.
+        assert_eq!(b.recharge(SECOND, &limit), 0);
+        // A burst spends the 10 and a request waits: the bucket has refilled 160 since.
+        b.take_up_to(10);
+        let (_, _rx) = queue(&mut b, 1, SECOND);
+        assert_eq!(b.recharge(SECOND, &limit), 10);
+        // 80 refilled by half a second: 150, which with the 10 held is not past the capacity.
+        assert_eq!(b.recharge(SECOND / 2, &limit), 0);
+    }
+
+    #[test]
+    fn tokens_beyond_a_lowered_capacity_are_shed_not_taken_back() {
+        let limit = Limit::per_second(160).burst(160).unwrap();
+        let lowered = Limit::per_second(4).burst(4).unwrap();
+        let mut b = LocalBucket::default();
+        b.settle(&grant_leaving(10, 0), 0, 0, &limit);
+        // The 6 beyond the new capacity go back as excess; none counts against the refill.
+        assert_eq!(b.recharge(0, &lowered), 0);
     }
 
     #[test]

@@ -81,8 +81,7 @@ struct Cold {
     /// bucket held at least half its capacity at the last answer, none when it did not.
     keep: u32,
     /// Tokens the lease held at the last sweep and at the one before, or at the last answer
-    /// (once it served its waiters) and the sweep since, while the key was far from its limit,
-    /// less those handed back since.
+    /// (once it served its waiters) and the sweep since, less those handed back since.
     /// The global bucket refills while they are held, so a burst could spend both: the next
     /// fetch first takes out what that refill put in the global bucket past `capacity - held`
     /// ([`LocalBucket::recharge`]).
@@ -453,6 +452,8 @@ impl LocalBucket {
         now: u64,
     ) -> u64 {
         let revoked = if revoke { self.take_all_leased() } else { 0 };
+        // What the change put in the bucket is the operator's: nothing is taken back for it.
+        self.forget_held();
         let cold = self.cold_mut();
         cold.next_token_at = match level.tokens {
             0 => sent_at.saturating_add(micros(level.next_in)),
