@@ -211,7 +211,7 @@ async fn a_lease_of_a_renamed_limit_is_never_handed_back_to_the_new_one() {
     let lease = held(&layer, "k", 0);
     assert!(lease > 0, "batches sized by demand leave some");
     // What fetches took back out of a's bucket as it refilled around the lease (see
-    // `LocalBucket::recharge`) is forfeited too, before the change.
+    // `LocalBucket::take_back`) is forfeited too, before the change.
     let forfeited = layer.stats().tokens_forfeited;
     set(&quota, "c: 100/s burst 100");
     // Past the lease time-to-live, and the ten a small lease may be kept for.

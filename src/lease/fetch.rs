@@ -95,9 +95,9 @@ pub(crate) struct Plan {
     /// Tokens the waiting requests need, and what the bucket owes for credit.
     pub(crate) needed: u64,
     /// What the fetch takes back out of the global bucket first, on top of the batch (see
-    /// [`LocalBucket::recharge`]).
-    pub(crate) recharge: u64,
-    /// Tokens the lease has room for, what it owes and its recharge.
+    /// [`LocalBucket::take_back`]).
+    pub(crate) take_back: u64,
+    /// Tokens the lease has room for, what it owes and what it takes back.
     pub(crate) room: u64,
     /// The least worth asking for: what the lease may keep, while the global bucket is at
     /// least half full (a slow key then fetches a few requests' worth, not one token).
@@ -151,7 +151,7 @@ impl Plan {
             min: 1,
             want: batch
                 .max(self.needed)
-                .saturating_add(self.recharge)
+                .saturating_add(self.take_back)
                 .clamp(1, self.room),
             max_delay: if self.recheck {
                 std::time::Duration::ZERO
@@ -318,7 +318,7 @@ impl LocalBucket {
         self.record_demand(now, interval);
         self.cold_mut().waiters.retain(|w| !w.is_gone());
         let owed = u64::from(self.cold().owed);
-        let recharge = self.recharge(now, limit);
+        let take_back = self.take_back(now, limit);
         let needed = self
             .cold()
             .waiters
@@ -341,7 +341,7 @@ impl LocalBucket {
             .capacity()
             .saturating_sub(self.tokens)
             .saturating_add(owed)
-            .saturating_add(recharge);
+            .saturating_add(take_back);
         if room == 0 {
             return None;
         }
@@ -353,7 +353,7 @@ impl LocalBucket {
         };
         Some(Plan {
             needed,
-            recharge,
+            take_back,
             room,
             keep: u64::from(keep),
             demand,
@@ -475,15 +475,15 @@ impl LocalBucket {
     }
 
     /// Adds a grant asked for at `sent_at` and received at `now` to the lease, once it has paid
-    /// what the bucket owes for credit, then its recharge (tokens granted first, then those
-    /// reserved ahead). Returns the recharge paid: tokens taken out, to be forfeited.
+    /// what the bucket owes for credit, then what it takes back (tokens granted first, then
+    /// those reserved ahead). Returns what it took back: tokens taken out, to be forfeited.
     fn take_grant(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) -> u64 {
         // From the time the call was sent, so that no request is refused while the global
         // bucket could already admit it.
-        let recharge = self.recharge(sent_at, limit);
+        let take_back = self.take_back(sent_at, limit);
         self.note_global(grant, sent_at, now, limit);
         let grant = self.pay_owed(*grant);
-        let (grant, recharged) = Self::pay_recharge(grant, recharge);
+        let (grant, taken_back) = Self::pay_take_back(grant, take_back);
         let grant = &grant;
         if grant.granted > 0 {
             if self.tokens == 0 {
@@ -499,7 +499,7 @@ impl LocalBucket {
             let due = now.saturating_add(micros(grant.ready_in));
             self.cold_mut().reserved.add(due, grant.reserved);
         }
-        recharged
+        taken_back
     }
 
     /// What is left of `grant` once it has paid what the bucket owes.
@@ -538,7 +538,7 @@ mod tests {
         demand[1] = previous;
         Plan {
             needed: 0,
-            recharge: 0,
+            take_back: 0,
             room: 100,
             keep: 1,
             demand,

@@ -54,7 +54,7 @@ impl LocalBucket {
     /// fetching ahead of need, the host's estimate (blind to the other hosts, which keep such
     /// a bucket short) would take back what never overflowed. A bucket that stayed short of
     /// full loses nothing.
-    pub(crate) fn recharge(&self, now: u64, limit: &Limit) -> u64 {
+    pub(crate) fn take_back(&self, now: u64, limit: &Limit) -> u64 {
         let cold = self.cold();
         if cold.global_left == super::NO_ANSWER {
             // Tokens put back into a bucket no answer came to: nothing was taken from it.
@@ -77,12 +77,12 @@ impl LocalBucket {
         held.min(beyond)
     }
 
-    /// What is left of `grant` once it has paid `recharge`, and how much it paid. A grant
+    /// What is left of `grant` once it has paid `take_back`, and how much it paid. A grant
     /// short of it pays what it can: the global bucket held less than the estimate, and what
     /// it lacked it never refilled around this lease.
-    pub(super) fn pay_recharge(mut grant: Grant, recharge: u64) -> (Grant, u64) {
-        let from_granted = grant.granted.min(recharge);
-        let from_reserved = grant.reserved.min(recharge - from_granted);
+    pub(super) fn pay_take_back(mut grant: Grant, take_back: u64) -> (Grant, u64) {
+        let from_granted = grant.granted.min(take_back);
+        let from_reserved = grant.reserved.min(take_back - from_granted);
         grant.granted -= from_granted;
         grant.reserved -= from_reserved;
         (grant, from_granted + from_reserved)
@@ -119,21 +119,21 @@ mod tests {
         b.settle(&grant_leaving(10, 150), 0, 0, &limit);
         // The global bucket refills 4 in 25 ms: past 150, which with the 10 held would be more
         // than its capacity.
-        assert_eq!(b.recharge(25_000, &limit), 4);
+        assert_eq!(b.take_back(25_000, &limit), 4);
         // A sweep sees the 10 held still.
         b.take_expired(SECOND / 2, ttl, true, 0);
-        assert_eq!(b.recharge(SECOND, &limit), 10, "at most what was held");
+        assert_eq!(b.take_back(SECOND, &limit), 10, "at most what was held");
         // A burst spends the 10; the fetch it starts takes back the 10 first, then the lease's.
         b.take_up_to(10);
         let plan = b.plan(SECOND, 0, &limit, false, FOREVER).unwrap();
-        assert_eq!(plan.recharge, 10);
+        assert_eq!(plan.take_back, 10);
         // On top of the batch, which the lease gets whole.
         assert_eq!(plan.request(20, std::time::Duration::ZERO).want, 30);
         let settled = b.settle(&grant_sent_at(30, 130, SECOND), SECOND, 0, &limit);
         assert_eq!(settled.forfeited, 10, "taken back out of the global bucket");
         assert_eq!(b.leased_tokens(), 20);
         // Reckoned afresh from the answer: the 20 the lease holds now, past the refill.
-        assert_eq!(b.recharge(2 * SECOND, &limit), 20);
+        assert_eq!(b.take_back(2 * SECOND, &limit), 20);
     }
 
     #[test]
@@ -145,13 +145,13 @@ mod tests {
         b.settle(&grant_leaving(10, 70), 0, 0, &limit);
         b.take_expired(SECOND / 2, ttl, true, 0);
         // A fetch ahead of need takes nothing back: other hosts may keep the bucket short.
-        assert_eq!(b.recharge(SECOND, &limit), 0);
+        assert_eq!(b.take_back(SECOND, &limit), 0);
         // A burst spends the 10 and a request waits: the bucket has refilled 160 since.
         b.take_up_to(10);
         let (_, _rx) = queue(&mut b, 1, SECOND);
-        assert_eq!(b.recharge(SECOND, &limit), 10);
+        assert_eq!(b.take_back(SECOND, &limit), 10);
         // 80 refilled by half a second: 150, which with the 10 held is not past the capacity.
-        assert_eq!(b.recharge(SECOND / 2, &limit), 0);
+        assert_eq!(b.take_back(SECOND / 2, &limit), 0);
     }
 
     #[test]
@@ -161,7 +161,7 @@ mod tests {
         let mut b = LocalBucket::default();
         b.settle(&grant_leaving(10, 0), 0, 0, &limit);
         // The 6 beyond the new capacity go back as excess; none counts against the refill.
-        assert_eq!(b.recharge(0, &lowered), 0);
+        assert_eq!(b.take_back(0, &lowered), 0);
     }
 
     #[test]
@@ -171,9 +171,9 @@ mod tests {
         let mut b = LocalBucket::default();
         b.settle(&grant_leaving(25, 135), 0, 0, &limit);
         b.take_expired(SECOND / 2, ttl, true, 0);
-        assert_eq!(b.recharge(10 * SECOND, &limit), 25);
+        assert_eq!(b.take_back(10 * SECOND, &limit), 25);
         // Past the time-to-live all but the 10 kept go back: only those are held.
         assert_eq!(b.take_expired(ttl, ttl, true, 0), 15);
-        assert_eq!(b.recharge(10 * SECOND, &limit), 10);
+        assert_eq!(b.take_back(10 * SECOND, &limit), 10);
     }
 }

@@ -84,7 +84,7 @@ struct Cold {
     /// (once it served its waiters) and the sweep since, less those handed back since.
     /// The global bucket refills while they are held, so a burst could spend both: the next
     /// fetch first takes out what that refill put in the global bucket past `capacity - held`
-    /// ([`LocalBucket::recharge`]).
+    /// ([`LocalBucket::take_back`]).
     held_at_sweep: u32,
     held_at_sweep_before: u32,
     /// Which limit (a hash of its name and shape) this bucket was last used for.
