@@ -92,7 +92,8 @@ impl LocalBucket {
 #[cfg(test)]
 mod tests {
     use super::super::fetch::FetchOutcome;
-    use super::super::tests::{FOREVER, SECOND, grant_leaving, queue};
+    use super::super::fetch::Waiter;
+    use super::super::tests::{FOREVER, SECOND, grant_leaving};
     use super::*;
 
     /// `granted` tokens asked for at `sent_at`, leaving `remaining` in the global bucket.
@@ -148,7 +149,8 @@ mod tests {
         assert_eq!(b.take_back(SECOND, &limit), 0);
         // A burst spends the 10 and a request waits: the bucket has refilled 160 since.
         b.take_up_to(10);
-        let (_, _rx) = queue(&mut b, 1, SECOND);
+        let (waiter, _rx) = Waiter::new(1, 2 * SECOND);
+        b.miss(1, SECOND, 0, &limit, true, 0, FOREVER, || waiter);
         assert_eq!(b.take_back(SECOND, &limit), 10);
         // 80 refilled by half a second: 150, which with the 10 held is not past the capacity.
         assert_eq!(b.take_back(SECOND / 2, &limit), 0);
