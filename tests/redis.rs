@@ -1305,21 +1305,51 @@ async fn a_fleet_with_several_limits_and_levels_never_over_admits_any_bucket_on_
     clock.set(Duration::from_secs(2_000_000));
     let redis = store(&server).await.with_clock_override(clock.clone());
     common::levels::fleet_holds_every_bucket(&clock, redis.clone()).await;
-    // Every limit of every level has a bucket of its own, under the key's hash tag.
+    // Every limit of every level has a bucket of its own, under the key's hash tag: stored,
+    // unless it is full (a full bucket is no key). The users' per-minute limits bind; the
+    // others may have refilled by the end.
     let mut conn = raw(&server).await;
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("throttle:*")
         .query_async(&mut conn)
         .await
         .unwrap();
-    for expected in [
-        "throttle:{u0}:per-second",
-        "throttle:{u0}:per-minute",
-        "throttle:{acme}:tenant/default",
-        "throttle:{bulk}:route/default",
+    let at_level = |key: &str, level: &str| {
+        BucketKey::new(key.to_owned(), "default")
+            .and_then(|b| b.at_level(level))
+            .unwrap()
+    };
+    for (expected, bucket, limit) in [
+        (
+            "throttle:{u0}:per-second",
+            BucketKey::new("u0".to_owned(), "per-second").unwrap(),
+            Limit::per_second(5).burst(5).unwrap(),
+        ),
+        (
+            "throttle:{u0}:per-minute",
+            BucketKey::new("u0".to_owned(), "per-minute").unwrap(),
+            Limit::per_minute(120).burst(20).unwrap(),
+        ),
+        (
+            "throttle:{acme}:tenant/default",
+            at_level("acme", "tenant"),
+            Limit::per_second(12).burst(12).unwrap(),
+        ),
+        (
+            "throttle:{bulk}:route/default",
+            at_level("bulk", "route"),
+            Limit::per_second(4).burst(4).unwrap(),
+        ),
     ] {
-        assert!(keys.iter().any(|k| k == expected), "{expected} in {keys:?}");
+        if !keys.iter().any(|k| k == expected) {
+            let level = redis.level(&bucket, &limit).await.unwrap();
+            assert_eq!(level.tokens, limit.capacity(), "{expected} in {keys:?}");
+        }
     }
+    assert!(
+        keys.iter().any(|k| k == "throttle:{u0}:per-minute"),
+        "the binding limit's bucket is stored: {keys:?}"
+    );
 }
 
 #[tokio::test]
