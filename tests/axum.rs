@@ -421,41 +421,50 @@ async fn exempt_requests_pass_untouched_while_their_key_is_throttled() {
     assert_eq!(stats.missing_key, 0);
 }
 
-/// The README's lead example (every setting at its default) on one host: a key limited to
-/// 100/s burst 100, served slowly at one of several rates, then a burst of 300 at one of twenty
-/// moments after. A perfect bucket would have refilled to its capacity: the burst gets at most
-/// that, though the host held leased tokens of the key while its global bucket refilled
-/// around them (its fetch takes that refill back first), and at most a tenth less (what it
-/// takes back is reckoned from what it held at its last answer or sweep, and the traffic
-/// served since is counted as held).
+/// The README's lead example (every setting at its default) on one host, on tokio's clock, with
+/// a key limited to 100/s burst 100.
+fn lead_example() -> Router {
+    let clock = hierarchical_throttle::clock::TokioClock::new();
+    Router::new().route("/", get(|| async { "ok" })).layer(
+        HierarchicalThrottleLayer::builder()
+            .key_ref(|req: &Request<Body>| key::header_bytes(req, "x-api-key"))
+            .clock(clock)
+            .limit(Limit::per_second(100).burst(100).unwrap())
+            .global_store(MemoryGlobalStore::with_clock(clock))
+            .build()
+            .unwrap(),
+    )
+}
+
+/// Sends `requests` of key `k` at one instant; returns how many were served.
+async fn burst(app: &Router, requests: usize) -> usize {
+    let burst = (0..requests).map(|_| get_status(app, "/", Some("k")));
+    futures_util::future::join_all(burst)
+        .await
+        .iter()
+        .filter(|r| r.status() == StatusCode::OK)
+        .count()
+}
+
+/// The lead example's key, served slowly at one of several rates, then a burst of 300 at one
+/// of twenty moments after. A perfect bucket would have refilled to its capacity: the burst
+/// gets at most that, though the host held leased tokens of the key while its global bucket
+/// refilled around them (its fetch takes that refill back first), and at most a tenth less
+/// (what it takes back is reckoned from what it held at its last answer or sweep, and the
+/// traffic served since is counted as held).
 #[tokio::test(start_paused = true)]
 async fn a_burst_after_slow_traffic_gets_at_most_the_capacity() {
     let mut bursts = Vec::new();
     for every_ms in [1000, 300, 100, 37] {
         for moment in 0..20u64 {
-            let clock = hierarchical_throttle::clock::TokioClock::new();
-            let app = Router::new().route("/", get(|| async { "ok" })).layer(
-                HierarchicalThrottleLayer::builder()
-                    .key_ref(|req: &Request<Body>| key::header_bytes(req, "x-api-key"))
-                    .clock(clock)
-                    .limit(Limit::per_second(100).burst(100).unwrap())
-                    .global_store(MemoryGlobalStore::with_clock(clock))
-                    .build()
-                    .unwrap(),
-            );
+            let app = lead_example();
             for _ in 0..10_000 / every_ms {
                 let served = get_status(&app, "/", Some("k")).await.status();
                 assert_eq!(served, StatusCode::OK, "far from the limit");
                 tokio::time::sleep(Duration::from_millis(every_ms)).await;
             }
             tokio::time::sleep(Duration::from_millis(moment * 97)).await;
-            let burst = (0..300).map(|_| get_status(&app, "/", Some("k")));
-            let admitted = futures_util::future::join_all(burst)
-                .await
-                .iter()
-                .filter(|r| r.status() == StatusCode::OK)
-                .count();
-            bursts.push((every_ms, moment * 97, admitted));
+            bursts.push((every_ms, moment * 97, burst(&app, 300).await));
         }
     }
     println!("(every ms, burst after ms, admitted): {bursts:?}");
@@ -463,36 +472,21 @@ async fn a_burst_after_slow_traffic_gets_at_most_the_capacity() {
     assert!(bursts.iter().any(|&(_, _, n)| n == 100));
 }
 
-/// The same app, a key served at 10x, 5x, 1.1x or half its limit for 5 s, then quiet for less
-/// than the lease time-to-live (so the host still holds its last batch) but long enough for
-/// the global bucket to refill, then a burst of 300: at most the capacity.
+/// The lead example's key served at 10x, 5x, 1.1x or half its limit for 5 s, then quiet for
+/// less than the lease time-to-live (so the host still holds its last batch) but long enough
+/// for the global bucket to refill, then a burst of 300: at most the capacity.
 #[tokio::test(start_paused = true)]
 async fn a_burst_after_busy_traffic_and_a_short_quiet_gets_at_most_the_capacity() {
     let mut bursts = Vec::new();
     for every_us in [1_000, 2_000, 9_000, 20_000] {
         for quiet_ms in [1_200, 1_900] {
-            let clock = hierarchical_throttle::clock::TokioClock::new();
-            let app = Router::new().route("/", get(|| async { "ok" })).layer(
-                HierarchicalThrottleLayer::builder()
-                    .key_ref(|req: &Request<Body>| key::header_bytes(req, "x-api-key"))
-                    .clock(clock)
-                    .limit(Limit::per_second(100).burst(100).unwrap())
-                    .global_store(MemoryGlobalStore::with_clock(clock))
-                    .build()
-                    .unwrap(),
-            );
+            let app = lead_example();
             for _ in 0..5_000_000 / every_us {
                 get_status(&app, "/", Some("k")).await;
                 tokio::time::sleep(Duration::from_micros(every_us)).await;
             }
             tokio::time::sleep(Duration::from_millis(quiet_ms)).await;
-            let burst = (0..300).map(|_| get_status(&app, "/", Some("k")));
-            let admitted = futures_util::future::join_all(burst)
-                .await
-                .iter()
-                .filter(|r| r.status() == StatusCode::OK)
-                .count();
-            bursts.push((every_us, quiet_ms, admitted));
+            bursts.push((every_us, quiet_ms, burst(&app, 300).await));
         }
     }
     println!("(every us, quiet ms, admitted): {bursts:?}");
