@@ -109,10 +109,9 @@ pub struct BatchContext<'a> {
     /// The global bucket refills while a host keeps tokens: the host's next fetch takes back
     /// what that refill put past `capacity - kept` by its estimate (on top of the batch this
     /// policy asks for), so one host's burst after a quiet stretch spends at most the
-    /// capacity. Across hosts, one whose fetch comes after
-    /// the bucket ran dry still spends what it kept; a policy that asks only for
-    /// [`needed`](Self::needed) holds nothing between requests, for a call per request (the
-    /// README's "windows that start later").
+    /// capacity. Across hosts, one whose fetch comes after the bucket ran dry still spends
+    /// what it kept; a policy that asks only for [`needed`](Self::needed) holds nothing
+    /// between requests, for a call per request (the README's "windows that start later").
     pub keep: u64,
 }
 

@@ -484,7 +484,6 @@ impl LocalBucket {
         self.note_global(grant, sent_at, now, limit);
         let grant = self.pay_owed(*grant);
         let (grant, taken_back) = Self::pay_take_back(grant, take_back);
-        let grant = &grant;
         if grant.granted > 0 {
             if self.tokens == 0 {
                 self.cold_mut().leased_at = now;
