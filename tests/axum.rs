@@ -5,7 +5,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
-use hierarchical_throttle::clock::ManualClock;
+use hierarchical_throttle::clock::{ManualClock, TokioClock};
 use hierarchical_throttle::{HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MissingKey, key};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
@@ -425,12 +425,17 @@ async fn exempt_requests_pass_untouched_while_their_key_is_throttled() {
 /// a key limited to 100/s burst 100.
 fn lead_example() -> Router {
     let clock = hierarchical_throttle::clock::TokioClock::new();
+    lead_example_on(&MemoryGlobalStore::with_clock(clock))
+}
+
+/// The lead example as one host of a fleet sharing `global`.
+fn lead_example_on(global: &MemoryGlobalStore<key::CompactKey, TokioClock>) -> Router {
     Router::new().route("/", get(|| async { "ok" })).layer(
         HierarchicalThrottleLayer::builder()
             .key_ref(|req: &Request<Body>| key::header_bytes(req, "x-api-key"))
-            .clock(clock)
+            .clock(TokioClock::new())
             .limit(Limit::per_second(100).burst(100).unwrap())
-            .global_store(MemoryGlobalStore::with_clock(clock))
+            .global_store(global.clone())
             .build()
             .unwrap(),
     )
@@ -438,7 +443,15 @@ fn lead_example() -> Router {
 
 /// Sends `requests` of key `k` at one instant; returns how many were served.
 async fn burst(app: &Router, requests: usize) -> usize {
-    let burst = (0..requests).map(|_| get_status(app, "/", Some("k")));
+    burst_at(std::slice::from_ref(app), requests).await
+}
+
+/// Sends `requests` of key `k` to each of `hosts`, all at one instant; returns how many were
+/// served.
+async fn burst_at(hosts: &[Router], requests: usize) -> usize {
+    let burst = hosts
+        .iter()
+        .flat_map(|app| (0..requests).map(move |_| get_status(app, "/", Some("k"))));
     futures_util::future::join_all(burst)
         .await
         .iter()
@@ -491,4 +504,55 @@ async fn a_burst_after_busy_traffic_and_a_short_quiet_gets_at_most_the_capacity(
     }
     println!("(every us, quiet ms, admitted): {bursts:?}");
     assert!(bursts.iter().all(|&(_, _, n)| (90..=100).contains(&n)));
+}
+
+/// Four hosts of the lead example serve the key slowly or at four fifths of its limit, go
+/// quiet, then a burst comes to every host at once, and heavy traffic after it. The first
+/// host's fetch takes the whole refilled bucket; the others spend what they held on top, and
+/// can take back none of the refill: they owe it, and their next fetches take it back. So
+/// windows from the burst exceed the bound only while shorter than about what the hosts held
+/// at the key's rate; every window of a second and a half or more holds it.
+#[tokio::test(start_paused = true)]
+async fn a_burst_at_every_host_at_once_is_taken_back_out_of_the_refill_after_it() {
+    let mut runs = Vec::new();
+    for every_ms in [1_000, 50] {
+        let global = MemoryGlobalStore::with_clock(TokioClock::new());
+        let hosts: Vec<Router> = (0..4).map(|_| lead_example_on(&global)).collect();
+        for _ in 0..10_000 / every_ms {
+            for app in &hosts {
+                let served = get_status(app, "/", Some("k")).await.status();
+                assert_eq!(served, StatusCode::OK, "under the limit");
+            }
+            tokio::time::sleep(Duration::from_millis(every_ms)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        // Admitted from the burst to the end of each 10 ms after it.
+        let mut admitted = vec![burst_at(&hosts, 300).await];
+        for _ in 0..300 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let since = admitted[admitted.len() - 1] + burst_at(&hosts, 20).await;
+            admitted.push(since);
+        }
+        // What each window from the burst admitted past `capacity + rate x length`.
+        let excess: Vec<i64> = (admitted.iter().enumerate())
+            .map(|(tens_of_ms, &n)| n as i64 - (100 + tens_of_ms as i64))
+            .collect();
+        runs.push((every_ms, admitted[0], excess));
+    }
+    for (every_ms, burst, excess) in &runs {
+        println!(
+            "every {every_ms} ms: burst {burst}, past the bound after 0.5 s {}, 1 s {}, 1.5 s {}",
+            excess[50], excess[100], excess[150]
+        );
+        assert!(
+            *burst > 100,
+            "the other hosts spent what they held: {burst}"
+        );
+        let longest_over = excess.iter().rposition(|&e| e > 0).unwrap_or(0);
+        assert!(
+            longest_over < 150,
+            "every {every_ms} ms: a window of {} ms from the burst exceeded the bound",
+            longest_over * 10
+        );
+    }
 }

@@ -46,7 +46,7 @@ impl Waiter {
         self.cost
     }
 
-    fn is_gone(&self) -> bool {
+    pub(super) fn is_gone(&self) -> bool {
         self.verdict.is_closed()
     }
 }
@@ -316,7 +316,7 @@ impl LocalBucket {
     ) -> Option<Plan> {
         self.release_pending(now);
         self.record_demand(now, interval);
-        self.cold_mut().waiters.retain(|w| !w.is_gone());
+        self.cold_mut().waiters.retain_present();
         let owed = u64::from(self.cold().owed);
         let take_back = self.take_back(now, limit);
         let needed = self
@@ -417,7 +417,7 @@ impl LocalBucket {
         self.release_pending(now);
         let throttled = now < self.cold().next_token_at;
         let mut kept = Vec::new();
-        for waiter in std::mem::take(&mut self.cold_mut().waiters) {
+        for waiter in self.cold_mut().waiters.take() {
             if waiter.is_gone() {
                 continue;
             }
@@ -440,7 +440,7 @@ impl LocalBucket {
             self.sample_held_at_answer();
         }
         if !kept.is_empty() {
-            self.cold_mut().waiters = kept;
+            self.cold_mut().waiters.set(kept);
             self.fetching = true;
             settled.refetch = true;
         }
@@ -468,7 +468,12 @@ impl LocalBucket {
             return Settled::default();
         };
         Settled {
-            verdicts: cold.waiters.drain(..).map(|w| (w, verdict)).collect(),
+            verdicts: cold
+                .waiters
+                .take()
+                .into_iter()
+                .map(|w| (w, verdict))
+                .collect(),
             uncharged: u64::from(std::mem::take(&mut cold.owed)),
             ..Settled::default()
         }
@@ -484,6 +489,7 @@ impl LocalBucket {
         self.note_global(grant, sent_at, now, limit);
         let grant = self.pay_owed(*grant);
         let (grant, taken_back) = Self::pay_take_back(grant, take_back);
+        self.owe_take_back(take_back - taken_back);
         if grant.granted > 0 {
             if self.tokens == 0 {
                 self.cold_mut().leased_at = now;

@@ -2,7 +2,11 @@
 //! of a key gone quiet, and a global bucket refilled to its capacity meanwhile, could both be
 //! spent in one burst. Answers and sweeps note what the lease holds; its next fetch
 //! first takes back out of the global bucket what the refill put past `capacity - held`, by
-//! this host's estimate, so a burst after a quiet stretch spends at most the capacity.
+//! this host's estimate, so a burst after a quiet stretch spends at most the capacity. What
+//! a fetch could not take back (other hosts' fetches had already spent that refill: the burst
+//! came to every host at once) is owed: the host's next fetches take it out of what they
+//! bring, so the fleet is back within the bound over any window longer than about what the
+//! hosts held, at the key's rate.
 
 use crate::bucket::Grant;
 use crate::limit::Limit;
@@ -23,7 +27,9 @@ impl LocalBucket {
     /// sweep would (what it held before counts no more: the answer's level already reflects
     /// it): a burst before the next sweep may spend it on top of the refill.
     pub(super) fn sample_held_at_answer(&mut self) {
-        self.forget_held();
+        if let Some(cold) = self.cold.as_deref_mut() {
+            cold.held_at_sweep = 0;
+        }
         self.sample_held();
     }
 
@@ -36,12 +42,15 @@ impl LocalBucket {
         }
     }
 
-    /// What the lease held before counts no more: it gave up all its tokens otherwise than by
-    /// spending them, or an answer came.
+    /// What the lease held before counts no more, nor what a fetch could not take back: it
+    /// gave up all its tokens otherwise than by spending them (a calendar quota's reset, a
+    /// dropped bucket), the lease holds another bucket's tokens, or an operator changed the
+    /// global bucket.
     pub(super) fn forget_held(&mut self) {
         if let Some(cold) = self.cold.as_deref_mut() {
             cold.held_at_sweep = 0;
             cold.held_at_sweep_before = 0;
+            cold.take_back_owed = 0;
         }
     }
 
@@ -53,13 +62,24 @@ impl LocalBucket {
     /// that answer, only a fetch that requests wait on (a burst ran the lease dry) takes back:
     /// fetching ahead of need, the host's estimate (blind to the other hosts, which keep such
     /// a bucket short) would take back what never overflowed. A bucket that stayed short of
-    /// full loses nothing.
+    /// full loses nothing. On top: what earlier fetches could not take back. At most the
+    /// capacity.
     pub(crate) fn take_back(&self, now: u64, limit: &Limit) -> u64 {
         let cold = self.cold();
         if cold.global_left == super::NO_ANSWER {
             // Tokens put back into a bucket no answer came to: nothing was taken from it.
             return 0;
         }
+        let owed = u64::from(cold.take_back_owed);
+        self.take_back_of_refill(now, limit)
+            .saturating_add(owed)
+            .min(limit.capacity())
+    }
+
+    /// The part of [`take_back`](Self::take_back) this lease's tokens held since its last
+    /// answer make.
+    fn take_back_of_refill(&self, now: u64, limit: &Limit) -> u64 {
+        let cold = self.cold();
         let ran_dry = !cold.waiters.is_empty() || cold.owed > 0;
         if cold.keep == 0 && !ran_dry {
             return 0;
@@ -78,14 +98,23 @@ impl LocalBucket {
     }
 
     /// What is left of `grant` once it has paid `take_back`, and how much it paid. A grant
-    /// short of it pays what it can: the global bucket held less than the estimate, and what
-    /// it lacked it never refilled around this lease.
+    /// short of it pays what it can (see [`owe_take_back`](Self::owe_take_back)).
     pub(super) fn pay_take_back(mut grant: Grant, take_back: u64) -> (Grant, u64) {
         let from_granted = grant.granted.min(take_back);
         let from_reserved = grant.reserved.min(take_back - from_granted);
         grant.granted -= from_granted;
         grant.reserved -= from_reserved;
         (grant, from_granted + from_reserved)
+    }
+
+    /// Notes what a fetch could not take back: the global bucket held less than it, other
+    /// hosts' fetches having spent the refill this lease's tokens were held around (a burst
+    /// at every host at once). The next fetches take it back out of what they bring.
+    pub(super) fn owe_take_back(&mut self, unpaid: u64) {
+        let unpaid = u32::try_from(unpaid).unwrap_or(u32::MAX);
+        if let Some(cold) = self.cold.as_deref_mut() {
+            cold.take_back_owed = unpaid;
+        }
     }
 }
 
@@ -154,6 +183,51 @@ mod tests {
         assert_eq!(b.take_back(SECOND, &limit), 10);
         // 80 refilled by half a second: 150, which with the 10 held is not past the capacity.
         assert_eq!(b.take_back(SECOND / 2, &limit), 0);
+    }
+
+    #[test]
+    fn what_a_fetch_could_not_take_back_the_next_fetches_take_back() {
+        let limit = Limit::per_second(160).burst(160).unwrap();
+        let ttl = 2_000_000;
+        let mut b = LocalBucket::default();
+        b.settle(&grant_leaving(10, 150), 0, 0, &limit);
+        b.take_expired(SECOND / 2, ttl, true, 0);
+        // A burst at every host spends the 10 held here; other hosts' fetches came first and
+        // left the refilled bucket 4 tokens: this fetch takes those back, and owes 6.
+        b.take_up_to(10);
+        assert_eq!(
+            b.plan(SECOND, 0, &limit, false, FOREVER).unwrap().take_back,
+            10
+        );
+        let settled = b.settle(&grant_sent_at(4, 0, SECOND), SECOND, 0, &limit);
+        assert_eq!(settled.forfeited, 4);
+        assert_eq!(b.leased_tokens(), 0);
+        // The next fetch asks for them on top of its batch, and takes them back.
+        let later = SECOND + SECOND / 10;
+        let plan = b.plan(later, 0, &limit, false, FOREVER).unwrap();
+        assert_eq!(plan.take_back, 6);
+        let settled = b.settle(&grant_sent_at(20, 0, later), later, 0, &limit);
+        assert_eq!(settled.forfeited, 6);
+        assert_eq!(b.leased_tokens(), 14);
+        assert_eq!(b.take_back(later, &limit), 0, "nothing owed any more");
+    }
+
+    #[test]
+    fn an_operators_change_forgives_what_a_fetch_could_not_take_back() {
+        let limit = Limit::per_second(160).burst(160).unwrap();
+        let mut b = LocalBucket::default();
+        b.settle(&grant_leaving(10, 150), 0, 0, &limit);
+        b.take_up_to(10);
+        b.settle(&grant_sent_at(0, 0, SECOND), SECOND, 0, &limit);
+        assert_eq!(b.take_back(SECOND, &limit), 10, "owed");
+        // A reset to full, by hand: the bucket is the operator's now.
+        let full = crate::bucket::BucketLevel {
+            tokens: 160,
+            next_in: std::time::Duration::ZERO,
+            full_in: std::time::Duration::ZERO,
+        };
+        b.adjusted(false, &full, SECOND, SECOND);
+        assert_eq!(b.take_back(SECOND, &limit), 0);
     }
 
     #[test]

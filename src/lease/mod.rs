@@ -11,6 +11,7 @@ mod fetch;
 mod held;
 mod reserved;
 mod reshape;
+mod waiters;
 
 use crate::batch::DemandHistory;
 use crate::bucket::{BucketLevel, Grant, TokenBucket};
@@ -21,6 +22,7 @@ use crate::quota::Name;
 use fallback::Fallback;
 pub(crate) use fetch::{FetchOutcome, Miss, Plan, Settled, Verdict, Waiter};
 use reserved::Reserved;
+use waiters::Waiters;
 
 /// One key's state on one host. Its fields are the throttle's; a
 /// [`LocalStore`](crate::local::LocalStore) only keeps it.
@@ -57,7 +59,7 @@ pub struct LocalBucket {
 /// The state only the slow path reads; `None` in a bucket while it equals [`Cold::IDLE`].
 struct Cold {
     /// Requests waiting for the batch being fetched, in arrival order.
-    waiters: Vec<Waiter>,
+    waiters: Waiters,
     /// When the lease was last seen in use, or filled from empty (clock micros): it is handed
     /// back once unused for the lease time-to-live, whatever it reserves meanwhile.
     leased_at: u64,
@@ -87,6 +89,10 @@ struct Cold {
     /// ([`LocalBucket::take_back`]).
     held_at_sweep: u32,
     held_at_sweep_before: u32,
+    /// What the last fetch could not take back (the global bucket held less: other hosts'
+    /// fetches had spent the refill this lease's tokens were held around): the next fetches
+    /// take it out of what they bring.
+    take_back_owed: u32,
     /// Which limit (a hash of its name and shape) this bucket was last used for.
     shape: u32,
     /// The global bucket whose tokens the lease holds (its limit's name's [id](Name::id); 0
@@ -105,7 +111,7 @@ struct Cold {
 
 impl Cold {
     const IDLE: Self = Self {
-        waiters: Vec::new(),
+        waiters: Waiters::NONE,
         leased_at: 0,
         demand: DemandHistory::new(),
         next_token_at: 0,
@@ -116,6 +122,7 @@ impl Cold {
         keep: 0,
         held_at_sweep: 0,
         held_at_sweep_before: 0,
+        take_back_owed: 0,
         shape: 0,
         dispenser: 0,
         global_left: NO_ANSWER,
