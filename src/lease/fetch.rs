@@ -485,7 +485,7 @@ impl LocalBucket {
     fn take_grant(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) -> u64 {
         // From the time the call was sent, so that no request is refused while the global
         // bucket could already admit it.
-        let take_back = self.take_back(sent_at, limit);
+        let take_back = self.take_back_at_answer(sent_at, grant, limit);
         self.note_global(grant, sent_at, now, limit);
         let grant = self.pay_owed(*grant);
         let (grant, taken_back) = Self::pay_take_back(grant, take_back);

@@ -2,7 +2,8 @@
 //! of a key gone quiet, and a global bucket refilled to its capacity meanwhile, could both be
 //! spent in one burst. Answers and sweeps note what the lease holds; its next fetch
 //! first takes back out of the global bucket what the refill put past `capacity - held`, by
-//! this host's estimate, so a burst after a quiet stretch spends at most the capacity. What
+//! this host's estimate (and whatever the answer shows the bucket held past it), so a burst
+//! after a quiet stretch spends at most the capacity. What
 //! a fetch could not take back (other hosts' fetches had already spent that refill: the burst
 //! came to every host at once) is owed: the host's next fetches take it out of what they
 //! bring, so the fleet is back within the bound over any window longer than about what the
@@ -31,6 +32,25 @@ impl LocalBucket {
             cold.held_at_sweep = 0;
         }
         self.sample_held();
+    }
+
+    /// `due` tokens reserved ahead came into the lease: held on top of what the last sample
+    /// saw, which the lease may have spent since.
+    pub(super) fn note_due(&mut self, due: u64) {
+        let due = u32::try_from(due).unwrap_or(u32::MAX);
+        if let Some(cold) = self.cold.as_deref_mut() {
+            cold.held_at_sweep = cold.held_at_sweep.saturating_add(due);
+        }
+    }
+
+    /// Tokens taken for a request came back into the lease (the request went away, another
+    /// of its limits refused it, or its cost was refunded): the lease holds at least what it
+    /// holds now. Not added up: a take undone again and again holds no more.
+    pub(super) fn note_returned(&mut self) {
+        let tokens = u32::try_from(self.tokens).unwrap_or(u32::MAX);
+        if let Some(cold) = self.cold.as_deref_mut() {
+            cold.held_at_sweep = cold.held_at_sweep.max(tokens);
+        }
     }
 
     /// `handed_back` tokens left the lease otherwise than by being spent: they are not held.
@@ -65,36 +85,63 @@ impl LocalBucket {
     /// full loses nothing. On top: what earlier fetches could not take back. At most the
     /// capacity.
     pub(crate) fn take_back(&self, now: u64, limit: &Limit) -> u64 {
+        self.with_owed(self.take_back_of_refill(now, limit), limit)
+    }
+
+    /// What an answer to a fetch sent at `sent_at` takes back: [`take_back`](Self::take_back)
+    /// then, or, if more, what the answer shows the global bucket held past `capacity - held`
+    /// when the call reached it. That is no estimate: a fetch ahead of need for a key near its
+    /// limit takes back what the answer proves overflowed, and nothing else.
+    pub(super) fn take_back_at_answer(&self, sent_at: u64, grant: &Grant, limit: &Limit) -> u64 {
+        let held = self.held(limit);
+        let level = grant.granted.saturating_add(grant.remaining);
+        let seen = held.min(level.saturating_add(held).saturating_sub(limit.capacity()));
+        let refill = self.take_back_of_refill(sent_at, limit).max(seen);
+        self.with_owed(refill, limit)
+    }
+
+    /// `refill` and what earlier fetches could not take back, at most the capacity; nothing
+    /// before an answer came (tokens put back into a bucket no answer came to were taken from
+    /// nothing).
+    fn with_owed(&self, refill: u64, limit: &Limit) -> u64 {
         let cold = self.cold();
         if cold.global_left == super::NO_ANSWER {
-            // Tokens put back into a bucket no answer came to: nothing was taken from it.
             return 0;
         }
-        let owed = u64::from(cold.take_back_owed);
-        self.take_back_of_refill(now, limit)
-            .saturating_add(owed)
+        refill
+            .saturating_add(u64::from(cold.take_back_owed))
             .min(limit.capacity())
     }
 
     /// The part of [`take_back`](Self::take_back) this lease's tokens held since its last
-    /// answer make.
+    /// answer make, by this host's estimate of the global bucket.
     fn take_back_of_refill(&self, now: u64, limit: &Limit) -> u64 {
         let cold = self.cold();
         let ran_dry = !cold.waiters.is_empty() || cold.owed > 0;
         if cold.keep == 0 && !ran_dry {
             return 0;
         }
-        // Tokens beyond the capacity (a limit lowered since) go back as excess.
-        let held = self
-            .tokens
-            .max(u64::from(cold.held_at_sweep))
-            .max(u64::from(cold.held_at_sweep_before))
-            .min(limit.capacity());
+        let held = self.held(limit);
         let beyond = self
             .global_estimate(now, limit)
             .saturating_add(held)
             .saturating_sub(limit.capacity());
         held.min(beyond)
+    }
+
+    /// The most the lease held at its last answer, the last two sweeps since and now. Tokens
+    /// beyond the capacity (a limit lowered since) go back as excess: they do not count. Nor
+    /// does anything a calendar quota's lease holds: its bucket does not refill around it (it
+    /// is whole again at its reset, when leases give up the window's tokens).
+    fn held(&self, limit: &Limit) -> u64 {
+        if limit.calendar().is_some() {
+            return 0;
+        }
+        let cold = self.cold();
+        self.tokens
+            .max(u64::from(cold.held_at_sweep))
+            .max(u64::from(cold.held_at_sweep_before))
+            .min(limit.capacity())
     }
 
     /// What is left of `grant` once it has paid `take_back`, and how much it paid. A grant
@@ -228,6 +275,77 @@ mod tests {
         };
         b.adjusted(false, &full, SECOND, SECOND);
         assert_eq!(b.take_back(SECOND, &limit), 0);
+    }
+
+    #[test]
+    fn an_answer_showing_the_bucket_refilled_around_the_lease_takes_that_back() {
+        let limit = Limit::per_second(160).burst(160).unwrap();
+        let mut b = LocalBucket::default();
+        // Near its limit at the answer: a fetch ahead of need asks for nothing back.
+        b.settle(&grant_leaving(20, 10), 0, 0, &limit);
+        let plan = b.plan(SECOND, 0, &limit, false, FOREVER).unwrap();
+        assert_eq!(plan.take_back, 0);
+        // Its answer shows 150 in the bucket when the call reached it: with the 20 held, 10
+        // past the capacity, taken out of the grant.
+        let settled = b.settle(&grant_sent_at(10, 140, SECOND), SECOND, 0, &limit);
+        assert_eq!(settled.forfeited, 10);
+        assert_eq!(b.leased_tokens(), 20);
+        // An answer showing the bucket short of that takes nothing.
+        let settled = b.settle(&grant_sent_at(10, 100, SECOND), SECOND, 0, &limit);
+        assert_eq!(settled.forfeited, 0);
+        assert_eq!(b.leased_tokens(), 30);
+    }
+
+    #[test]
+    fn reserved_tokens_that_fall_due_count_as_held_on_top_of_the_sample() {
+        let limit = Limit::per_second(160).burst(160).unwrap();
+        let mut b = LocalBucket::default();
+        // 20 now and 6 reserved, due in 10 ms; the answer notes the 20.
+        b.settle(&super::super::tests::grant(20, 6, 10, 0), 0, 0, &limit);
+        // A burst spends the 20, then the 6 fall due (at the burst's next slow-path visit) and
+        // are spent too: 26 held in all while the bucket refilled.
+        b.take_up_to(20);
+        let (waiter, _rx) = Waiter::new(7, FOREVER);
+        b.miss(7, SECOND, 0, &limit, true, 0, FOREVER, || waiter);
+        b.take_up_to(6);
+        assert_eq!(b.take_back(SECOND, &limit), 26);
+    }
+
+    #[test]
+    fn tokens_given_back_count_as_held_without_adding_up() {
+        let limit = Limit::per_second(160).burst(160).unwrap();
+        let mut b = LocalBucket::default();
+        b.settle(&grant_leaving(20, 140), 0, 0, &limit);
+        b.take_up_to(20);
+        // A request's 5 come back (it went away), again and again: 5 held, not 15.
+        for _ in 0..3 {
+            b.give_back(5);
+            b.take_up_to(5);
+        }
+        b.give_back(5);
+        assert_eq!(
+            b.take_back(SECOND, &limit),
+            20,
+            "the sample at the answer, the larger"
+        );
+        b.take_expired(SECOND, 2 * SECOND, true, 0);
+        b.take_expired(2 * SECOND, 4 * SECOND, true, 0);
+        assert_eq!(
+            b.take_back(2 * SECOND, &limit),
+            5,
+            "once the sweeps see only the 5"
+        );
+    }
+
+    #[test]
+    fn a_calendar_quota_takes_nothing_back() {
+        let day: Limit = "160 per day at 00:00 UTC".parse().unwrap();
+        let mut b = LocalBucket::default();
+        b.settle(&grant_leaving(20, 140), 0, 0, &day);
+        // Its bucket does not refill around the lease: whole again only at its reset.
+        let settled = b.settle(&grant_sent_at(0, 160, SECOND), SECOND, 0, &day);
+        assert_eq!(settled.forfeited, 0);
+        assert_eq!(b.take_back(SECOND, &day), 0);
     }
 
     #[test]

@@ -366,6 +366,7 @@ impl LocalBucket {
             _ => tokens,
         };
         self.tokens = self.tokens.saturating_add(rest);
+        self.note_returned();
     }
 
     /// Tokens admitted on credit that no answer has paid for yet.
@@ -548,6 +549,7 @@ impl LocalBucket {
         }
         self.tokens = self.tokens.saturating_add(tokens);
         self.low_water = half(tokens);
+        self.note_due(tokens);
     }
 
     /// When a request of `cost` tokens that the lease cannot serve at `now` can be: when the

@@ -51,6 +51,7 @@ mod answers;
 pub mod concurrency;
 mod faults;
 pub mod rng;
+pub mod windows;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -267,6 +268,10 @@ pub struct Scenario {
     pub keyless: Option<(u64, bool)>,
     /// Whether hosts keep small leases for keys far from their limit (the default).
     pub keep_small_leases: bool,
+    /// The hot keys get no request for this long before the herd (`windows.rs`).
+    pub quiet: Duration,
+    /// Checked for every window, not only those from the start (`windows.rs`).
+    pub windows: bool,
 }
 
 /// A level `tenant` above the keys: hot key `hot-i` belongs to tenant `t-{i % count}`; of the
@@ -467,6 +472,8 @@ impl Scenario {
             exempt_one_in: 0,
             keyless: None,
             keep_small_leases: true,
+            quiet: Duration::ZERO,
+            windows: false,
         }
         .draw_more(&mut rng)
     }
@@ -1510,6 +1517,14 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             unleased.saturating_add(uncharged),
             (grace[group], tenant_grace[group]),
         )?;
+        if s.windows {
+            windows::check(
+                &s,
+                &quotas[group],
+                &admitted,
+                unleased.saturating_add(uncharged),
+            )?;
+        }
     }
     if let Some(first) = log_now.inexact.first() {
         return Err(format!(
@@ -2004,10 +2019,14 @@ fn traffic(s: &Scenario, rng: &mut Rng) -> Vec<Arrival> {
         let per_sec = per_sec.max(spec.limit.capacity() as f64 / s.duration.as_secs_f64());
         let mean_gap = (1e6 / per_sec).max(1.0);
         let mut t = 0f64;
+        let quiet = s.herd_at.saturating_sub(s.quiet)..s.herd_at;
         loop {
             t += rng.exponential(mean_gap);
             if t as u64 >= duration {
                 break;
+            }
+            if quiet.contains(&Duration::from_micros(t as u64)) {
+                continue;
             }
             out.push(Arrival {
                 at: Duration::from_micros(t as u64),
