@@ -1,13 +1,12 @@
 //! Tokens a lease holds while the global bucket refills around them: a host holding tokens
 //! of a key gone quiet, and a global bucket refilled to its capacity meanwhile, could both be
-//! spent in one burst. Answers and sweeps note what the lease holds; its next fetch
-//! first takes back out of the global bucket what the refill put past `capacity - held`, by
-//! this host's estimate (and whatever the answer shows the bucket held past it), so a burst
-//! after a quiet stretch spends at most the capacity. What
-//! a fetch could not take back (other hosts' fetches had already spent that refill: the burst
-//! came to every host at once) is owed: the host's next fetches take it out of what they
-//! bring, so the fleet is back within the bound over any window longer than about what the
-//! hosts held, at the key's rate.
+//! spent in one burst. Answers and sweeps note what the lease holds; its next fetch first
+//! takes back out of the global bucket what the refill put past `capacity - held`, by this
+//! host's estimate and by what the answer shows, so a burst after a quiet stretch spends at
+//! most the capacity. What a fetch could not take back (other hosts' fetches had spent that
+//! refill first: the burst came to every host at once) is owed: the host's next fetches take
+//! it out of what they bring, so the fleet is back within the bound over any window longer
+//! than about what the hosts held, at the key's rate.
 
 use crate::bucket::Grant;
 use crate::limit::Limit;
