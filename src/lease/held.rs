@@ -27,10 +27,11 @@ impl LocalBucket {
     /// sweep would (what it held before counts no more: the answer's level already reflects
     /// it): a burst before the next sweep may spend it on top of the refill.
     pub(super) fn sample_held_at_answer(&mut self) {
+        let tokens = u32::try_from(self.tokens).unwrap_or(u32::MAX);
         if let Some(cold) = self.cold.as_deref_mut() {
-            cold.held_at_sweep = 0;
+            cold.held_at_sweep_before = 0;
+            cold.held_at_sweep = tokens;
         }
-        self.sample_held();
     }
 
     /// `due` tokens reserved ahead came into the lease: held on top of what the last sample
@@ -84,7 +85,8 @@ impl LocalBucket {
     /// full loses nothing. On top: what earlier fetches could not take back. At most the
     /// capacity.
     pub(crate) fn take_back(&self, now: u64, limit: &Limit) -> u64 {
-        self.with_owed(self.take_back_of_refill(now, limit), limit)
+        let held = self.held(limit);
+        self.with_owed(self.take_back_of_refill(now, limit, held), limit)
     }
 
     /// What an answer to a fetch sent at `sent_at` takes back: [`take_back`](Self::take_back)
@@ -95,7 +97,7 @@ impl LocalBucket {
         let held = self.held(limit);
         let level = grant.granted.saturating_add(grant.remaining);
         let seen = held.min(level.saturating_add(held).saturating_sub(limit.capacity()));
-        let refill = self.take_back_of_refill(sent_at, limit).max(seen);
+        let refill = self.take_back_of_refill(sent_at, limit, held).max(seen);
         self.with_owed(refill, limit)
     }
 
@@ -112,15 +114,14 @@ impl LocalBucket {
             .min(limit.capacity())
     }
 
-    /// The part of [`take_back`](Self::take_back) this lease's tokens held since its last
-    /// answer make, by this host's estimate of the global bucket.
-    fn take_back_of_refill(&self, now: u64, limit: &Limit) -> u64 {
+    /// The part of [`take_back`](Self::take_back) the `held` tokens (see [`held`](Self::held))
+    /// make, by this host's estimate of the global bucket.
+    fn take_back_of_refill(&self, now: u64, limit: &Limit, held: u64) -> u64 {
         let cold = self.cold();
         let ran_dry = !cold.waiters.is_empty() || cold.owed > 0;
         if cold.keep == 0 && !ran_dry {
             return 0;
         }
-        let held = self.held(limit);
         let beyond = self
             .global_estimate(now, limit)
             .saturating_add(held)

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use hierarchical_throttle::{Limit, Quota};
+use hierarchical_throttle::Limit;
 
 use super::{Admission, FaultPlan, Quotas, Rng, Scenario};
 
@@ -83,7 +83,7 @@ pub fn check(
     admitted: &[&Admission],
     unrecorded: u64,
 ) -> Result<(), String> {
-    let quotas: HashMap<String, Quota> = quotas.lock().unwrap().clone();
+    let quotas = quotas.lock().unwrap();
     let mut per_key: HashMap<&str, Vec<&Admission>> = HashMap::new();
     for a in admitted {
         per_key.entry(&a.key).or_default().push(a);
