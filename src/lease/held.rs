@@ -6,7 +6,9 @@
 //! most the capacity. What a fetch could not take back (other hosts' fetches had spent that
 //! refill first: the burst came to every host at once) is owed: the host's next fetches take
 //! it out of what they bring, so the fleet is back within the bound over any window longer
-//! than about what the hosts held, at the key's rate.
+//! than about what the hosts held, at the key's rate. Tokens coming back into a lease (a
+//! request gone away, undone or refunded) fill it up to the capacity and no further: the rest
+//! overflows, as it would in the bucket itself.
 
 use crate::bucket::Grant;
 use crate::limit::Limit;
@@ -51,6 +53,35 @@ impl LocalBucket {
         if let Some(cold) = self.cold.as_deref_mut() {
             cold.held_at_sweep = cold.held_at_sweep.max(tokens);
         }
+    }
+
+    /// Puts back `tokens` taken for a request that went away before it was served: they pay
+    /// what the bucket owes for credit first, then go back to the lease, up to `capacity`.
+    /// Returns what would have gone past it, which overflows: the fleet's tokens (the global
+    /// bucket's and every lease's) never exceed the capacity, so tokens coming back to a lease
+    /// that holds it all are lost, as they would be in the bucket itself. Kept, a burst could
+    /// spend them on top of a full lease in one instant.
+    pub(crate) fn give_back(&mut self, tokens: u64, capacity: u64) -> u64 {
+        let rest = match self.cold.as_deref_mut() {
+            Some(cold) if cold.owed > 0 => {
+                let paid = tokens.min(u64::from(cold.owed));
+                cold.owed -= paid as u32;
+                tokens - paid
+            }
+            _ => tokens,
+        };
+        let kept = rest.min(capacity.saturating_sub(self.tokens));
+        self.tokens += kept;
+        self.note_returned();
+        rest - kept
+    }
+
+    /// Undoes a [`take_leased`](Self::take_leased) of `cost` for a request another of its
+    /// buckets refused: the tokens go back to the lease as by [`give_back`](Self::give_back)
+    /// (what went past `capacity` is returned), and the request is not counted.
+    pub(crate) fn undo_take(&mut self, cost: u64, capacity: u64) -> u64 {
+        self.uncounted = self.uncounted.saturating_sub(1);
+        self.give_back(cost, capacity)
     }
 
     /// `handed_back` tokens left the lease otherwise than by being spent: they are not held.
@@ -319,10 +350,10 @@ mod tests {
         b.take_up_to(20);
         // A request's 5 come back (it went away), again and again: 5 held, not 15.
         for _ in 0..3 {
-            b.give_back(5);
+            b.give_back(5, u64::MAX);
             b.take_up_to(5);
         }
-        b.give_back(5);
+        b.give_back(5, u64::MAX);
         assert_eq!(
             b.take_back(SECOND, &limit),
             20,
@@ -335,6 +366,25 @@ mod tests {
             5,
             "once the sweeps see only the 5"
         );
+    }
+
+    #[test]
+    fn tokens_given_back_to_a_lease_holding_its_capacity_overflow() {
+        let limit = Limit::per_second(50).burst(50).unwrap();
+        let mut b = LocalBucket::default();
+        // 45 leased; requests that took tokens of an earlier batch went away meanwhile.
+        b.settle(&grant_leaving(45, 0), 0, 0, &limit);
+        // Given back: 5 fit, 3 overflow; undone, the same.
+        assert_eq!(b.give_back(8, limit.capacity()), 3);
+        assert_eq!(b.leased_tokens(), 50);
+        assert_eq!(b.undo_take(6, limit.capacity()), 6);
+        assert_eq!(b.leased_tokens(), 50);
+        // Credit owed is paid first: nothing of it overflows.
+        let mut owing = LocalBucket::default();
+        super::super::tests::on_credit(&mut owing, 3, 0, 5);
+        assert_eq!(owing.owed(), 3);
+        assert_eq!(owing.give_back(3, 0), 0);
+        assert_eq!(owing.owed(), 0);
     }
 
     #[test]

@@ -354,21 +354,6 @@ impl LocalBucket {
         }
     }
 
-    /// Puts back `tokens` taken for a request that went away before it was served: they pay
-    /// what the bucket owes for credit first, then go back to the lease.
-    pub(crate) fn give_back(&mut self, tokens: u64) {
-        let rest = match self.cold.as_deref_mut() {
-            Some(cold) if cold.owed > 0 => {
-                let paid = tokens.min(u64::from(cold.owed));
-                cold.owed -= paid as u32;
-                tokens - paid
-            }
-            _ => tokens,
-        };
-        self.tokens = self.tokens.saturating_add(rest);
-        self.note_returned();
-    }
-
     /// Tokens admitted on credit that no answer has paid for yet.
     #[cfg(test)]
     pub(crate) fn owed(&self) -> u64 {
@@ -389,13 +374,6 @@ impl LocalBucket {
     /// ([`Hit::AdmittedStartFetch`]), when that take is undone before the fetch is started.
     pub(crate) fn cancel_fetch_ahead(&mut self) {
         self.fetching = false;
-    }
-
-    /// Undoes a [`take_leased`](Self::take_leased) of `cost` for a request another of its
-    /// buckets refused: the tokens stay in the lease, and the request is not counted.
-    pub(crate) fn undo_take(&mut self, cost: u64) {
-        self.give_back(cost);
-        self.uncounted = self.uncounted.saturating_sub(1);
     }
 
     /// Whether the lease holds tokens of the global bucket called `name` (or of no known one:

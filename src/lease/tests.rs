@@ -295,7 +295,7 @@ fn a_lease_filled_by_refunds_serves_what_it_can_and_asks_for_the_rest() {
     let (_, _b) = queue(&mut b, 5, 0);
     let (_, _c) = queue(&mut b, 5, 0);
     assert_eq!(first, Miss::StartFetch);
-    b.give_back(12);
+    b.give_back(12, u64::MAX);
     assert!(
         b.plan(0, 0, &limit, false, FOREVER).is_none(),
         "a full lease asks for nothing"
@@ -593,7 +593,7 @@ fn tokens_given_back_pay_the_credit_first() {
     let mut b = LocalBucket::default();
     on_credit(&mut b, 1, 0, 1);
     // Another bucket of the request refused it: undoing the take pays what it owed.
-    b.undo_take(1);
+    b.undo_take(1, u64::MAX);
     assert_eq!((b.owed(), b.leased_tokens()), (0, 0));
     let settled = b.settle(&grant(3, 0, 0, 0), 0, 0, &limit());
     assert_eq!(settled.unpaid, 0);

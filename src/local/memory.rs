@@ -365,7 +365,8 @@ where
                 // for (none will be started): the slow path decides them.
                 for undone in 1..slot {
                     if let Some(b) = slot_bucket(table, group, first, undone) {
-                        b.undo_take(cost);
+                        // Taken under this lock a moment ago: nothing can overflow.
+                        b.undo_take(cost, u64::MAX);
                         if fetch & 1 << undone != 0 {
                             b.cancel_fetch_ahead();
                         }
@@ -583,11 +584,11 @@ mod tests {
         let store = MemoryLocalStore::<String>::new();
         let id = |level, slot| LeaseKey::new("k1".to_owned(), level, slot);
         store.with_bucket(&id(0, 0), |b| {
-            b.give_back(5);
+            b.give_back(5, u64::MAX);
             b.set_slots(2);
         });
-        store.with_bucket(&id(0, 1), |b| b.give_back(1));
-        store.with_bucket(&id(1, 0), |b| b.give_back(7));
+        store.with_bucket(&id(0, 1), |b| b.give_back(1, u64::MAX));
+        store.with_bucket(&id(1, 0), |b| b.give_back(7, u64::MAX));
         let tokens = |level, slot| store.with_bucket(&id(level, slot), |b| b.leased_tokens());
 
         // A `str` finds the `String` key's buckets: the first, then its second limit.
@@ -616,10 +617,10 @@ mod tests {
         let store = MemoryLocalStore::<u64>::new();
         let id = |slot| LeaseKey::new(1, 0, slot);
         store.with_bucket(&id(0), |b| {
-            b.give_back(5);
+            b.give_back(5, u64::MAX);
             b.set_slots(3);
         });
-        store.with_bucket(&id(1), |b| b.give_back(5));
+        store.with_bucket(&id(1), |b| b.give_back(5, u64::MAX));
         store.with_bucket(&id(2), |_| ());
         let tokens = || [0, 1, 2].map(|slot| store.with_bucket(&id(slot), |b| b.leased_tokens()));
 
@@ -629,7 +630,7 @@ mod tests {
             GroupHit::First(Hit::Admitted, 3)
         ));
         assert_eq!(tokens(), [3, 5, 0]);
-        store.with_bucket(&id(2), |b| b.give_back(5));
+        store.with_bucket(&id(2), |b| b.give_back(5, u64::MAX));
         assert!(matches!(
             store.take_group(&id(0), 2),
             GroupHit::All { fetch: 0 }

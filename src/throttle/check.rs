@@ -203,9 +203,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
 
     /// Puts back the `cost` tokens a request took from bucket `id` when another of its buckets
     /// refused it in the same check (a later undo goes through
-    /// [`take_back`](Self::take_back)).
+    /// [`take_back`](Self::take_back) too).
     pub(crate) fn undo(&self, id: &LeaseKey<K>, cost: u64) {
-        self.local.with_bucket(id, |b| b.undo_take(cost));
+        self.take_back(id, cost, None, true);
     }
 
     /// Tells bucket `b` (of `id`) the limit it serves now, `bucket`: a first bucket learns how

@@ -93,7 +93,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// Puts the `tokens` a use took from bucket `id` at `taken_at` (`None`: moments ago; see
     /// [`may_take_back`](Self::may_take_back)) back into its lease, or forfeits them; `undo`:
     /// the use was counted as admitted by the lease, and is not. Until this host leases a
-    /// calendar quota's tokens, every lease takes its tokens back as they are.
+    /// calendar quota's tokens, every lease takes its tokens back as they are. A lease holds
+    /// at most its limit's capacity: what would go past it overflows, and is forfeited too
+    /// ([`LocalBucket::give_back`](crate::lease::LocalBucket::give_back)).
     pub(crate) fn take_back(
         &self,
         id: &LeaseKey<K>,
@@ -101,16 +103,18 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         taken_at: Option<u64>,
         undo: bool,
     ) {
+        let limit = self.resolve(id).map(|bucket| bucket.limit);
         let back = !self.leases_calendar_quotas.load(Ordering::Relaxed)
-            || self.resolve(id).is_none_or(|bucket| {
+            || limit.as_ref().is_none_or(|limit| {
                 let taken_at = taken_at.unwrap_or_else(|| self.now());
-                self.may_take_back_now(&bucket.limit, taken_at)
+                self.may_take_back_now(limit, taken_at)
             });
         let kept = if back { tokens } else { 0 };
-        self.local.with_bucket(id, |b| match undo {
-            true => b.undo_take(kept),
-            false => b.give_back(kept),
+        let capacity = limit.map_or(u64::MAX, |limit| limit.capacity());
+        let overflowed = self.local.with_bucket(id, |b| match undo {
+            true => b.undo_take(kept, capacity),
+            false => b.give_back(kept, capacity),
         });
-        self.stats.tokens_forfeited.add(tokens - kept);
+        self.stats.tokens_forfeited.add(tokens - kept + overflowed);
     }
 }

@@ -247,18 +247,22 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 id.slot = slot;
                 if actual < charged {
                     let refund = charged - actual;
-                    let into_lease = admitted.leased(id.level, slot)
-                        && self.may_take_back_now(&limit, admitted.admitted_at())
-                        && self.local.with_bucket(&id, |b| {
-                            let ours = b.holds_tokens_of(name);
-                            if ours {
-                                b.give_back(refund);
-                            }
-                            ours
-                        });
-                    match into_lease {
-                        true => refunded = refunded.saturating_add(refund),
-                        false => forfeited = forfeited.saturating_add(refund),
+                    // What overflows a lease that holds its capacity is forfeited too.
+                    let overflowed = (admitted.leased(id.level, slot)
+                        && self.may_take_back_now(&limit, admitted.admitted_at()))
+                    .then(|| {
+                        self.local.with_bucket(&id, |b| {
+                            b.holds_tokens_of(name)
+                                .then(|| b.give_back(refund, limit.capacity()))
+                        })
+                    })
+                    .flatten();
+                    match overflowed {
+                        Some(lost) => {
+                            refunded = refunded.saturating_add(refund - lost);
+                            forfeited = forfeited.saturating_add(lost);
+                        }
+                        None => forfeited = forfeited.saturating_add(refund),
                     }
                     continue;
                 }
