@@ -6,6 +6,7 @@
 //! This floor uses only the model below it (limits, names, the bucket arithmetic); it holds a
 //! oneshot sender per waiting request and nothing else asynchronous.
 
+mod expiry;
 mod fallback;
 mod fetch;
 mod held;
@@ -543,49 +544,6 @@ impl LocalBucket {
         let first = cold.next_token_at.max(now);
         let refilled = first.saturating_add(limit.micros_to_accrue(first, more - 1));
         refilled.max(cold.reserved.last_due())
-    }
-
-    /// Takes the usable leased tokens out if the lease has not been used for `ttl` micros, so
-    /// they can be handed back: whether or not a batch is in flight or tokens are reserved
-    /// ahead (those stay, and age once due); but for a small lease of a key far from its limit
-    /// when the host `keeps_small` leases. Drops the slow path's state once it holds nothing
-    /// any more (at `now`, in demand interval `interval`).
-    pub(crate) fn take_expired(
-        &mut self,
-        now: u64,
-        ttl: u64,
-        keeps_small: bool,
-        interval: u64,
-    ) -> u64 {
-        self.release_pending(now);
-        if let Some(cold) = self.cold.as_deref_mut()
-            && now >= cold.credit_after
-        {
-            // Its debt is paid: the bucket may be evicted again.
-            cold.credit_after = 0;
-        }
-        if self.unrecorded > 0 {
-            self.record_demand(now, interval);
-        }
-        self.sample_held();
-        let unused_for = now.saturating_sub(self.cold().leased_at);
-        if unused_for < ttl {
-            return 0;
-        }
-        // A small lease of a key far from its limit stays (a while), so that a slow key is not
-        // handed back and fetched again every time-to-live.
-        let keep = match keeps_small && unused_for < ttl.saturating_mul(KEEP_TTLS) {
-            true => u64::from(self.cold().keep),
-            false => 0,
-        };
-        let expired = self.tokens.saturating_sub(keep);
-        self.tokens -= expired;
-        self.unhold(expired);
-        if self.tokens == 0 {
-            self.low_water = 0;
-            self.shed_if_idle(now, interval);
-        }
-        expired
     }
 
     /// Whether the global bucket held at least half its capacity at the last answer: tokens

@@ -61,6 +61,14 @@ impl<K: Clone> Return<K> {
     }
 }
 
+/// A lease a sweep found unused for the lease time-to-live: its tokens are taken out as their
+/// hand-back goes to the store.
+struct Unused<K> {
+    id: LeaseKey<K>,
+    /// The key was far from its limit (see [`Return::unhurried`]).
+    unhurried: bool,
+}
+
 /// Tokens taken out of leases on their way to the store: those not yet sent when a pass ends
 /// early (its task dropped between parts, or its runtime shut down) go back to the throttle's
 /// hand-backs for the next pass, instead of vanishing from the fleet uncounted.
@@ -108,27 +116,47 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let ttl = micros(self.config.lease_ttl);
         let interval = self.interval(now);
         self.collect_evicted();
-        let mut unsent = Unsent::take(&self.returns);
-        let returns = &mut unsent.returns;
+        let keeps_small = self.config.keep_small_leases;
         let mut waiting = 0;
         let mut dated = Vec::new();
+        let mut unused = Vec::new();
         self.for_each_bucket_yielding(|id, b| {
             self.stats.admitted_local.add(b.take_uncounted());
             waiting += b.waiting() as u64;
             if b.is_dated() {
                 dated.push(id.clone());
             }
-            // Read first: a lease that gives back everything drops what it knew of the store.
-            let unhurried = b.is_far_from_limit();
-            let tokens = b.take_expired(now, ttl, self.config.keep_small_leases, interval);
-            returns.extend(Return::taken(id, b, tokens, now, unhurried));
+            if b.sweep(now, ttl, keeps_small, interval) > 0 {
+                unused.push(Unused {
+                    id: id.clone(),
+                    // Read now: a lease that gives back everything drops what it knew of the
+                    // store.
+                    unhurried: b.is_far_from_limit(),
+                });
+            }
         })
         .await;
         self.waiting_for_batches.store(waiting, Ordering::Relaxed);
+        let mut unsent = Unsent::take(&self.returns);
         for id in dated {
-            returns.extend(self.take_before_reset(id, now));
+            unsent.returns.extend(self.take_before_reset(id, now));
         }
         self.hand_back_all(unsent).await;
+        // Each lease's unused tokens are taken out only as their hand-back is queued, with
+        // nothing in between: a request that finds the lease empty after that queues its fetch
+        // behind the hand-back, so a store that applies calls in order takes them back first.
+        let returns_at_once = CONCURRENT_RETURNS.max(self.config.global_batch);
+        stream::iter(unused)
+            .for_each_concurrent(returns_at_once, |unused| async move {
+                let back = self.local.with_bucket(&unused.id, |b| {
+                    let tokens = b.take_unused(now, ttl, keeps_small, interval);
+                    Return::taken(&unused.id, b, tokens, now, unused.unhurried)
+                });
+                if let Some(back) = back {
+                    self.hand_back(back).await;
+                }
+            })
+            .await;
     }
 
     /// Hands back every token this host holds, used or not, once the fetches under way have

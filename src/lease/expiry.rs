@@ -1,0 +1,94 @@
+//! A lease's age at each sweep: what it has left unused for a lease time-to-live goes back to
+//! the global bucket. The sweeper notes what would go at its visit and takes it out only as it
+//! hands it back, so that a request in between spends those tokens here: taken out at the
+//! visit, they could reach the store after a fetch for the same key that a burst sent
+//! meanwhile, and be spent twice, once fetched from the refilled bucket and once handed back
+//! on top of it.
+
+use super::{KEEP_TTLS, LocalBucket};
+
+impl LocalBucket {
+    /// A sweep's visit at `now` (in demand interval `interval`): reserved tokens now due join
+    /// the lease, a paid debt lets the bucket be evicted again, its demand is recorded and
+    /// what it holds noted. Returns the tokens [`take_unused`](Self::take_unused) would take
+    /// out for a lease `ttl` old; drops the slow path's state of an unused lease that holds
+    /// nothing. The sweeper takes them out only as it hands them back, so that a request in
+    /// between spends them here instead of fetching them before they reach the store.
+    pub(crate) fn sweep(&mut self, now: u64, ttl: u64, keeps_small: bool, interval: u64) -> u64 {
+        self.release_pending(now);
+        if let Some(cold) = self.cold.as_deref_mut()
+            && now >= cold.credit_after
+        {
+            // Its debt is paid: the bucket may be evicted again.
+            cold.credit_after = 0;
+        }
+        if self.unrecorded > 0 {
+            self.record_demand(now, interval);
+        }
+        self.sample_held();
+        let expiring = self.expiring(now, ttl, keeps_small);
+        if expiring == 0 {
+            self.shed_if_unused(now, ttl, interval);
+        }
+        expiring
+    }
+
+    /// Takes the usable leased tokens out if the lease has not been used for `ttl` micros at
+    /// `now` (nor since the last sweep), so they can be handed back: whether or not a batch is
+    /// in flight or tokens are reserved ahead (those stay, and age once due); but for a small
+    /// lease of a key far from its limit when the host `keeps_small` leases. Drops the slow
+    /// path's state once it holds nothing any more.
+    pub(crate) fn take_unused(
+        &mut self,
+        now: u64,
+        ttl: u64,
+        keeps_small: bool,
+        interval: u64,
+    ) -> u64 {
+        if self.unrecorded > 0 {
+            self.record_demand(now, interval);
+        }
+        let expired = self.expiring(now, ttl, keeps_small);
+        self.tokens -= expired;
+        self.unhold(expired);
+        self.shed_if_unused(now, ttl, interval);
+        expired
+    }
+
+    /// A sweep that takes out at once what it finds unused (the sweeper takes it out later,
+    /// as it hands it back).
+    #[cfg(test)]
+    pub(crate) fn take_expired(
+        &mut self,
+        now: u64,
+        ttl: u64,
+        keeps_small: bool,
+        interval: u64,
+    ) -> u64 {
+        self.sweep(now, ttl, keeps_small, interval);
+        self.take_unused(now, ttl, keeps_small, interval)
+    }
+
+    /// The usable tokens of a lease unused for `ttl` at `now`, but for a small lease kept.
+    fn expiring(&self, now: u64, ttl: u64, keeps_small: bool) -> u64 {
+        let unused_for = now.saturating_sub(self.cold().leased_at);
+        if unused_for < ttl {
+            return 0;
+        }
+        // A small lease of a key far from its limit stays (a while), so that a slow key is not
+        // handed back and fetched again every time-to-live.
+        let keep = match keeps_small && unused_for < ttl.saturating_mul(KEEP_TTLS) {
+            true => u64::from(self.cold().keep),
+            false => 0,
+        };
+        self.tokens.saturating_sub(keep)
+    }
+
+    /// Drops the slow path's state of a lease unused for `ttl` at `now` that holds nothing.
+    fn shed_if_unused(&mut self, now: u64, ttl: u64, interval: u64) {
+        if self.tokens == 0 && now.saturating_sub(self.cold().leased_at) >= ttl {
+            self.low_water = 0;
+            self.shed_if_idle(now, interval);
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Hand-backs of leases left unused, and a burst that comes while the sweep hands them back.
+//!
+//! A lease unused for its time-to-live goes back to the global bucket, which has refilled
+//! around it. Were its tokens taken out when the sweep visits it but queued for the store only
+//! at the end of the pass, a burst in between would find the lease empty and fetch the whole
+//! refilled bucket first, and the hand-back would then land on top of it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hierarchical_throttle::batch::FractionOfCapacity;
+use hierarchical_throttle::clock::TokioClock;
+use hierarchical_throttle::local::{LocalBucket, LocalStore};
+use hierarchical_throttle::quota::LeaseKey;
+use hierarchical_throttle::{ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
+use tokio::sync::Notify;
+
+/// One part of [`TwoParts`]: its buckets behind one lock.
+type Part = Mutex<HashMap<LeaseKey<String>, LocalBucket>>;
+
+/// A local store in two parts: keys named `late-…` in the second, the others in the first.
+/// The throttle's pass over it lets other tasks run after each part that holds more buckets
+/// than a pass visits between turns. Armed, it tells when its first part has been visited.
+#[derive(Clone, Default)]
+struct TwoParts {
+    parts: Arc<[Part; 2]>,
+    armed: Arc<AtomicBool>,
+    first_part_visited: Arc<Notify>,
+}
+
+impl TwoParts {
+    fn part_of(key: &LeaseKey<String>) -> usize {
+        usize::from(key.key().starts_with("late-"))
+    }
+}
+
+impl LocalStore<LeaseKey<String>> for TwoParts {
+    fn with_bucket<R>(&self, key: &LeaseKey<String>, f: impl FnOnce(&mut LocalBucket) -> R) -> R {
+        let mut part = self.parts[Self::part_of(key)].lock().unwrap();
+        f(part.entry(key.clone()).or_default())
+    }
+
+    fn for_each_bucket(&self, mut f: impl FnMut(&LeaseKey<String>, &mut LocalBucket)) {
+        for part in 0..2 {
+            self.for_each_bucket_in(part, &mut f);
+        }
+    }
+
+    fn parts(&self) -> usize {
+        2
+    }
+
+    fn for_each_bucket_in(
+        &self,
+        part: usize,
+        mut f: impl FnMut(&LeaseKey<String>, &mut LocalBucket),
+    ) {
+        for (key, bucket) in self.parts[part].lock().unwrap().iter_mut() {
+            f(key, bucket);
+        }
+        if part == 0 && self.armed.swap(false, Ordering::SeqCst) {
+            self.first_part_visited.notify_one();
+        }
+    }
+
+    fn take_evicted(&self) -> Vec<(LeaseKey<String>, LocalBucket)> {
+        Vec::new()
+    }
+
+    fn len(&self) -> usize {
+        self.parts.iter().map(|p| p.lock().unwrap().len()).sum()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_during_a_sweep_spends_the_unused_lease_instead_of_overtaking_its_hand_back() {
+    let local = TwoParts::default();
+    let capacity = 100;
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|key: &String| Some(key.clone()))
+        .clock(TokioClock::new())
+        .limit(Limit::per_second(capacity).burst(capacity).unwrap())
+        .cold_start(ColdStart::Exact)
+        .keep_small_leases(false)
+        .batch_policy(FractionOfCapacity::new(0.5).unwrap())
+        .lease_ttl(Duration::from_secs(1))
+        .local_store(local.clone())
+        .global_store(MemoryGlobalStore::with_clock(TokioClock::new()))
+        .build()
+        .unwrap();
+    let burst = |requests: usize| {
+        let layer = layer.clone();
+        async move {
+            let decisions = (0..requests).map(|_| layer.acquire("k".to_owned(), 1));
+            let decided = futures_util::future::join_all(decisions).await;
+            decided.iter().filter(|d| d.is_ok()).count() as u64
+        }
+    };
+    // A few requests leave "k" holding most of a batch of half its capacity; 300 other keys
+    // fill each part of the store. Then nothing uses "k": the sweep one time-to-live on finds
+    // its lease unused, the global bucket refilled around it.
+    let warm = burst(10).await;
+    let fillers = (0..300).flat_map(|i| [format!("other-{i}"), format!("late-{i}")]);
+    futures_util::future::join_all(fillers.map(|key| layer.acquire(key, 1))).await;
+    let key = LeaseKey::new("k".to_owned(), 0, 0);
+    let held = local.with_bucket(&key, |b| b.leased_tokens());
+    assert!(held > 0, "the lease holds tokens to hand back");
+    tokio::time::sleep(Duration::from_millis(750)).await;
+    local.armed.store(true, Ordering::SeqCst);
+    // A burst comes while the sweep at 1 s is between its parts, and another 20 ms on.
+    local.first_part_visited.notified().await;
+    let during = burst(300).await;
+    // The key is known short for its next token's 10 ms; the next burst comes 20 ms on.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let after = burst(300).await;
+    // The bucket's capacity and 20 ms of its rate, whatever the lease held: before, the burst
+    // during the sweep got the refilled bucket and the one after got the lease's tokens too,
+    // handed back on top of it.
+    assert_eq!(
+        (during, after),
+        (capacity, 2),
+        "warmed with {warm}, the lease held {held}"
+    );
+}
