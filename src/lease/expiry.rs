@@ -92,3 +92,39 @@ impl LocalBucket {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::lease::LocalBucket;
+    use crate::lease::tests::grant_leaving;
+    use crate::limit::Limit;
+
+    const TTL: u64 = 1_000_000;
+
+    #[test]
+    fn a_sweep_notes_what_went_unused_and_leaves_it_in_the_lease() {
+        let limit = Limit::per_second(160).burst(160).unwrap();
+        let mut b = LocalBucket::default();
+        b.settle(&grant_leaving(25, 40), 0, 0, &limit);
+        assert_eq!(b.sweep(TTL - 1, TTL, true, 0), 0);
+        assert_eq!(b.sweep(TTL, TTL, true, 0), 25);
+        assert_eq!(b.leased_tokens(), 25, "nothing taken yet");
+        assert_eq!(b.take_unused(TTL, TTL, true, 0), 25);
+        assert_eq!(b.leased_tokens(), 0);
+    }
+
+    #[test]
+    fn a_lease_used_between_the_sweep_and_the_take_keeps_its_tokens() {
+        let limit = Limit::per_second(160).burst(160).unwrap();
+        let mut b = LocalBucket::default();
+        b.settle(&grant_leaving(25, 40), 0, 0, &limit);
+        assert_eq!(b.sweep(TTL, TTL, true, 0), 25);
+        // A burst spends some on the hot path, which reads no clock.
+        b.take_leased(5);
+        assert_eq!(b.take_unused(TTL, TTL, true, 0), 0);
+        assert_eq!(b.leased_tokens(), 20);
+        // In use from the sweep's time on: unused again one time-to-live later.
+        assert_eq!(b.take_unused(2 * TTL - 1, TTL, true, 0), 0);
+        assert_eq!(b.take_unused(2 * TTL, TTL, true, 0), 20);
+    }
+}
