@@ -1,9 +1,11 @@
-//! Hand-backs of leases left unused, and a burst that comes while the sweep hands them back.
+//! Hand-backs of leases left unused or evicted, and a burst that comes before they land.
 //!
 //! A lease unused for its time-to-live goes back to the global bucket, which has refilled
 //! around it. Were its tokens taken out when the sweep visits it but queued for the store only
 //! at the end of the pass, a burst in between would find the lease empty and fetch the whole
-//! refilled bucket first, and the hand-back would then land on top of it.
+//! refilled bucket first, and the hand-back would then land on top of it. The same for an
+//! evicted bucket's lease, handed back at the next sweep: its key coming back before that
+//! gets its bucket back.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +16,9 @@ use hierarchical_throttle::batch::FractionOfCapacity;
 use hierarchical_throttle::clock::TokioClock;
 use hierarchical_throttle::local::{LocalBucket, LocalStore};
 use hierarchical_throttle::quota::LeaseKey;
-use hierarchical_throttle::{ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore};
+use hierarchical_throttle::{
+    ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore,
+};
 use tokio::sync::Notify;
 
 /// One part of [`TwoParts`]: its buckets behind one lock.
@@ -123,4 +127,56 @@ async fn a_burst_during_a_sweep_spends_the_unused_lease_instead_of_overtaking_it
         (capacity, 2),
         "warmed with {warm}, the lease held {held}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_evicted_key_that_comes_back_before_the_sweep_spends_its_own_lease() {
+    let capacity = 100;
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|key: &String| Some(key.clone()))
+        .clock(TokioClock::new())
+        .limit(Limit::per_second(capacity).burst(capacity).unwrap())
+        .cold_start(ColdStart::Exact)
+        .batch_policy(FractionOfCapacity::new(0.5).unwrap())
+        .lease_ttl(Duration::from_secs(1))
+        .local_store(
+            MemoryLocalStore::with_max_keys(64)
+                .unwrap()
+                .with_hash_seed(1),
+        )
+        .global_store(MemoryGlobalStore::with_clock(TokioClock::new()))
+        .build()
+        .unwrap();
+    let burst = |requests: usize| {
+        let layer = layer.clone();
+        async move {
+            let decisions = (0..requests).map(|_| layer.acquire("k".to_owned(), 1));
+            let decided = futures_util::future::join_all(decisions).await;
+            decided.iter().filter(|d| d.is_ok()).count() as u64
+        }
+    };
+    // "k" holds 40 of a batch of 50; a flood of other keys evicts it, tokens and all.
+    assert_eq!(burst(10).await, 10);
+    let evicted = || {
+        let mut present = false;
+        layer
+            .local_store()
+            .for_each_bucket(|id, _| present |= id.key() == "k");
+        !present
+    };
+    let mut flood = 0..100_000;
+    while !evicted() {
+        assert!(!flood.is_empty(), "evicted within the flood");
+        let keys = flood.by_ref().take(64).map(|i| format!("other-{i}"));
+        futures_util::future::join_all(keys.map(|key| layer.acquire(key, 1))).await;
+    }
+    // It comes back before the sweep (every half second) hands its tokens back: a burst, then
+    // another 70 ms on, after that sweep.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let during = burst(300).await;
+    tokio::time::sleep(Duration::from_millis(70)).await;
+    let after = burst(300).await;
+    // The capacity and 70 ms of the rate: before, the key's new bucket fetched the refilled
+    // bucket (95), and the sweep handed the evicted bucket's 40 back on top of what was left.
+    assert_eq!((during, after), (capacity, 7));
 }

@@ -3,6 +3,7 @@
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hashbrown::HashTable;
 
@@ -18,7 +19,8 @@ use crate::sync::{ShardLock, lock, shard_index};
 /// and no allocation. When a shard is full, a new key evicts buckets that were not used since
 /// the previous eviction pass (second chance), then any other that [may be
 /// evicted](LocalBucket::may_evict) (not fetching, paying for credit or waiting for tokens it
-/// reserved); evicted leases are handed back to the global store. Memory stays bounded however
+/// reserved); evicted leases are handed back to the global store, unless their key comes back
+/// first and gets its bucket back as it was. Memory stays bounded however
 /// many distinct keys arrive (beyond the buckets that may not be evicted, each for at most a
 /// round trip or a reservation's wait).
 #[derive(Debug)]
@@ -32,8 +34,11 @@ pub struct MemoryLocalStore<K> {
     per_shard: usize,
     hasher: foldhash::fast::SeedableRandomState,
     /// Evicted buckets holding leased tokens or uncounted requests, until the throttle takes
-    /// them.
-    evicted: Mutex<Vec<(LeaseKey<K>, LocalBucket)>>,
+    /// them or their key comes back.
+    evicted: Mutex<Shard<K>>,
+    /// How many there are (read without the lock: a new key looks for its evicted bucket only
+    /// when there may be one).
+    evicted_count: AtomicUsize,
 }
 
 type Shard<K> = HashTable<Entry<LeaseKey<K>>>;
@@ -111,7 +116,8 @@ impl<K> MemoryLocalStore<K> {
             run_bits,
             per_shard: max_keys / shards,
             hasher: foldhash::fast::SeedableRandomState::random(),
-            evicted: Mutex::new(Vec::new()),
+            evicted: Mutex::new(HashTable::new()),
+            evicted_count: AtomicUsize::new(0),
         }
     }
 
@@ -208,7 +214,7 @@ impl<K: Clone> MemoryLocalStore<K> {
         }
         let entry = Entry {
             key: key.clone(),
-            bucket: LocalBucket::default(),
+            bucket: self.take_evicted_bucket(hash, key).unwrap_or_default(),
         };
         let entry = table.insert_unique(hash, entry, |e| self.hashes(&e.key).1);
         let bucket = &mut entry.into_mut().bucket;
@@ -218,9 +224,13 @@ impl<K: Clone> MemoryLocalStore<K> {
 
     /// Frees at least an eighth of a full shard: first buckets not used since the last pass,
     /// then any other that [may be evicted](LocalBucket::may_evict). Evicted buckets holding
-    /// leased tokens or uncounted requests are all kept for the throttle (it takes them every
-    /// half lease time), so no leased token is stranded.
-    fn make_room(&self, table: &mut Shard<K>) {
+    /// leased tokens or uncounted requests are all kept, for the throttle (it takes them every
+    /// half lease time) or for their key if it comes back first, so no leased token is
+    /// stranded.
+    fn make_room(&self, table: &mut Shard<K>)
+    where
+        K: Hash + Eq,
+    {
         let target = self.per_shard - (self.per_shard / 8).max(1);
         let mut evicted = Vec::new();
         for second_chance in [true, false] {
@@ -236,13 +246,34 @@ impl<K: Clone> MemoryLocalStore<K> {
             });
             evicted.extend(
                 victims
-                    .filter(|e| e.bucket.leased_tokens() > 0 || e.bucket.uncounted_requests() > 0)
-                    .map(|e| (e.key, e.bucket)),
+                    .filter(|e| e.bucket.leased_tokens() > 0 || e.bucket.uncounted_requests() > 0),
             );
         }
         if !evicted.is_empty() {
-            lock(&self.evicted).append(&mut evicted);
+            let mut kept = lock(&self.evicted);
+            for entry in evicted {
+                kept.insert_unique(self.hashes(&entry.key).1, entry, |e| self.hashes(&e.key).1);
+            }
+            self.evicted_count.store(kept.len(), Ordering::Relaxed);
         }
+    }
+
+    /// The bucket `key` (hashed to `hash`) had when it was evicted, if the throttle has not
+    /// taken it yet: the key gets it back as it was, its leased tokens and what it knew of the
+    /// global bucket. Handed back instead, those tokens could reach the store after the key's
+    /// new bucket had fetched the bucket refilled around them, and be spent twice.
+    fn take_evicted_bucket(&self, hash: u64, key: &LeaseKey<K>) -> Option<LocalBucket>
+    where
+        K: Hash + Eq,
+    {
+        if self.evicted_count.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut kept = lock(&self.evicted);
+        let entry = kept.find_entry(hash, |e| e.key == *key).ok()?;
+        let (Entry { bucket, .. }, _) = entry.remove();
+        self.evicted_count.store(kept.len(), Ordering::Relaxed);
+        Some(bucket)
     }
 }
 
@@ -470,7 +501,9 @@ where
     }
 
     fn take_evicted(&self) -> Vec<(LeaseKey<K>, LocalBucket)> {
-        std::mem::take(&mut *lock(&self.evicted))
+        let mut kept = lock(&self.evicted);
+        self.evicted_count.store(0, Ordering::Relaxed);
+        kept.drain().map(|e| (e.key, e.bucket)).collect()
     }
 
     fn len(&self) -> usize {
@@ -725,6 +758,37 @@ mod tests {
             Some(5),
             "kept through three passes, with its reservation"
         );
+    }
+
+    #[test]
+    fn an_evicted_key_that_comes_back_before_the_sweep_gets_its_bucket_back() {
+        // Laid out the same in every run: the flood reaches both keys' places.
+        let store = MemoryLocalStore::<u64>::with_max_keys(64)
+            .unwrap()
+            .with_hash_seed(1);
+        let id = |key| LeaseKey::new(key, 0, 0);
+        store.with_bucket(&id(7), |b| b.give_back(5, u64::MAX));
+        store.with_bucket(&id(8), |b| b.give_back(3, u64::MAX));
+        // A flood of other keys evicts both, with their tokens.
+        let held = || {
+            let mut held = 0;
+            store.for_each_bucket(|k, b| held += u64::from(*k.key() < 1000) * b.leased_tokens());
+            held
+        };
+        let mut flood = 1000..100_000u64;
+        while held() > 0 {
+            assert!(!flood.is_empty(), "evicted within the flood");
+            for key in flood.by_ref().take(64) {
+                store.with_bucket(&id(key), |_| ());
+            }
+        }
+        // Key 7 comes back first: its bucket is its own again, and no longer to hand back.
+        assert_eq!(store.with_bucket(&id(7), |b| b.leased_tokens()), 5);
+        let evicted = store.take_evicted();
+        assert_eq!(evicted.len(), 1);
+        assert_eq!((*evicted[0].0.key(), evicted[0].1.leased_tokens()), (8, 3));
+        // Taken by the throttle: a key coming back now starts afresh.
+        assert_eq!(store.with_bucket(&id(8), |b| b.leased_tokens()), 0);
     }
 
     #[test]
