@@ -78,6 +78,14 @@ impl LocalStore<LeaseKey<String>> for TwoParts {
     }
 }
 
+/// How many of `decisions`, all made at one instant, admitted their requests.
+async fn admitted<T, E>(
+    decisions: impl Iterator<Item = impl Future<Output = Result<T, E>>>,
+) -> u64 {
+    let decided = futures_util::future::join_all(decisions).await;
+    decided.iter().filter(|d| d.is_ok()).count() as u64
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_burst_during_a_sweep_spends_the_unused_lease_instead_of_overtaking_its_hand_back() {
     let local = TwoParts::default();
@@ -94,14 +102,7 @@ async fn a_burst_during_a_sweep_spends_the_unused_lease_instead_of_overtaking_it
         .global_store(MemoryGlobalStore::with_clock(TokioClock::new()))
         .build()
         .unwrap();
-    let burst = |requests: usize| {
-        let layer = layer.clone();
-        async move {
-            let decisions = (0..requests).map(|_| layer.acquire("k".to_owned(), 1));
-            let decided = futures_util::future::join_all(decisions).await;
-            decided.iter().filter(|d| d.is_ok()).count() as u64
-        }
-    };
+    let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));
     // A few requests leave "k" holding most of a batch of half its capacity; 300 other keys
     // fill each part of the store. Then nothing uses "k": the sweep one time-to-live on finds
     // its lease unused, the global bucket refilled around it.
@@ -147,14 +148,7 @@ async fn an_evicted_key_that_comes_back_before_the_sweep_spends_its_own_lease() 
         .global_store(MemoryGlobalStore::with_clock(TokioClock::new()))
         .build()
         .unwrap();
-    let burst = |requests: usize| {
-        let layer = layer.clone();
-        async move {
-            let decisions = (0..requests).map(|_| layer.acquire("k".to_owned(), 1));
-            let decided = futures_util::future::join_all(decisions).await;
-            decided.iter().filter(|d| d.is_ok()).count() as u64
-        }
-    };
+    let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));
     // "k" holds 40 of a batch of 50; a flood of other keys evicts it, tokens and all.
     assert_eq!(burst(10).await, 10);
     let evicted = || {
