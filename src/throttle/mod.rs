@@ -400,9 +400,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
 
     /// The limit and names of bucket `id`; `None` if its key's quota no longer has that limit.
     pub(crate) fn resolve(&self, id: &LeaseKey<K>) -> Option<Resolved> {
-        let quota = self.quota(id.level, &id.key)?;
+        // Borrowed: a quota the same for every key is read without a reference count.
+        let (level, quota) = self.level_quota(id.level, &id.key)?;
         let (name, limit) = quota.slot(id.slot)?;
-        let level = self.levels.get(usize::from(id.level))?.name;
         Some(Resolved {
             limit,
             name,

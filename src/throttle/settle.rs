@@ -247,16 +247,17 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 id.slot = slot;
                 if actual < charged {
                     let refund = charged - actual;
-                    // What overflows a lease that holds its capacity is forfeited too.
-                    let overflowed = (admitted.leased(id.level, slot)
-                        && self.may_take_back_now(&limit, admitted.admitted_at()))
-                    .then(|| {
-                        self.local.with_bucket(&id, |b| {
-                            b.holds_tokens_of(name)
-                                .then(|| b.give_back(refund, limit.capacity()))
-                        })
-                    })
-                    .flatten();
+                    // `None`: not the lease's to take back. What overflows a lease that holds
+                    // its capacity is forfeited too.
+                    let into_lease = admitted.leased(id.level, slot)
+                        && self.may_take_back_now(&limit, admitted.admitted_at());
+                    let overflowed = match into_lease {
+                        true => self.local.with_bucket(&id, |b| {
+                            let ours = b.holds_tokens_of(name);
+                            ours.then(|| b.give_back(refund, limit.capacity()))
+                        }),
+                        false => None,
+                    };
                     match overflowed {
                         Some(lost) => {
                             refunded = refunded.saturating_add(refund - lost);

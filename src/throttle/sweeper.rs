@@ -145,9 +145,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         // Each lease's unused tokens are taken out only as their hand-back is queued, with
         // nothing in between: a request that finds the lease empty after that queues its fetch
         // behind the hand-back, so a store that applies calls in order takes them back first.
-        let returns_at_once = CONCURRENT_RETURNS.max(self.config.global_batch);
         stream::iter(unused)
-            .for_each_concurrent(returns_at_once, |unused| async move {
+            .for_each_concurrent(self.returns_at_once(), |unused| async move {
                 let back = self.local.with_bucket(&unused.id, |b| {
                     let tokens = b.take_unused(now, ttl, keeps_small, interval);
                     Return::taken(&unused.id, b, tokens, now, unused.unhurried)
@@ -202,11 +201,15 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
 
     /// Sends `returns` to the store, many at once.
     async fn hand_back_all(self: &Arc<Self>, mut unsent: Unsent<'_, K>) {
-        let returns_at_once = CONCURRENT_RETURNS.max(self.config.global_batch);
         // Each taken from the guard only as its hand-back starts.
         stream::poll_fn(|_| Poll::Ready(unsent.returns.pop_front()))
-            .for_each_concurrent(returns_at_once, |back| self.hand_back(back))
+            .for_each_concurrent(self.returns_at_once(), |back| self.hand_back(back))
             .await;
+    }
+
+    /// How many hand-backs may be under way at once: a batch's worth at least.
+    fn returns_at_once(&self) -> usize {
+        CONCURRENT_RETURNS.max(self.config.global_batch)
     }
 
     /// Hands leased tokens back to the global bucket that dispensed them, or keeps them for a
