@@ -16,9 +16,39 @@ use crate::limit::Limit;
 use super::LocalBucket;
 
 impl LocalBucket {
+    /// What the lease holds now: its tokens, and those requests took from it and hold while
+    /// they wait for another of their buckets.
+    fn holding(&self) -> u64 {
+        self.tokens
+            .saturating_add(u64::from(self.cold().held_by_waiting))
+    }
+
+    /// [`holding`](Self::holding), for a sample.
+    fn holding_sample(&self) -> u32 {
+        u32::try_from(self.holding()).unwrap_or(u32::MAX)
+    }
+
+    /// A request took `tokens` from the lease and now waits for another of its buckets: until
+    /// it is admitted (or gives them back) they count as held, since the global bucket refills
+    /// around them as around the lease's own.
+    pub(crate) fn hold_while_waiting(&mut self, tokens: u64) {
+        let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
+        let cold = self.cold_mut();
+        cold.held_by_waiting = cold.held_by_waiting.saturating_add(tokens);
+    }
+
+    /// The request holding `tokens` by [`hold_while_waiting`](Self::hold_while_waiting) is
+    /// done waiting: admitted, or about to give them back.
+    pub(crate) fn stop_holding(&mut self, tokens: u64) {
+        let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
+        if let Some(cold) = self.cold.as_deref_mut() {
+            cold.held_by_waiting = cold.held_by_waiting.saturating_sub(tokens);
+        }
+    }
+
     /// Notes what the lease holds at a sweep.
     pub(super) fn sample_held(&mut self) {
-        let tokens = u32::try_from(self.tokens).unwrap_or(u32::MAX);
+        let tokens = self.holding_sample();
         if let Some(cold) = self.cold.as_deref_mut() {
             cold.held_at_sweep_before = cold.held_at_sweep;
             cold.held_at_sweep = tokens;
@@ -27,7 +57,10 @@ impl LocalBucket {
 
     /// Notes what the lease holds once an answer has served the requests waiting for it, as a
     /// sweep would (what it held before counts no more: the answer's level already reflects
-    /// it): a burst before the next sweep may spend it on top of the refill.
+    /// it): a burst before the next sweep may spend it on top of the refill. Not what requests
+    /// waiting for another bucket hold: most are admitted within a round trip, and counted as
+    /// held until the next fetch they would make it take back a refill they were spent before;
+    /// a wait across a sweep is sampled there.
     pub(super) fn sample_held_at_answer(&mut self) {
         let tokens = u32::try_from(self.tokens).unwrap_or(u32::MAX);
         if let Some(cold) = self.cold.as_deref_mut() {
@@ -49,7 +82,7 @@ impl LocalBucket {
     /// of its limits refused it, or its cost was refunded): the lease holds at least what it
     /// holds now. Not added up: a take undone again and again holds no more.
     pub(super) fn note_returned(&mut self) {
-        let tokens = u32::try_from(self.tokens).unwrap_or(u32::MAX);
+        let tokens = self.holding_sample();
         if let Some(cold) = self.cold.as_deref_mut() {
             cold.held_at_sweep = cold.held_at_sweep.max(tokens);
         }
@@ -169,7 +202,7 @@ impl LocalBucket {
             return 0;
         }
         let cold = self.cold();
-        self.tokens
+        self.holding()
             .max(u64::from(cold.held_at_sweep))
             .max(u64::from(cold.held_at_sweep_before))
             .min(limit.capacity())
@@ -242,6 +275,28 @@ mod tests {
         assert_eq!(b.leased_tokens(), 20);
         // Reckoned afresh from the answer: the 20 the lease holds now, past the refill.
         assert_eq!(b.take_back(2 * SECOND, &limit), 20);
+    }
+
+    #[test]
+    fn tokens_requests_hold_while_waiting_for_another_bucket_count_as_held() {
+        let limit = Limit::per_second(160).burst(160).unwrap();
+        let ttl = 2_000_000;
+        let mut b = LocalBucket::default();
+        b.settle(&grant_leaving(10, 150), 0, 0, &limit);
+        // Requests take the 10 and wait for another of their buckets past two sweeps: the
+        // lease is empty, yet they are still to be spent.
+        b.take_up_to(10);
+        b.hold_while_waiting(10);
+        b.take_expired(SECOND / 4, ttl, true, 0);
+        b.take_expired(SECOND / 2, ttl, true, 0);
+        // The global bucket refilled to its capacity around them: a fetch takes 10 back.
+        assert_eq!(b.take_back(SECOND, &limit), 10);
+        // Admitted, they are spent: two sweeps later nothing is held.
+        b.stop_holding(10);
+        b.take_expired(3 * SECOND / 4, ttl, true, 0);
+        assert_eq!(b.take_back(SECOND, &limit), 10, "a burst just spent them");
+        b.take_expired(SECOND, ttl, true, 0);
+        assert_eq!(b.take_back(SECOND, &limit), 0);
     }
 
     #[test]

@@ -90,6 +90,9 @@ struct Cold {
     /// ([`LocalBucket::take_back`]).
     held_at_sweep: u32,
     held_at_sweep_before: u32,
+    /// Tokens requests took from the lease and hold while they wait for another of their
+    /// buckets: theirs only once admitted, back in the lease if not, so held until then.
+    held_by_waiting: u32,
     /// What the last fetch could not take back (the global bucket held less: other hosts'
     /// fetches had spent the refill this lease's tokens were held around): the next fetches
     /// take it out of what they bring.
@@ -123,6 +126,7 @@ impl Cold {
         keep: 0,
         held_at_sweep: 0,
         held_at_sweep_before: 0,
+        held_by_waiting: 0,
         take_back_owed: 0,
         shape: 0,
         dispenser: 0,
@@ -135,6 +139,7 @@ impl Cold {
     fn is_idle(&self, now: u64, interval: u64) -> bool {
         self.waiters.is_empty()
             && self.owed == 0
+            && self.held_by_waiting == 0
             && self.credit_after == 0
             && self.reserved.is_empty()
             && self.fallback.as_ref().is_none_or(|f| f.is_full_at(now))

@@ -304,36 +304,32 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> AllOf<K, G, L, C> {
         if self.waits.is_empty() {
             return Check::Admit;
         }
-        Check::Wait(Box::pin(self.wait()))
+        let held = Held::new(self.throttle, self.cost, self.taken);
+        Check::Wait(Box::pin(wait(held, self.waits)))
     }
+}
 
-    /// Waits for every bucket's batch at once, so that a refusal is known as soon as any
-    /// bucket's is (a verdict read late would be stale: its tokens may be there by then).
-    async fn wait(self) -> Result<Admitted, Rejection<K>> {
-        let mut held = Held {
-            throttle: self.throttle,
-            cost: self.cost,
-            at_once: self.taken,
-            after_wait: Vec::new(),
-            kept: false,
-        };
-        let mut waits: FuturesUnordered<_> = self
-            .waits
-            .into_iter()
-            .map(|(id, decision)| async move { (id, decision.await) })
-            .collect();
-        let mut admitted = Admitted::LEASED;
-        while let Some((id, decided)) = waits.next().await {
-            let decided = decided?;
-            admitted = admitted.and(decided);
-            // A bucket the failure policy decided took nothing from its lease.
-            if decided.from_leases() {
-                held.after_wait.push(id);
-            }
+/// Waits for every bucket's batch at once, so that a refusal is known as soon as any bucket's
+/// is (a verdict read late would be stale: its tokens may be there by then).
+async fn wait<K: Key, G: Global<K>, L: Local<K>, C: Clock>(
+    mut held: Held<K, G, L, C>,
+    waits: Vec<(LeaseKey<K>, Decision<K>)>,
+) -> Result<Admitted, Rejection<K>> {
+    let mut waits: FuturesUnordered<_> = waits
+        .into_iter()
+        .map(|(id, decision)| async move { (id, decision.await) })
+        .collect();
+    let mut admitted = Admitted::LEASED;
+    while let Some((id, decided)) = waits.next().await {
+        let decided = decided?;
+        admitted = admitted.and(decided);
+        // A bucket the failure policy decided took nothing from its lease.
+        if decided.from_leases() {
+            held.hold_after_wait(id);
         }
-        held.kept = true;
-        Ok(admitted)
     }
+    held.kept = true;
+    Ok(admitted)
 }
 
 /// Whether `a` should be reported over `b`: a request that can never be served says so, and
@@ -348,7 +344,8 @@ fn outlasts<K>(a: &Rejection<K>, b: &Rejection<K>) -> bool {
 }
 
 /// Tokens a waiting request holds in some buckets while it waits for others: given back unless
-/// the request is admitted (refused, or dropped while waiting).
+/// the request is admitted (refused, or dropped while waiting). Their leases count them as held
+/// meanwhile ([`LocalBucket::hold_while_waiting`](crate::lease::LocalBucket::hold_while_waiting)).
 struct Held<K: Key, G: Global<K>, L: Local<K>, C: Clock> {
     throttle: Arc<Throttle<K, G, L, C>>,
     cost: u64,
@@ -358,8 +355,39 @@ struct Held<K: Key, G: Global<K>, L: Local<K>, C: Clock> {
     kept: bool,
 }
 
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Held<K, G, L, C> {
+    /// Holds the tokens taken at once from the buckets `at_once`.
+    fn new(throttle: Arc<Throttle<K, G, L, C>>, cost: u64, at_once: Vec<LeaseKey<K>>) -> Self {
+        for id in &at_once {
+            throttle
+                .local
+                .with_bucket(id, |b| b.hold_while_waiting(cost));
+        }
+        Self {
+            throttle,
+            cost,
+            at_once,
+            after_wait: Vec::new(),
+            kept: false,
+        }
+    }
+
+    /// Holds the tokens bucket `id` took from its lease after its batch came.
+    fn hold_after_wait(&mut self, id: LeaseKey<K>) {
+        self.throttle
+            .local
+            .with_bucket(&id, |b| b.hold_while_waiting(self.cost));
+        self.after_wait.push(id);
+    }
+}
+
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for Held<K, G, L, C> {
     fn drop(&mut self) {
+        for id in self.at_once.iter().chain(&self.after_wait) {
+            self.throttle
+                .local
+                .with_bucket(id, |b| b.stop_holding(self.cost));
+        }
         if self.kept {
             return;
         }
