@@ -5,7 +5,9 @@
 //! at the end of the pass, a burst in between would find the lease empty and fetch the whole
 //! refilled bucket first, and the hand-back would then land on top of it. The same for an
 //! evicted bucket's lease, handed back at the next sweep: its key coming back before that
-//! gets its bucket back.
+//! gets its bucket back. And a store that does not apply a host's calls in the order they were
+//! sent could let a fetch sent after a hand-back overtake it: a fetch waits for its bucket's
+//! hand-backs to land.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,9 +15,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hierarchical_throttle::batch::FractionOfCapacity;
+use hierarchical_throttle::bucket::{
+    Adjusted, Adjustment, BucketLevel, Grant, TokenRequest, TokenReturn,
+};
 use hierarchical_throttle::clock::TokioClock;
+use hierarchical_throttle::global::GlobalStore;
 use hierarchical_throttle::local::{LocalBucket, LocalStore};
-use hierarchical_throttle::quota::LeaseKey;
+use hierarchical_throttle::quota::{BucketKey, LeaseKey};
 use hierarchical_throttle::{
     ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore,
 };
@@ -173,4 +179,85 @@ async fn an_evicted_key_that_comes_back_before_the_sweep_spends_its_own_lease() 
     // The capacity and 70 ms of the rate: before, the key's new bucket fetched the refilled
     // bucket (95), and the sweep handed the evicted bucket's 40 back on top of what was left.
     assert_eq!((during, after), (capacity, 7));
+}
+
+/// A store in memory that applies a hand-back 40 ms after it is sent and everything else at
+/// once: a later fetch reaches the bucket first.
+#[derive(Clone)]
+struct SlowHandBacks(MemoryGlobalStore<String, TokioClock>);
+
+impl GlobalStore<BucketKey<String>> for SlowHandBacks {
+    type Error = std::convert::Infallible;
+
+    fn acquire(
+        &self,
+        key: &BucketKey<String>,
+        limit: &Limit,
+        request: TokenRequest,
+    ) -> impl Future<Output = Result<Grant, Self::Error>> + Send {
+        self.0.acquire(key, limit, request)
+    }
+
+    async fn release(
+        &self,
+        key: &BucketKey<String>,
+        limit: &Limit,
+        back: TokenReturn,
+    ) -> Result<(), Self::Error> {
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        self.0.release(key, limit, back).await
+    }
+
+    fn level(
+        &self,
+        key: &BucketKey<String>,
+        limit: &Limit,
+    ) -> impl Future<Output = Result<BucketLevel, Self::Error>> + Send {
+        self.0.level(key, limit)
+    }
+
+    fn adjust(
+        &self,
+        key: &BucketKey<String>,
+        limit: &Limit,
+        adjustment: Adjustment,
+        expires: Option<Duration>,
+    ) -> impl Future<Output = Result<Adjusted, Self::Error>> + Send {
+        self.0.adjust(key, limit, adjustment, expires)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fetch_waits_for_its_buckets_hand_back_to_land() {
+    let capacity = 100;
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|key: &String| Some(key.clone()))
+        .clock(TokioClock::new())
+        .limit(Limit::per_second(capacity).burst(capacity).unwrap())
+        .cold_start(ColdStart::Exact)
+        .keep_small_leases(false)
+        .batch_policy(FractionOfCapacity::new(0.5).unwrap())
+        .lease_ttl(Duration::from_secs(1))
+        .global_store(SlowHandBacks(MemoryGlobalStore::with_clock(
+            TokioClock::new(),
+        )))
+        .build()
+        .unwrap();
+    let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));
+    // "k" holds 40 of a batch of 50, then nothing uses it: the sweep at 1 s hands them back,
+    // the global bucket refilled around them.
+    assert_eq!(burst(10).await, 10);
+    tokio::time::sleep(Duration::from_millis(1_001)).await;
+    let key = LeaseKey::new("k".to_owned(), 0, 0);
+    let handing_back = layer
+        .local_store()
+        .peek_bucket(&key, |b| (b.leased_tokens(), b.is_handing_back()));
+    assert_eq!(handing_back, Some((0, true)), "the hand-back is on its way");
+    // A burst 1 ms after the sweep, its fetch sent before the hand-back lands; another 50 ms on.
+    let during = burst(300).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let after = burst(300).await;
+    // The capacity and 50 ms of the rate: before, the burst's fetch took the refilled bucket
+    // and the 40 landed on top of what was left, for the next burst.
+    assert_eq!((during, after), (capacity, 5));
 }

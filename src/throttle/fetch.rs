@@ -44,6 +44,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     pub(super) async fn fetch(self: &Arc<Self>, id: &LeaseKey<K>) -> FetchOutcome {
         // Let requests already scheduled join this batch before it is sized.
         tokio::task::yield_now().await;
+        self.await_hand_backs(id).await;
         let Some(bucket) = self.resolve(id) else {
             // The key's quota no longer has this limit: settling finds that too.
             return FetchOutcome::Skipped;

@@ -326,6 +326,9 @@ pub(crate) struct Throttle<K, G, L, C> {
     calls: calls::GlobalCalls<K>,
     /// Tokens to hand back: evicted leases, and hand-backs the store did not take.
     returns: Mutex<Vec<Return<K>>>,
+    /// Told whenever a hand-back of unused tokens has landed (or never will): fetches of its
+    /// bucket wait for it.
+    hand_backs_landed: tokio::sync::Notify,
     /// The fetch tasks under way, each with the credit charge that may follow its answer.
     fetches: crate::sync::UnderWay,
     /// When a request without a key was last logged at warn (clock micros; 0: never).
@@ -362,6 +365,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             shaper: Arc::default(),
             calls: calls::GlobalCalls::default(),
             returns: Mutex::default(),
+            hand_backs_landed: tokio::sync::Notify::new(),
             fetches: crate::sync::UnderWay::default(),
             missing_key_warned_at: AtomicU64::new(0),
             store_location: global.location(),

@@ -108,7 +108,40 @@ impl Drop for Unsettled<'_> {
     }
 }
 
+/// A hand-back of a lease's unused tokens on its way to the store: the fetches of its bucket
+/// wait until it has landed, or never will (see [`Throttle::await_hand_backs`]).
+struct Landing<'a, K: Key, G: Global<K>, L: Local<K>, C: Clock> {
+    throttle: &'a Throttle<K, G, L, C>,
+    id: &'a LeaseKey<K>,
+}
+
+impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for Landing<'_, K, G, L, C> {
+    fn drop(&mut self) {
+        self.throttle
+            .local
+            .with_bucket(self.id, |b| b.hand_back_landed());
+        self.throttle.hand_backs_landed.notify_waiters();
+    }
+}
+
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
+    /// Waits until no hand-back of bucket `id`'s unused tokens is on its way to the store
+    /// (lingering ones go at once). A fetch sent meanwhile could reach the store first (a store
+    /// that does not apply one host's calls in order, or a batch of its own sent ahead) and
+    /// take the bucket refilled around those tokens, which would then land on top of it.
+    pub(super) async fn await_hand_backs(self: &Arc<Self>, id: &LeaseKey<K>) {
+        loop {
+            let landed = self.hand_backs_landed.notified();
+            let mut landed = std::pin::pin!(landed);
+            landed.as_mut().enable();
+            if !self.local.with_bucket(id, |b| b.is_handing_back()) {
+                return;
+            }
+            self.expedite_calls();
+            landed.await;
+        }
+    }
+
     /// Hands back leases not used within the lease time-to-live, those of evicted buckets, and
     /// earlier hand-backs the store did not take.
     pub(crate) async fn return_unused_leases(self: &Arc<Self>) {
@@ -152,6 +185,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                     Return::taken(&unused.id, b, tokens, now, unused.unhurried)
                 });
                 if let Some(back) = back {
+                    let _landing = Landing {
+                        throttle: self,
+                        id: &unused.id,
+                    };
                     self.hand_back(back).await;
                 }
             })
