@@ -15,17 +15,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hierarchical_throttle::batch::FractionOfCapacity;
-use hierarchical_throttle::bucket::{
-    Adjusted, Adjustment, BucketLevel, Grant, TokenRequest, TokenReturn,
-};
 use hierarchical_throttle::clock::TokioClock;
-use hierarchical_throttle::global::GlobalStore;
 use hierarchical_throttle::local::{LocalBucket, LocalStore};
-use hierarchical_throttle::quota::{BucketKey, LeaseKey};
+use hierarchical_throttle::quota::LeaseKey;
 use hierarchical_throttle::{
     ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore,
 };
 use tokio::sync::Notify;
+
+mod common;
+use common::held_back::HeldBack;
 
 /// One part of [`TwoParts`]: its buckets behind one lock.
 type Part = Mutex<HashMap<LeaseKey<String>, LocalBucket>>;
@@ -181,52 +180,6 @@ async fn an_evicted_key_that_comes_back_before_the_sweep_spends_its_own_lease() 
     assert_eq!((during, after), (capacity, 7));
 }
 
-/// A store in memory that applies a hand-back 40 ms after it is sent and everything else at
-/// once: a later fetch reaches the bucket first.
-#[derive(Clone)]
-struct SlowHandBacks(MemoryGlobalStore<String, TokioClock>);
-
-impl GlobalStore<BucketKey<String>> for SlowHandBacks {
-    type Error = std::convert::Infallible;
-
-    fn acquire(
-        &self,
-        key: &BucketKey<String>,
-        limit: &Limit,
-        request: TokenRequest,
-    ) -> impl Future<Output = Result<Grant, Self::Error>> + Send {
-        self.0.acquire(key, limit, request)
-    }
-
-    async fn release(
-        &self,
-        key: &BucketKey<String>,
-        limit: &Limit,
-        back: TokenReturn,
-    ) -> Result<(), Self::Error> {
-        tokio::time::sleep(Duration::from_millis(40)).await;
-        self.0.release(key, limit, back).await
-    }
-
-    fn level(
-        &self,
-        key: &BucketKey<String>,
-        limit: &Limit,
-    ) -> impl Future<Output = Result<BucketLevel, Self::Error>> + Send {
-        self.0.level(key, limit)
-    }
-
-    fn adjust(
-        &self,
-        key: &BucketKey<String>,
-        limit: &Limit,
-        adjustment: Adjustment,
-        expires: Option<Duration>,
-    ) -> impl Future<Output = Result<Adjusted, Self::Error>> + Send {
-        self.0.adjust(key, limit, adjustment, expires)
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_fetch_waits_for_its_buckets_hand_back_to_land() {
     let capacity = 100;
@@ -238,9 +191,8 @@ async fn a_fetch_waits_for_its_buckets_hand_back_to_land() {
         .keep_small_leases(false)
         .batch_policy(FractionOfCapacity::new(0.5).unwrap())
         .lease_ttl(Duration::from_secs(1))
-        .global_store(SlowHandBacks(MemoryGlobalStore::with_clock(
-            TokioClock::new(),
-        )))
+        // Hand-backs applied 40 ms late: a later fetch reaches the bucket first.
+        .global_store(HeldBack::releases_late(Duration::from_millis(40)))
         .build()
         .unwrap();
     let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));

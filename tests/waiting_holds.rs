@@ -3,81 +3,24 @@
 //! global bucket refills around them meanwhile, as around the lease's own tokens: unless they
 //! count as held, a burst after the request is admitted gets that refill on top of them.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
-use hierarchical_throttle::bucket::{
-    Adjusted, Adjustment, BucketLevel, Grant, TokenRequest, TokenReturn,
-};
 use hierarchical_throttle::clock::TokioClock;
-use hierarchical_throttle::global::GlobalStore;
-use hierarchical_throttle::quota::BucketKey;
-use hierarchical_throttle::{
-    ColdStart, HierarchicalThrottleLayer, Limit, MemoryGlobalStore, MemoryLocalStore, Quota,
-};
+use hierarchical_throttle::{ColdStart, HierarchicalThrottleLayer, Limit, MemoryLocalStore, Quota};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
-/// A store in memory whose fetches for the limit named `"gated"` wait until the gate opens.
-#[derive(Clone)]
-struct Gated {
-    inner: MemoryGlobalStore<String, TokioClock>,
-    open: watch::Receiver<bool>,
-}
-
-impl GlobalStore<BucketKey<String>> for Gated {
-    type Error = Infallible;
-
-    fn acquire(
-        &self,
-        key: &BucketKey<String>,
-        limit: &Limit,
-        request: TokenRequest,
-    ) -> impl Future<Output = Result<Grant, Infallible>> + Send {
-        let mut open = self.open.clone();
-        let gated = key.limit() == "gated";
-        async move {
-            if gated {
-                let _ = open.wait_for(|open| *open).await;
-            }
-            self.inner.acquire(key, limit, request).await
-        }
-    }
-
-    fn release(
-        &self,
-        key: &BucketKey<String>,
-        limit: &Limit,
-        back: TokenReturn,
-    ) -> impl Future<Output = Result<(), Infallible>> + Send {
-        self.inner.release(key, limit, back)
-    }
-
-    fn level(
-        &self,
-        key: &BucketKey<String>,
-        limit: &Limit,
-    ) -> impl Future<Output = Result<BucketLevel, Infallible>> + Send {
-        self.inner.level(key, limit)
-    }
-
-    fn adjust(
-        &self,
-        key: &BucketKey<String>,
-        limit: &Limit,
-        adjustment: Adjustment,
-        expires: Option<Duration>,
-    ) -> impl Future<Output = Result<Adjusted, Infallible>> + Send {
-        self.inner.adjust(key, limit, adjustment, expires)
-    }
-}
+mod common;
+use common::held_back::HeldBack;
 
 const CAPACITY: u64 = 10;
 
-type Layer = HierarchicalThrottleLayer<String, String, Gated, MemoryLocalStore<String>, TokioClock>;
+type Layer =
+    HierarchicalThrottleLayer<String, String, HeldBack, MemoryLocalStore<String>, TokioClock>;
 
 /// A layer whose keys have a limit of [`CAPACITY`] a second and a limit whose fetches wait
-/// for the gate `open`; its leases are swept every 100 ms.
-fn layer(open: watch::Receiver<bool>) -> Layer {
+/// for the gate; its leases are swept every 100 ms.
+fn layer() -> (Layer, watch::Sender<bool>) {
     let quota = Quota::new(
         "first",
         Limit::per_second(CAPACITY).burst(CAPACITY).unwrap(),
@@ -85,19 +28,32 @@ fn layer(open: watch::Receiver<bool>) -> Layer {
     .unwrap()
     .and("gated", Limit::per_second(1_000).burst(1_000).unwrap())
     .unwrap();
-    HierarchicalThrottleLayer::builder()
+    let (store, gate) = HeldBack::gated("gated");
+    let layer = HierarchicalThrottleLayer::builder()
         .key(|key: &String| Some(key.clone()))
         .clock(TokioClock::new())
         .quota(quota)
         .cold_start(ColdStart::Exact)
         .store_timeout(Duration::from_secs(5))
         .lease_ttl(Duration::from_millis(200))
-        .global_store(Gated {
-            inner: MemoryGlobalStore::with_clock(TokioClock::new()),
-            open,
-        })
+        .global_store(store)
         .build()
-        .unwrap()
+        .unwrap();
+    (layer, gate)
+}
+
+/// [`CAPACITY`] requests for "k" that take the first limit's whole bucket and wait for the
+/// gated limit's batch for a second, over several sweeps, while the first limit's global
+/// bucket refills.
+async fn waiting_a_second(layer: &Layer) -> Vec<JoinHandle<bool>> {
+    let waiting = (0..CAPACITY)
+        .map(|_| {
+            let request = layer.acquire("k".to_owned(), 1);
+            tokio::spawn(async move { request.await.is_ok() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    waiting
 }
 
 /// How many of `requests` requests for "k", sent at once, are admitted.
@@ -110,18 +66,12 @@ async fn burst(layer: &Layer, requests: u64) -> u64 {
 
 #[tokio::test(start_paused = true)]
 async fn tokens_held_by_requests_waiting_for_another_limit_are_not_spent_twice() {
-    let (gate, open) = watch::channel(false);
-    let layer = layer(open);
-    // Ten requests take the first limit's whole bucket and wait for the gated limit's batch
-    // for a second, over several sweeps, while the first limit's global bucket refills.
-    let waiting: Vec<_> = (0..CAPACITY)
-        .map(|_| tokio::spawn(layer.acquire("k".to_owned(), 1)))
-        .collect();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (layer, gate) = layer();
+    let waiting = waiting_a_second(&layer).await;
     gate.send_replace(true);
     let mut admitted = 0;
     for decided in futures_util::future::join_all(waiting).await {
-        admitted += u64::from(decided.unwrap().is_ok());
+        admitted += u64::from(decided.unwrap());
     }
     // A burst right after they are admitted: the first limit's bucket refilled around the
     // ten, which are spent now. Before they counted as held, the burst got 10 more in the
@@ -135,12 +85,8 @@ async fn tokens_held_by_requests_waiting_for_another_limit_are_not_spent_twice()
 
 #[tokio::test(start_paused = true)]
 async fn requests_gone_while_waiting_for_another_limit_hold_nothing() {
-    let (gate, open) = watch::channel(false);
-    let layer = layer(open);
-    let waiting: Vec<_> = (0..CAPACITY)
-        .map(|_| tokio::spawn(layer.acquire("k".to_owned(), 1)))
-        .collect();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (layer, gate) = layer();
+    let waiting = waiting_a_second(&layer).await;
     for request in &waiting {
         request.abort();
     }

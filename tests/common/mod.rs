@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod calendar;
+pub mod held_back;
 pub mod levels;
 pub mod proxy;
 pub mod redis_server;
