@@ -641,7 +641,7 @@ fn global_full_at(left: u64, next_token_at: u64, seen_at: u64, limit: &Limit) ->
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 #[cfg(test)]
 mod tests_by_hand;
 #[cfg(test)]

@@ -611,7 +611,7 @@ fn a_bucket_that_moves_tiers_drops_its_credit_as_uncharged() {
 }
 
 /// An answer granting `granted` tokens that left `remaining` in the global bucket.
-pub(super) fn grant_leaving(granted: u64, remaining: u64) -> FetchOutcome {
+pub(crate) fn grant_leaving(granted: u64, remaining: u64) -> FetchOutcome {
     FetchOutcome::Granted {
         grant: Grant {
             granted,

@@ -33,8 +33,8 @@ pub struct MemoryLocalStore<K> {
     run_bits: u32,
     per_shard: usize,
     hasher: foldhash::fast::SeedableRandomState,
-    /// Evicted buckets holding leased tokens or uncounted requests, until the throttle takes
-    /// them or their key comes back.
+    /// Evicted buckets holding leased tokens or uncounted requests, or remembering tokens they
+    /// held lately, until the throttle takes them or their key comes back.
     evicted: Mutex<Shard<K>>,
     /// How many there are (read without the lock: a new key looks for its evicted bucket only
     /// when there may be one).
@@ -224,9 +224,9 @@ impl<K: Clone> MemoryLocalStore<K> {
 
     /// Frees at least an eighth of a full shard: first buckets not used since the last pass,
     /// then any other that [may be evicted](LocalBucket::may_evict). Evicted buckets holding
-    /// leased tokens or uncounted requests are all kept, for the throttle (it takes them every
-    /// half lease time) or for their key if it comes back first, so no leased token is
-    /// stranded.
+    /// leased tokens or uncounted requests, or remembering tokens they held lately, are all
+    /// kept, for the throttle (it takes them every half lease time) or for their key if it
+    /// comes back first, so no leased token is stranded and no refill around one is spent.
     fn make_room(&self, table: &mut Shard<K>)
     where
         K: Hash + Eq,
@@ -244,10 +244,7 @@ impl<K: Clone> MemoryLocalStore<K> {
                 len -= usize::from(evict);
                 evict
             });
-            evicted.extend(
-                victims
-                    .filter(|e| e.bucket.leased_tokens() > 0 || e.bucket.uncounted_requests() > 0),
-            );
+            evicted.extend(victims.filter(|e| worth_keeping(&e.bucket)));
         }
         if !evicted.is_empty() {
             let mut kept = lock(&self.evicted);
@@ -359,6 +356,13 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
             (taken, read)
         })
     }
+}
+
+/// Whether an evicted bucket is kept (for the throttle, or for its key if it comes back
+/// first): it holds leased tokens or uncounted requests, or remembers holding tokens lately
+/// ([`LocalBucket::remembers_held`]).
+fn worth_keeping(bucket: &LocalBucket) -> bool {
+    bucket.leased_tokens() > 0 || bucket.uncounted_requests() > 0 || bucket.remembers_held()
 }
 
 /// Runs `f` on every bucket of `shard`.
@@ -758,6 +762,37 @@ mod tests {
             Some(5),
             "kept through three passes, with its reservation"
         );
+    }
+
+    #[test]
+    fn an_evicted_bucket_that_held_tokens_lately_is_kept_for_its_key() {
+        let limit = crate::Limit::per_second(160).burst(160).unwrap();
+        let store = MemoryLocalStore::<u64>::with_max_keys(64)
+            .unwrap()
+            .with_hash_seed(1);
+        let id = |key| LeaseKey::new(key, 0, 0);
+        // Key 7 leased 10 tokens and spent them: its lease is empty, but the global bucket
+        // refills around what it held, which its next fetch takes back.
+        store.with_bucket(&id(7), |b| {
+            b.settle(&crate::lease::tests::grant_leaving(10, 150), 0, 0, &limit);
+            b.take_up_to(10);
+            assert!(b.leased_tokens() == 0 && b.remembers_held() && b.may_evict());
+        });
+        let present = || {
+            let mut present = false;
+            store.for_each_bucket(|k, _| present |= *k.key() == 7);
+            present
+        };
+        let mut flood = 1000..100_000u64;
+        while present() {
+            assert!(!flood.is_empty(), "evicted within the flood");
+            for key in flood.by_ref().take(64) {
+                store.with_bucket(&id(key), |_| ());
+            }
+        }
+        // It comes back knowing it; the flood's buckets, which knew nothing, were dropped.
+        assert!(store.with_bucket(&id(7), |b| b.remembers_held()));
+        assert!(store.take_evicted().is_empty());
     }
 
     #[test]
