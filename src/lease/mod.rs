@@ -273,11 +273,12 @@ impl LocalBucket {
         self.fetching || cold.credit_after > 0
     }
 
-    /// Whether a local store may evict this bucket: not while it [is fetching](Self::is_fetching),
-    /// nor while unused tokens it handed back are on their way (a bucket made afresh would not
-    /// wait for them to land), nor while tokens it reserved are still to come (a bucket made afresh would reserve again,
-    /// behind the reservation its predecessor hands back only later: a key evicted again and
-    /// again would push its global bucket ever deeper into debt, its waits ever longer).
+    /// Whether a local store may evict this bucket: not while it [is
+    /// fetching](Self::is_fetching), nor while unused tokens it handed back are on their way (a
+    /// bucket made afresh would not wait for them to land), nor while tokens it reserved are
+    /// still to come (a bucket made afresh would reserve again, behind the reservation its
+    /// predecessor hands back only later: a key evicted again and again would push its global
+    /// bucket ever deeper into debt, its waits ever longer).
     pub fn may_evict(&self) -> bool {
         !self.is_fetching() && self.cold().reserved.is_empty() && !self.is_handing_back()
     }
