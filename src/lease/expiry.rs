@@ -22,9 +22,7 @@ impl LocalBucket {
             // Its debt is paid: the bucket may be evicted again.
             cold.credit_after = 0;
         }
-        if self.unrecorded > 0 {
-            self.record_demand(now, interval);
-        }
+        self.record_unrecorded(now, interval);
         self.sample_held();
         let expiring = self.expiring(now, ttl, keeps_small);
         if expiring == 0 {
@@ -45,9 +43,7 @@ impl LocalBucket {
         keeps_small: bool,
         interval: u64,
     ) -> u64 {
-        if self.unrecorded > 0 {
-            self.record_demand(now, interval);
-        }
+        self.record_unrecorded(now, interval);
         let expired = self.expiring(now, ttl, keeps_small);
         self.tokens -= expired;
         self.unhold(expired);

@@ -444,9 +444,7 @@ impl LocalBucket {
             self.fetching = true;
             settled.refetch = true;
         }
-        if self.unrecorded > 0 {
-            self.record_demand(now, interval);
-        }
+        self.record_unrecorded(now, interval);
         settled
     }
 

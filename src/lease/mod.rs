@@ -513,6 +513,14 @@ impl LocalBucket {
         u64::from(std::mem::take(&mut self.uncounted))
     }
 
+    /// [`record_demand`](Self::record_demand) if the hot path served anything since it was
+    /// last recorded (a bucket with nothing to record gains no slow-path state).
+    fn record_unrecorded(&mut self, now: u64, interval: u64) {
+        if self.unrecorded > 0 {
+            self.record_demand(now, interval);
+        }
+    }
+
     /// Records the tokens served since the clock was last read for this key as demand of
     /// `interval`: a lease that served any was in use at `now`.
     fn record_demand(&mut self, now: u64, interval: u64) {
