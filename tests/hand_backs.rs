@@ -201,10 +201,8 @@ async fn a_fetch_waits_for_its_buckets_hand_back_to_land() {
     assert_eq!(burst(10).await, 10);
     tokio::time::sleep(Duration::from_millis(1_001)).await;
     let key = LeaseKey::new("k".to_owned(), 0, 0);
-    let handing_back = layer
-        .local_store()
-        .peek_bucket(&key, |b| (b.leased_tokens(), b.is_handing_back()));
-    assert_eq!(handing_back, Some((0, true)), "the hand-back is on its way");
+    let left = layer.local_store().peek_bucket(&key, |b| b.leased_tokens());
+    assert_eq!(left, Some(0), "the hand-back is on its way");
     // A burst 1 ms after the sweep, its fetch sent before the hand-back lands; another 50 ms on.
     let during = burst(300).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -212,4 +210,80 @@ async fn a_fetch_waits_for_its_buckets_hand_back_to_land() {
     // The capacity and 50 ms of the rate: before, the burst's fetch took the refilled bucket
     // and the 40 landed on top of what was left, for the next burst.
     assert_eq!((during, after), (capacity, 5));
+}
+
+type EvictingLayer<G> =
+    HierarchicalThrottleLayer<String, String, G, MemoryLocalStore<String>, TokioClock>;
+
+/// A layer on `store` whose local store holds 64 keys: "k" takes a batch of half its capacity
+/// for 10 requests, then a flood of other keys evicts it, the 40 tokens it holds and all.
+async fn with_k_evicted<G>(store: G) -> EvictingLayer<G>
+where
+    G: hierarchical_throttle::global::GlobalStore<hierarchical_throttle::quota::BucketKey<String>>,
+{
+    let capacity = 100;
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|key: &String| Some(key.clone()))
+        .clock(TokioClock::new())
+        .limit(Limit::per_second(capacity).burst(capacity).unwrap())
+        .cold_start(ColdStart::Exact)
+        .batch_policy(FractionOfCapacity::new(0.5).unwrap())
+        .lease_ttl(Duration::from_secs(1))
+        .local_store(
+            MemoryLocalStore::with_max_keys(64)
+                .unwrap()
+                .with_hash_seed(1),
+        )
+        .global_store(store)
+        .build()
+        .unwrap();
+    let first = admitted((0..10).map(|_| layer.acquire("k".to_owned(), 1))).await;
+    assert_eq!(first, 10);
+    let evicted = || {
+        let mut present = false;
+        layer
+            .local_store()
+            .for_each_bucket(|id, _| present |= id.key() == "k");
+        !present
+    };
+    let mut flood = 0..100_000;
+    while !evicted() {
+        assert!(!flood.is_empty(), "evicted within the flood");
+        let keys = flood.by_ref().take(64).map(|i| format!("other-{i}"));
+        futures_util::future::join_all(keys.map(|key| layer.acquire(key, 1))).await;
+    }
+    layer
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fetch_waits_for_its_evicted_buckets_hand_back_to_land() {
+    let store = HeldBack::releases_late(Duration::from_millis(40));
+    let layer = with_k_evicted(store).await;
+    let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));
+    // The sweep at 500 ms hands the evicted bucket's 40 back, applied 40 ms late; a burst 1 ms
+    // after it, its fetch sent before they land; another 70 ms on.
+    tokio::time::sleep(Duration::from_millis(501)).await;
+    let during = burst(300).await;
+    tokio::time::sleep(Duration::from_millis(70)).await;
+    let after = burst(300).await;
+    // The capacity and 70 ms of the rate: before, the burst's fetch took the bucket refilled
+    // around the 40, which landed on top of what was left.
+    assert_eq!((during, after), (100, 7));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fetch_sends_the_hand_back_its_key_left_for_the_next_sweep_first() {
+    let layer = with_k_evicted(MemoryGlobalStore::with_clock(TokioClock::new())).await;
+    let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));
+    // Reading the counters counts what evicted buckets served, and leaves their tokens for the
+    // next sweep to hand back: "k" comes back before that sweep, and again 70 ms after it.
+    let stats = layer.stats();
+    assert!(stats.requests_admitted >= 10);
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let during = burst(300).await;
+    tokio::time::sleep(Duration::from_millis(70)).await;
+    let after = burst(300).await;
+    // The capacity and 70 ms of the rate: before, the key's new bucket fetched the refilled
+    // bucket, and the sweep handed the 40 back on top of what was left.
+    assert_eq!((during, after), (100, 7));
 }

@@ -47,26 +47,8 @@ impl LocalBucket {
         let expired = self.expiring(now, ttl, keeps_small);
         self.tokens -= expired;
         self.unhold(expired);
-        if expired > 0 {
-            let cold = self.cold_mut();
-            cold.hand_backs_out = cold.hand_backs_out.saturating_add(1);
-        }
         self.shed_if_unused(now, ttl, interval);
         expired
-    }
-
-    /// A hand-back of tokens [`take_unused`](Self::take_unused) took out reached the store, or
-    /// will not (it failed, timed out or was dropped): fetches need not wait for it.
-    pub(crate) fn hand_back_landed(&mut self) {
-        if let Some(cold) = self.cold.as_deref_mut() {
-            cold.hand_backs_out = cold.hand_backs_out.saturating_sub(1);
-        }
-    }
-
-    /// Whether unused tokens a sweep took out of this lease are on their way back to the
-    /// store: a fetch sent now could reach it first and take the bucket refilled around them.
-    pub fn is_handing_back(&self) -> bool {
-        self.cold().hand_backs_out > 0
     }
 
     /// A sweep that takes out at once what it finds unused (the sweeper takes it out later,
@@ -80,11 +62,7 @@ impl LocalBucket {
         interval: u64,
     ) -> u64 {
         self.sweep(now, ttl, keeps_small, interval);
-        let taken = self.take_unused(now, ttl, keeps_small, interval);
-        if taken > 0 {
-            self.hand_back_landed();
-        }
-        taken
+        self.take_unused(now, ttl, keeps_small, interval)
     }
 
     /// The usable tokens of a lease unused for `ttl` at `now`, but for a small lease kept.
@@ -129,13 +107,8 @@ mod tests {
         assert_eq!(b.leased_tokens(), 25, "nothing taken yet");
         assert_eq!(b.take_unused(TTL, TTL, true, 0), 25);
         assert_eq!(b.leased_tokens(), 0);
-        // On their way to the store: fetches wait, the bucket stays, until they land.
-        assert!(b.is_handing_back() && !b.may_evict());
-        b.hand_back_landed();
-        assert!(!b.is_handing_back() && b.may_evict());
         // A take that finds nothing unused sends nothing.
         assert_eq!(b.take_unused(2 * TTL, TTL, true, 0), 0);
-        assert!(!b.is_handing_back());
     }
 
     #[test]

@@ -93,9 +93,6 @@ struct Cold {
     /// Tokens requests took from the lease and hold while they wait for another of their
     /// buckets: theirs only once admitted, back in the lease if not, so held until then.
     held_by_waiting: u32,
-    /// Hand-backs of unused tokens on their way to the store: a fetch waits for them to land,
-    /// lest it take the bucket refilled around them and they land on top.
-    hand_backs_out: u32,
     /// What the last fetch could not take back (the global bucket held less: other hosts'
     /// fetches had spent the refill this lease's tokens were held around): the next fetches
     /// take it out of what they bring.
@@ -130,7 +127,6 @@ impl Cold {
         held_at_sweep: 0,
         held_at_sweep_before: 0,
         held_by_waiting: 0,
-        hand_backs_out: 0,
         take_back_owed: 0,
         shape: 0,
         dispenser: 0,
@@ -144,7 +140,6 @@ impl Cold {
         self.waiters.is_empty()
             && self.owed == 0
             && self.held_by_waiting == 0
-            && self.hand_backs_out == 0
             && self.credit_after == 0
             && self.reserved.is_empty()
             && self.fallback.as_ref().is_none_or(|f| f.is_full_at(now))
@@ -274,13 +269,11 @@ impl LocalBucket {
     }
 
     /// Whether a local store may evict this bucket: not while it [is
-    /// fetching](Self::is_fetching), nor while unused tokens it handed back are on their way (a
-    /// bucket made afresh would not wait for them to land), nor while tokens it reserved are
-    /// still to come (a bucket made afresh would reserve again, behind the reservation its
+    /// fetching](Self::is_fetching), nor while tokens it reserved are still to come (a bucket made afresh would reserve again, behind the reservation its
     /// predecessor hands back only later: a key evicted again and again would push its global
     /// bucket ever deeper into debt, its waits ever longer).
     pub fn may_evict(&self) -> bool {
-        !self.is_fetching() && self.cold().reserved.is_empty() && !self.is_handing_back()
+        !self.is_fetching() && self.cold().reserved.is_empty()
     }
 
     /// Marks the bucket as used; see [`take_used_mark`](Self::take_used_mark).

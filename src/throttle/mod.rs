@@ -15,12 +15,12 @@
 //! above it turn those decisions into responses. Every `impl Throttle` block lives here, one
 //! role per file: `check` (a request on one bucket), `admission` (all or nothing over several),
 //! `fetch` (batches, one per key and host), `health` (back-off and the failure policy),
-//! `sweeper` (hand-backs), `resets` (calendar quotas' windows), `refusal`, `settle` (costs from responses), `shaping` (waits),
+//! `sweeper` and `hand_backs` (tokens back to the store), `resets` (calendar quotas' windows), `refusal`, `settle` (costs from responses), `shaping` (waits),
 //! `views`, and `key` (reading a request's key).
 
 use std::hash::BuildHasher;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -40,6 +40,7 @@ mod admission;
 mod calls;
 mod check;
 mod fetch;
+mod hand_backs;
 mod health;
 mod refusal;
 mod resets;
@@ -48,7 +49,6 @@ mod sweeper;
 pub(crate) use fetch::TimedOut;
 use health::StoreHealth;
 use refusal::Jitter;
-use sweeper::Return;
 pub(crate) mod key;
 mod settle;
 pub(crate) use settle::{Admission, Corrected, LimitStates, OneLimitState};
@@ -324,11 +324,9 @@ pub(crate) struct Throttle<K, G, L, C> {
     pub(crate) shaper: Arc<shaping::Shaper<K>>,
     /// Global calls waiting for the next batch.
     calls: calls::GlobalCalls<K>,
-    /// Tokens to hand back: evicted leases, and hand-backs the store did not take.
-    returns: Mutex<Vec<Return<K>>>,
-    /// Told whenever a hand-back of unused tokens has landed (or never will): fetches of its
-    /// bucket wait for it.
-    hand_backs_landed: tokio::sync::Notify,
+    /// Tokens on their way back to the store: kept for the next sweep (evicted leases, and
+    /// hand-backs the store did not take), or out.
+    hand_backs: hand_backs::HandBacks<K>,
     /// The fetch tasks under way, each with the credit charge that may follow its answer.
     fetches: crate::sync::UnderWay,
     /// When a request without a key was last logged at warn (clock micros; 0: never).
@@ -364,8 +362,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             waiting_for_batches: AtomicU64::new(0),
             shaper: Arc::default(),
             calls: calls::GlobalCalls::default(),
-            returns: Mutex::default(),
-            hand_backs_landed: tokio::sync::Notify::new(),
+            hand_backs: hand_backs::HandBacks::default(),
             fetches: crate::sync::UnderWay::default(),
             missing_key_warned_at: AtomicU64::new(0),
             store_location: global.location(),

@@ -1,18 +1,17 @@
 //! Handing leases back: the background sweep (every half lease time), the leases of evicted
 //! buckets, and hand-backs the store did not take; and the counters read on the way.
 
-use std::collections::VecDeque;
+use std::sync::Weak;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, Weak};
-use std::task::Poll;
 
 use futures_util::{StreamExt, stream};
 
 use crate::clock::micros;
 use crate::global::{Call, TokenReturn};
 use crate::stats::{Counter, ThrottleStats};
-use crate::sync::{PassPacing, lock};
+use crate::sync::PassPacing;
 use crate::throttle::calls::{CallFailure, Due, Reply};
+use crate::throttle::hand_backs::{Outgoing, Return};
 use crate::throttle::resets::CLOCK_SKEW;
 use crate::throttle::{Global, Key, Local, Throttle, TimedOut};
 
@@ -28,69 +27,12 @@ use crate::quota::LeaseKey;
 /// linger.
 const CONCURRENT_RETURNS: usize = 32;
 
-/// Leased tokens on their way back to the global bucket that dispensed them (the limit whose
-/// name's [id](Name::id) is `dispenser`; 0 when the lease did not know it).
-pub(crate) struct Return<K> {
-    id: LeaseKey<K>,
-    dispenser: u32,
-    tokens: u64,
-    /// When they left the lease: a calendar quota's tokens are not handed back into a window
-    /// after theirs.
-    taken_at: u64,
-    /// The key was far from its limit: no host needs these tokens soon, so the hand-back may
-    /// linger for other calls to join its round trip.
-    unhurried: bool,
-}
-
-impl<K: Clone> Return<K> {
-    /// `tokens` taken out of bucket `id`'s lease at `now`, to hand back (none: nothing to).
-    fn taken(
-        id: &LeaseKey<K>,
-        bucket: &LocalBucket,
-        tokens: u64,
-        now: u64,
-        unhurried: bool,
-    ) -> Option<Self> {
-        (tokens > 0).then(|| Self {
-            id: id.clone(),
-            dispenser: bucket.dispenser(),
-            tokens,
-            taken_at: now,
-            unhurried,
-        })
-    }
-}
-
 /// A lease a sweep found unused for the lease time-to-live: its tokens are taken out as their
 /// hand-back goes to the store.
 struct Unused<K> {
     id: LeaseKey<K>,
     /// The key was far from its limit (see [`Return::unhurried`]).
     unhurried: bool,
-}
-
-/// Tokens taken out of leases on their way to the store: those not yet sent when a pass ends
-/// early (its task dropped between parts, or its runtime shut down) go back to the throttle's
-/// hand-backs for the next pass, instead of vanishing from the fleet uncounted.
-struct Unsent<'a, K> {
-    returns: VecDeque<Return<K>>,
-    keep: &'a Mutex<Vec<Return<K>>>,
-}
-
-impl<'a, K> Unsent<'a, K> {
-    /// Takes the hand-backs an earlier pass kept.
-    fn take(keep: &'a Mutex<Vec<Return<K>>>) -> Self {
-        let returns = std::mem::take(&mut *lock(keep)).into();
-        Self { returns, keep }
-    }
-}
-
-impl<K> Drop for Unsent<'_, K> {
-    fn drop(&mut self) {
-        if !self.returns.is_empty() {
-            lock(self.keep).extend(self.returns.drain(..));
-        }
-    }
 }
 
 /// A hand-back's tokens while its call is queued or out: counted as lost if it is dropped
@@ -108,38 +50,17 @@ impl Drop for Unsettled<'_> {
     }
 }
 
-/// A hand-back of a lease's unused tokens on its way to the store: the fetches of its bucket
-/// wait until it has landed, or never will (see [`Throttle::await_hand_backs`]).
-struct Landing<'a, K: Key, G: Global<K>, L: Local<K>, C: Clock> {
-    throttle: &'a Throttle<K, G, L, C>,
-    id: &'a LeaseKey<K>,
-}
-
-impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Drop for Landing<'_, K, G, L, C> {
-    fn drop(&mut self) {
-        self.throttle
-            .local
-            .with_bucket(self.id, |b| b.hand_back_landed());
-        self.throttle.hand_backs_landed.notify_waiters();
-    }
-}
-
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
-    /// Waits until no hand-back of bucket `id`'s unused tokens is on its way to the store
-    /// (lingering ones go at once). A fetch sent meanwhile could reach the store first (a store
-    /// that does not apply one host's calls in order, or a batch of its own sent ahead) and
-    /// take the bucket refilled around those tokens, which would then land on top of it.
+    /// Sends bucket `id`'s hand-backs kept for the next sweep, and waits until none of its
+    /// hand-backs is on its way to the store (lingering calls go at once): a fetch sent
+    /// meanwhile could reach the store first (see [`hand_backs`](super::hand_backs)).
     pub(super) async fn await_hand_backs(self: &Arc<Self>, id: &LeaseKey<K>) {
-        loop {
-            let landed = self.hand_backs_landed.notified();
-            let mut landed = std::pin::pin!(landed);
-            landed.as_mut().enable();
-            if !self.local.with_bucket(id, |b| b.is_handing_back()) {
-                return;
-            }
-            self.expedite_calls();
-            landed.await;
+        if !self.hand_backs.any() {
+            return;
         }
+        let kept = self.hand_backs.send_kept_of(id);
+        futures_util::future::join_all(kept.into_iter().map(|out| self.hand_back(out))).await;
+        self.hand_backs.landed(id, || self.expedite_calls()).await;
     }
 
     /// Hands back leases not used within the lease time-to-live, those of evicted buckets, and
@@ -170,26 +91,28 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         })
         .await;
         self.waiting_for_batches.store(waiting, Ordering::Relaxed);
-        let mut unsent = Unsent::take(&self.returns);
-        for id in dated {
-            unsent.returns.extend(self.take_before_reset(id, now));
-        }
-        self.hand_back_all(unsent).await;
-        // Each lease's unused tokens are taken out only as their hand-back is queued, with
-        // nothing in between: a request that finds the lease empty after that queues its fetch
-        // behind the hand-back, so a store that applies calls in order takes them back first.
+        let before_reset: Vec<_> = dated
+            .into_iter()
+            .filter_map(|id| self.take_before_reset(id, now))
+            .collect();
+        let before_reset = before_reset.into_iter().map(|out| self.hand_back(out));
+        futures_util::future::join(
+            futures_util::future::join_all(before_reset),
+            self.send_kept(),
+        )
+        .await;
+        // Each lease's unused tokens are taken out only as their hand-back is sent, marked as
+        // out under the bucket's lock: a request that finds the lease empty after that has its
+        // fetch wait for them to land.
         stream::iter(unused)
             .for_each_concurrent(self.returns_at_once(), |unused| async move {
-                let back = self.local.with_bucket(&unused.id, |b| {
+                let out = self.local.with_bucket(&unused.id, |b| {
                     let tokens = b.take_unused(now, ttl, keeps_small, interval);
                     Return::taken(&unused.id, b, tokens, now, unused.unhurried)
+                        .map(|back| self.hand_backs.send(back))
                 });
-                if let Some(back) = back {
-                    let _landing = Landing {
-                        throttle: self,
-                        id: &unused.id,
-                    };
-                    self.hand_back(back).await;
+                if let Some(out) = out {
+                    self.hand_back(out).await;
                 }
             })
             .await;
@@ -204,18 +127,17 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let _ = tokio::time::timeout(fetches_end_within, self.fetches.none_left()).await;
         let now = self.now();
         self.collect_evicted();
-        let mut unsent = Unsent::take(&self.returns);
-        let returns = &mut unsent.returns;
         self.for_each_bucket_yielding(|id, b| {
             self.stats.admitted_local.add(b.take_uncounted());
             if b.is_fetching() || b.waiting() > 0 {
                 return;
             }
             let tokens = b.take_all_leased();
-            returns.extend(Return::taken(id, b, tokens, now, false));
+            self.hand_backs
+                .keep(Return::taken(id, b, tokens, now, false));
         })
         .await;
-        self.hand_back_all(unsent).await;
+        self.send_kept().await;
     }
 
     /// Runs `f` on every bucket, part by part, yielding as [`PassPacing`] says: in one go, a
@@ -236,11 +158,19 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         }
     }
 
-    /// Sends `returns` to the store, many at once.
-    async fn hand_back_all(self: &Arc<Self>, mut unsent: Unsent<'_, K>) {
-        // Each taken from the guard only as its hand-back starts.
-        stream::poll_fn(|_| Poll::Ready(unsent.returns.pop_front()))
-            .for_each_concurrent(self.returns_at_once(), |back| self.hand_back(back))
+    /// Sends the hand-backs kept so far, many at once (those kept again meanwhile, the store
+    /// failing, wait for the next pass).
+    async fn send_kept(self: &Arc<Self>) {
+        // Each taken only as its hand-back starts: the rest stay kept, for their buckets'
+        // fetches to send first if they come sooner, and for the next pass if this one ends
+        // early (its task dropped, or its runtime shut down).
+        let kept = self.hand_backs.kept();
+        stream::iter(0..kept)
+            .for_each_concurrent(self.returns_at_once(), |_| async move {
+                if let Some(out) = self.hand_backs.send_next_kept() {
+                    self.hand_back(out).await;
+                }
+            })
             .await;
     }
 
@@ -254,10 +184,13 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// have reached the store are never sent twice: they are counted as lost. Tokens of a
     /// bucket the key no longer draws on are forfeited (the limit that would take them back
     /// is not known any more).
-    pub(super) async fn hand_back(self: &Arc<Self>, back: Return<K>) {
+    pub(super) async fn hand_back(self: &Arc<Self>, mut out: Outgoing<'_, K>) {
+        let Some(back) = out.take() else {
+            return;
+        };
         let now = self.now();
         if !self.health.is_up(now) {
-            lock(&self.returns).push(back);
+            self.hand_backs.keep([back]);
             return;
         }
         let Return {
@@ -329,13 +262,13 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 if may_have_applied {
                     self.stats.tokens_lost.add(tokens);
                 } else {
-                    lock(&self.returns).push(Return {
+                    self.hand_backs.keep([Return {
                         id,
                         dispenser,
                         tokens,
                         taken_at,
                         unhurried,
-                    });
+                    }]);
                 }
             }
             Err(CallFailure::TimedOut) => {
@@ -349,41 +282,43 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// Keeps `tokens` taken out of bucket `id`'s lease at `now` for the next sweep to hand
     /// back.
     pub(super) fn defer_return(&self, id: LeaseKey<K>, dispenser: u32, tokens: u64, now: u64) {
-        lock(&self.returns).push(Return {
+        self.hand_backs.keep([Return {
             id,
             dispenser,
             tokens,
             taken_at: now,
             unhurried: false,
-        });
+        }]);
     }
 
-    /// The tokens of dated bucket `id`'s lease, taken out if its calendar quota's reset is near.
-    fn take_before_reset(&self, id: LeaseKey<K>, now: u64) -> Option<Return<K>> {
+    /// The tokens of dated bucket `id`'s lease, taken out and sent if its calendar quota's
+    /// reset is near.
+    fn take_before_reset(&self, id: LeaseKey<K>, now: u64) -> Option<Outgoing<'_, K>> {
         let bucket = self.resolve(&id)?;
         if !self.near_reset(&bucket.limit, now) {
             return None;
         }
         self.local.with_bucket(&id, |b| {
             let tokens = b.take_usable();
-            Return::taken(&id, b, tokens, now, false)
+            Return::taken(&id, b, tokens, now, false).map(|back| self.hand_backs.send(back))
         })
     }
 
-    /// Counts the requests served by evicted buckets, and keeps their leases for the next sweep.
+    /// Counts the requests served by evicted buckets, and keeps their leases for the next sweep
+    /// (or their keys' next fetches) to hand back.
     pub(super) fn collect_evicted(&self) {
         let evicted = self.local.take_evicted();
         if evicted.is_empty() {
             return;
         }
-        // One clock read for the lot, outside the lock: a key flood evicts many at once.
+        // One clock read for the lot: a key flood evicts many at once.
         let now = self.now();
-        let mut returns = lock(&self.returns);
-        for (id, mut bucket) in evicted {
+        let returns = evicted.into_iter().filter_map(|(id, mut bucket)| {
             self.stats.admitted_local.add(bucket.take_uncounted());
             let tokens = bucket.take_all_leased();
-            returns.extend(Return::taken(&id, &bucket, tokens, now, false));
-        }
+            Return::taken(&id, &bucket, tokens, now, false)
+        });
+        self.hand_backs.keep(returns.collect::<Vec<_>>());
     }
 
     /// The counters, with every request served so far counted.
