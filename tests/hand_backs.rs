@@ -135,83 +135,6 @@ async fn a_burst_during_a_sweep_spends_the_unused_lease_instead_of_overtaking_it
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_evicted_key_that_comes_back_before_the_sweep_spends_its_own_lease() {
-    let capacity = 100;
-    let layer = HierarchicalThrottleLayer::builder()
-        .key(|key: &String| Some(key.clone()))
-        .clock(TokioClock::new())
-        .limit(Limit::per_second(capacity).burst(capacity).unwrap())
-        .cold_start(ColdStart::Exact)
-        .batch_policy(FractionOfCapacity::new(0.5).unwrap())
-        .lease_ttl(Duration::from_secs(1))
-        .local_store(
-            MemoryLocalStore::with_max_keys(64)
-                .unwrap()
-                .with_hash_seed(1),
-        )
-        .global_store(MemoryGlobalStore::with_clock(TokioClock::new()))
-        .build()
-        .unwrap();
-    let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));
-    // "k" holds 40 of a batch of 50; a flood of other keys evicts it, tokens and all.
-    assert_eq!(burst(10).await, 10);
-    let evicted = || {
-        let mut present = false;
-        layer
-            .local_store()
-            .for_each_bucket(|id, _| present |= id.key() == "k");
-        !present
-    };
-    let mut flood = 0..100_000;
-    while !evicted() {
-        assert!(!flood.is_empty(), "evicted within the flood");
-        let keys = flood.by_ref().take(64).map(|i| format!("other-{i}"));
-        futures_util::future::join_all(keys.map(|key| layer.acquire(key, 1))).await;
-    }
-    // It comes back before the sweep (every half second) hands its tokens back: a burst, then
-    // another 70 ms on, after that sweep.
-    tokio::time::sleep(Duration::from_millis(450)).await;
-    let during = burst(300).await;
-    tokio::time::sleep(Duration::from_millis(70)).await;
-    let after = burst(300).await;
-    // The capacity and 70 ms of the rate: before, the key's new bucket fetched the refilled
-    // bucket (95), and the sweep handed the evicted bucket's 40 back on top of what was left.
-    assert_eq!((during, after), (capacity, 7));
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_fetch_waits_for_its_buckets_hand_back_to_land() {
-    let capacity = 100;
-    let layer = HierarchicalThrottleLayer::builder()
-        .key(|key: &String| Some(key.clone()))
-        .clock(TokioClock::new())
-        .limit(Limit::per_second(capacity).burst(capacity).unwrap())
-        .cold_start(ColdStart::Exact)
-        .keep_small_leases(false)
-        .batch_policy(FractionOfCapacity::new(0.5).unwrap())
-        .lease_ttl(Duration::from_secs(1))
-        // Hand-backs applied 40 ms late: a later fetch reaches the bucket first.
-        .global_store(HeldBack::releases_late(Duration::from_millis(40)))
-        .build()
-        .unwrap();
-    let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));
-    // "k" holds 40 of a batch of 50, then nothing uses it: the sweep at 1 s hands them back,
-    // the global bucket refilled around them.
-    assert_eq!(burst(10).await, 10);
-    tokio::time::sleep(Duration::from_millis(1_001)).await;
-    let key = LeaseKey::new("k".to_owned(), 0, 0);
-    let left = layer.local_store().peek_bucket(&key, |b| b.leased_tokens());
-    assert_eq!(left, Some(0), "the hand-back is on its way");
-    // A burst 1 ms after the sweep, its fetch sent before the hand-back lands; another 50 ms on.
-    let during = burst(300).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let after = burst(300).await;
-    // The capacity and 50 ms of the rate: before, the burst's fetch took the refilled bucket
-    // and the 40 landed on top of what was left, for the next burst.
-    assert_eq!((during, after), (capacity, 5));
-}
-
 type EvictingLayer<G> =
     HierarchicalThrottleLayer<String, String, G, MemoryLocalStore<String>, TokioClock>;
 
@@ -253,6 +176,53 @@ where
         futures_util::future::join_all(keys.map(|key| layer.acquire(key, 1))).await;
     }
     layer
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_evicted_key_that_comes_back_before_the_sweep_spends_its_own_lease() {
+    let layer = with_k_evicted(MemoryGlobalStore::with_clock(TokioClock::new())).await;
+    let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));
+    // It comes back before the sweep (every half second) hands its tokens back: a burst, then
+    // another 70 ms on, after that sweep.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let during = burst(300).await;
+    tokio::time::sleep(Duration::from_millis(70)).await;
+    let after = burst(300).await;
+    // The capacity and 70 ms of the rate: before, the key's new bucket fetched the refilled
+    // bucket (95), and the sweep handed the evicted bucket's 40 back on top of what was left.
+    assert_eq!((during, after), (100, 7));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fetch_waits_for_its_buckets_hand_back_to_land() {
+    let capacity = 100;
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|key: &String| Some(key.clone()))
+        .clock(TokioClock::new())
+        .limit(Limit::per_second(capacity).burst(capacity).unwrap())
+        .cold_start(ColdStart::Exact)
+        .keep_small_leases(false)
+        .batch_policy(FractionOfCapacity::new(0.5).unwrap())
+        .lease_ttl(Duration::from_secs(1))
+        // Hand-backs applied 40 ms late: a later fetch reaches the bucket first.
+        .global_store(HeldBack::releases_late(Duration::from_millis(40)))
+        .build()
+        .unwrap();
+    let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));
+    // "k" holds 40 of a batch of 50, then nothing uses it: the sweep at 1 s hands them back,
+    // the global bucket refilled around them.
+    assert_eq!(burst(10).await, 10);
+    tokio::time::sleep(Duration::from_millis(1_001)).await;
+    let key = LeaseKey::new("k".to_owned(), 0, 0);
+    let left = layer.local_store().peek_bucket(&key, |b| b.leased_tokens());
+    assert_eq!(left, Some(0), "the hand-back is on its way");
+    // A burst 1 ms after the sweep, its fetch sent before the hand-back lands; another 50 ms on.
+    let during = burst(300).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let after = burst(300).await;
+    // The capacity and 50 ms of the rate: before, the burst's fetch took the refilled bucket
+    // and the 40 landed on top of what was left, for the next burst.
+    assert_eq!((during, after), (capacity, 5));
 }
 
 #[tokio::test(start_paused = true)]

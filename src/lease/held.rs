@@ -49,8 +49,9 @@ impl LocalBucket {
     /// Whether the lease held tokens lately, or owes a take-back: its next fetch takes back
     /// what the global bucket refilled around them. A store that evicts the bucket keeps it for
     /// its key's return, emptied lease and all: a bucket made afresh would know none of it, and
-    /// its fetch would take that refill, on top of the tokens spent just before.
-    pub(crate) fn remembers_held(&self) -> bool {
+    /// its fetch would take that refill, on top of the tokens spent just before (see
+    /// [`LocalStore`](crate::local::LocalStore)).
+    pub fn remembers_held(&self) -> bool {
         let cold = self.cold();
         cold.held_at_sweep > 0
             || cold.held_at_sweep_before > 0

@@ -20,7 +20,12 @@ pub(crate) use crate::lease::{Hit, View};
 /// their size; a bucket dropped while it holds leased tokens must be returned, every one of
 /// them, by [`take_evicted`](Self::take_evicted), so its tokens go back to the fleet and its
 /// counts reach the statistics; a bucket that [may not be evicted](LocalBucket::may_evict) must
-/// not be (requests are waiting on it, or tokens it reserved are still to come).
+/// not be (requests are waiting on it, or tokens it reserved are still to come). A store that
+/// evicts should give an evicted bucket back to its key if the key returns before
+/// [`take_evicted`](Self::take_evicted) took it, as [`MemoryLocalStore`](memory::MemoryLocalStore)
+/// does, and keep for that even a bucket whose lease is empty if it
+/// [remembers holding tokens lately](LocalBucket::remembers_held): a bucket made afresh would
+/// not know to take back what the global bucket refilled around them.
 pub trait LocalStore<K>: Send + Sync + 'static {
     /// Runs `f` on `key`'s bucket, creating an empty one first if there is none.
     fn with_bucket<R>(&self, key: &K, f: impl FnOnce(&mut LocalBucket) -> R) -> R;

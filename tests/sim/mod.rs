@@ -261,6 +261,10 @@ pub struct Scenario {
     pub stops: Vec<(Duration, usize)>,
     /// A host that hands back everything while the run winds down, racing the last sweeps.
     pub stop_at_end: Option<usize>,
+    /// Hosts whose counters are read (`stats`, as a metrics scraper does) at these times
+    /// (when, which host), in time order: the leases of buckets evicted since the last sweep
+    /// are then kept for the next one, or for their keys' next fetches, to hand back.
+    pub counter_reads: Vec<(Duration, usize)>,
     /// One request in this many (sent to a service) is exempt from every limit (0: none).
     pub exempt_one_in: u64,
     /// One request in this many (sent to a service, not exempt) has no key, and whether the
@@ -469,6 +473,7 @@ impl Scenario {
             retry_after_jitter: Duration::ZERO,
             stops: Vec::new(),
             stop_at_end: None,
+            counter_reads: Vec::new(),
             exempt_one_in: 0,
             keyless: None,
             keep_small_leases: true,
@@ -670,6 +675,16 @@ impl Scenario {
         }
         if stopping.chance(0.2) {
             self.stop_at_end = Some(stopping.below(self.hosts as u64) as usize);
+        }
+        // Counters read while the fleet runs: a stream of its own.
+        let mut reading = Rng::new(self.seed ^ 0x5CA9_E500);
+        if reading.chance(0.4) {
+            for _ in 0..reading.range(1, 8) {
+                let at = Duration::from_micros(reading.below(self.duration.as_micros() as u64));
+                let host = reading.below(self.hosts as u64) as usize;
+                self.counter_reads.push((at, host));
+            }
+            self.counter_reads.sort_by_key(|(at, _)| *at);
         }
         // Requests exempt from every limit, mixed into the traffic: a stream of its own.
         let mut exempting = Rng::new(self.seed ^ 0xE8E3_7A11);
@@ -1254,6 +1269,7 @@ async fn simulate(s: Scenario) -> Result<String, String> {
     let mut change = s.change;
     let mut adjustments = s.adjustments.iter().copied().peekable();
     let mut stops = s.stops.iter().copied().peekable();
+    let mut counter_reads = s.counter_reads.iter().copied().peekable();
     // Operators told their change came too late for its window (the store dropped it).
     let window_ended = Arc::new(std::sync::atomic::AtomicU64::new(0));
     // Tokens hot-0's hosts could still admit without a limit added at the change.
@@ -1292,6 +1308,11 @@ async fn simulate(s: Scenario) -> Result<String, String> {
             for group in &layers {
                 let layer = group[host].clone();
                 tasks.spawn(async move { layer.return_all_leases().await });
+            }
+        }
+        while let Some((_, host)) = counter_reads.next_if(|(at, _)| *at <= arrival.at) {
+            for group in &layers {
+                group[host].stats();
             }
         }
         if let Some(c) = change.take_if(|c| c.at <= arrival.at) {

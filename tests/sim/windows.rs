@@ -25,6 +25,10 @@ impl Scenario {
         let mut s = Self::draw(seed);
         let mut rng = Rng::new(seed ^ 0x0057_1D0E);
         s.hosts = 1;
+        // The counters still read, on the one host.
+        for (_, host) in &mut s.counter_reads {
+            *host = 0;
+        }
         s.faulty = false;
         s.faults = FaultPlan {
             // Within the time-out: a faulty seed's draw may be twice it.
