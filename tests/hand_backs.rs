@@ -257,3 +257,50 @@ async fn a_fetch_sends_the_hand_back_its_key_left_for_the_next_sweep_first() {
     // bucket, and the sweep handed the 40 back on top of what was left.
     assert_eq!((during, after), (100, 7));
 }
+
+#[test]
+fn a_hand_back_whose_runtime_ends_on_its_way_does_not_hold_up_its_keys_next_fetch() {
+    let paused = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    };
+    let first = paused();
+    // Hand-backs that would land an hour late: the first runtime ends while one is out.
+    let layer = first.block_on(async {
+        let layer = HierarchicalThrottleLayer::builder()
+            .key(|key: &String| Some(key.clone()))
+            .clock(TokioClock::new())
+            .limit(Limit::per_second(100).burst(100).unwrap())
+            .cold_start(ColdStart::Exact)
+            .keep_small_leases(false)
+            .batch_policy(FractionOfCapacity::new(0.5).unwrap())
+            .lease_ttl(Duration::from_secs(1))
+            .global_store(HeldBack::releases_late(Duration::from_secs(3_600)))
+            .build()
+            .unwrap();
+        assert_eq!(
+            admitted((0..10).map(|_| layer.acquire("k".to_owned(), 1))).await,
+            10
+        );
+        tokio::time::sleep(Duration::from_millis(1_001)).await;
+        let key = LeaseKey::new("k".to_owned(), 0, 0);
+        let left = layer.local_store().peek_bucket(&key, |b| b.leased_tokens());
+        assert_eq!(left, Some(0), "the hand-back of 40 is on its way");
+        layer
+    });
+    drop(first);
+    // Its tokens may have reached the store: counted as lost, never sent again.
+    assert_eq!(layer.stats().tokens_lost, 40);
+    paused().block_on(async {
+        let decisions = (0..10).map(|_| layer.acquire("k".to_owned(), 1));
+        let burst = tokio::time::timeout(Duration::from_secs(1), admitted(decisions)).await;
+        assert_eq!(
+            burst,
+            Ok(10),
+            "the key's fetch did not wait for the lost hand-back"
+        );
+    });
+}

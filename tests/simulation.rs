@@ -150,7 +150,10 @@ mod sim;
 ///   capacity: what a give-back would put past it overflows.
 /// - 16220 (its windowed run): a key's bucket was evicted holding tokens, the key came back
 ///   and fetched the bucket refilled around them before the next sweep handed them back on
-///   top of it. A key that comes back before that sweep gets its evicted bucket back.
+///   top of it. A key that comes back before that sweep gets its evicted bucket back. Once
+///   seeds read hosts' counters mid-run, it failed so again: the read just before its burst
+///   kept the evicted bucket's tokens for the next sweep, and the key's new bucket fetched
+///   first. A fetch now sends its bucket's kept hand-backs itself before it asks.
 /// - 14882 (its windowed run): requests of a key with two limits took the first limit's tokens
 ///   and waited for the second's batch over several sweeps, which saw the lease empty; the
 ///   first limit's global bucket refilled around those tokens, and a window from after they

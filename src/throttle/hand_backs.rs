@@ -115,11 +115,7 @@ impl<K: Key> HandBacks<K> {
         state.by_id.entry(back.id.clone()).or_default().out += 1;
         state.out += 1;
         self.recount(&state);
-        Outgoing {
-            hand_backs: self,
-            id: back.id.clone(),
-            back: Some(back),
-        }
+        self.outgoing(back)
     }
 
     /// The hand-back kept longest, out from now on.
@@ -131,11 +127,7 @@ impl<K: Key> HandBacks<K> {
         counts.out += 1;
         state.out += 1;
         self.recount(&state);
-        Some(Outgoing {
-            hand_backs: self,
-            id: back.id.clone(),
-            back: Some(back),
-        })
+        Some(self.outgoing(back))
     }
 
     /// Bucket `id`'s kept hand-backs, out from now on, to go at once.
@@ -154,13 +146,11 @@ impl<K: Key> HandBacks<K> {
         self.recount(&state);
         drop(state);
         mine.into_iter()
-            .map(|mut back: Return<K>| {
-                back.unhurried = false;
-                Outgoing {
-                    hand_backs: self,
-                    id: back.id.clone(),
-                    back: Some(back),
-                }
+            .map(|back| {
+                self.outgoing(Return {
+                    unhurried: false,
+                    ..back
+                })
             })
             .collect()
     }
@@ -182,6 +172,15 @@ impl<K: Key> HandBacks<K> {
             }
             hurry();
             landed.await;
+        }
+    }
+
+    /// The guard of `back`, counted as out.
+    fn outgoing(&self, back: Return<K>) -> Outgoing<'_, K> {
+        Outgoing {
+            hand_backs: self,
+            id: back.id.clone(),
+            back: Some(back),
         }
     }
 

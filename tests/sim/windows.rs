@@ -66,6 +66,13 @@ impl Scenario {
         s.herd_at = Duration::from_millis(rng.range(500, 2_000)) + s.quiet;
         s.herd = [10, 100, 300, 2_000][rng.below(4) as usize];
         s.duration = s.herd_at + Duration::from_millis(rng.range(100, 1_500));
+        if !s.counter_reads.is_empty() {
+            // Also just before the burst, when buckets evicted in the quiet stretch (by the
+            // spray) may hold tokens the global bucket refilled around.
+            s.counter_reads
+                .push((s.herd_at.saturating_sub(Duration::from_millis(1)), 0));
+            s.counter_reads.sort_by_key(|(at, _)| *at);
+        }
         s.windows = true;
         s
     }
