@@ -269,9 +269,10 @@ impl LocalBucket {
     }
 
     /// Whether a local store may evict this bucket: not while it [is
-    /// fetching](Self::is_fetching), nor while tokens it reserved are still to come (a bucket made afresh would reserve again, behind the reservation its
-    /// predecessor hands back only later: a key evicted again and again would push its global
-    /// bucket ever deeper into debt, its waits ever longer).
+    /// fetching](Self::is_fetching), nor while tokens it reserved are still to come (a bucket
+    /// made afresh would reserve again, behind the reservation its predecessor hands back only
+    /// later: a key evicted again and again would push its global bucket ever deeper into
+    /// debt, its waits ever longer).
     pub fn may_evict(&self) -> bool {
         !self.is_fetching() && self.cold().reserved.is_empty()
     }
