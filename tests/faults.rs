@@ -19,14 +19,6 @@ use hierarchical_throttle::{ColdStart, FailurePolicy, Limit, MemoryGlobalStore, 
 use std::convert::Infallible;
 use tower::{Layer, Service};
 
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
-}
-
 /// A host limited to 10/s (burst 10) on a faulty memory store, and that store.
 fn host_on_a_faulty_store(
     cold_start: ColdStart,

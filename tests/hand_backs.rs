@@ -260,13 +260,7 @@ async fn a_fetch_sends_the_hand_back_its_key_left_for_the_next_sweep_first() {
 
 #[test]
 fn a_hand_back_whose_runtime_ends_on_its_way_does_not_hold_up_its_keys_next_fetch() {
-    let paused = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap()
-    };
+    let paused = common::paused_runtime;
     let first = paused();
     // Hand-backs that would land an hour late: the first runtime ends while one is out.
     let layer = first.block_on(async {

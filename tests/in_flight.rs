@@ -626,13 +626,7 @@ mod waiting_and_failing {
             .clock(clock)
             .build()
             .unwrap();
-        let paused = || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .start_paused(true)
-                .build()
-                .unwrap()
-        };
+        let paused = common::paused_runtime;
         // The first runtime starts the sweeper, and ends with it.
         paused().block_on(async {
             drop(layer.acquire("k".to_owned()).await.unwrap());
@@ -1825,13 +1819,7 @@ mod batching {
             .clock(clock)
             .build()
             .unwrap();
-        let paused = || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .start_paused(true)
-                .build()
-                .unwrap()
-        };
+        let paused = common::paused_runtime;
         paused().block_on(async {
             // The request's call task queues its call and schedules the flush; the runtime
             // ends with both pending.

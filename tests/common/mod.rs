@@ -405,3 +405,13 @@ impl<K: Sync, G: GlobalStore<K>> GlobalStore<K> for FaultyStore<G> {
         self.inner.layers()
     }
 }
+
+/// A current-thread runtime on paused time, for a test that outlives one runtime and goes on
+/// on another.
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+}
