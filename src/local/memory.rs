@@ -19,8 +19,8 @@ use crate::sync::{ShardLock, lock, shard_index};
 /// and no allocation. When a shard is full, a new key evicts buckets that were not used since
 /// the previous eviction pass (second chance), then any other that [may be
 /// evicted](LocalBucket::may_evict) (not fetching, paying for credit or waiting for tokens it
-/// reserved); evicted leases are handed back to the global
-/// store, unless their key comes back first and gets its bucket back as it was. Memory stays
+/// reserved); evicted leases are handed back to the global store, unless their key comes back
+/// first and gets its bucket back as it was. Memory stays
 /// bounded however many distinct keys arrive (beyond the buckets that may not be evicted, each
 /// for at most a round trip or a reservation's wait).
 #[derive(Debug)]

@@ -15,8 +15,9 @@
 //! above it turn those decisions into responses. Every `impl Throttle` block lives here, one
 //! role per file: `check` (a request on one bucket), `admission` (all or nothing over several),
 //! `fetch` (batches, one per key and host), `health` (back-off and the failure policy),
-//! `sweeper` and `hand_backs` (tokens back to the store), `resets` (calendar quotas' windows), `refusal`, `settle` (costs from responses), `shaping` (waits),
-//! `views`, and `key` (reading a request's key).
+//! `sweeper` and `hand_backs` (tokens back to the store), `resets` (calendar quotas'
+//! windows), `refusal`, `settle` (costs from responses), `shaping` (waits), `views`, and `key`
+//! (reading a request's key).
 
 use std::hash::BuildHasher;
 use std::sync::Arc;

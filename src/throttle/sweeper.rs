@@ -91,16 +91,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         })
         .await;
         self.waiting_for_batches.store(waiting, Ordering::Relaxed);
-        let before_reset: Vec<_> = dated
-            .into_iter()
-            .filter_map(|id| self.take_before_reset(id, now))
-            .collect();
-        let before_reset = before_reset.into_iter().map(|out| self.hand_back(out));
-        futures_util::future::join(
-            futures_util::future::join_all(before_reset),
-            self.send_kept(),
-        )
-        .await;
+        for id in dated {
+            self.keep_before_reset(id, now);
+        }
+        self.send_kept().await;
         // Each lease's unused tokens are taken out only as their hand-back is sent, marked as
         // out under the bucket's lock: a request that finds the lease empty after that has its
         // fetch wait for them to land.
@@ -291,17 +285,21 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         }]);
     }
 
-    /// The tokens of dated bucket `id`'s lease, taken out and sent if its calendar quota's
-    /// reset is near.
-    fn take_before_reset(&self, id: LeaseKey<K>, now: u64) -> Option<Outgoing<'_, K>> {
-        let bucket = self.resolve(&id)?;
+    /// Takes the tokens of dated bucket `id`'s lease out and keeps them to hand back, if its
+    /// calendar quota's reset is near (kept under the bucket's lock: a fetch finds them either
+    /// in the lease or kept).
+    fn keep_before_reset(&self, id: LeaseKey<K>, now: u64) {
+        let Some(bucket) = self.resolve(&id) else {
+            return;
+        };
         if !self.near_reset(&bucket.limit, now) {
-            return None;
+            return;
         }
         self.local.with_bucket(&id, |b| {
             let tokens = b.take_usable();
-            Return::taken(&id, b, tokens, now, false).map(|back| self.hand_backs.send(back))
-        })
+            self.hand_backs
+                .keep(Return::taken(&id, b, tokens, now, false));
+        });
     }
 
     /// Counts the requests served by evicted buckets, and keeps their leases for the next sweep
