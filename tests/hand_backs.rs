@@ -7,7 +7,7 @@
 //! evicted bucket's lease, handed back at the next sweep: its key coming back before that
 //! gets its bucket back. And a store that does not apply a host's calls in the order they were
 //! sent could let a fetch sent after a hand-back overtake it: a fetch waits for its bucket's
-//! hand-backs to land.
+//! hand-backs to land, and for evicted buckets being collected on another thread to be kept.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -135,14 +135,30 @@ async fn a_burst_during_a_sweep_spends_the_unused_lease_instead_of_overtaking_it
     );
 }
 
-type EvictingLayer<G> =
-    HierarchicalThrottleLayer<String, String, G, MemoryLocalStore<String>, TokioClock>;
+type EvictingLayer<G, L = MemoryLocalStore<String>> =
+    HierarchicalThrottleLayer<String, String, G, L, TokioClock>;
+
+/// The local store of [`with_k_evicted`]: 64 keys.
+fn evicting_store() -> MemoryLocalStore<String> {
+    MemoryLocalStore::with_max_keys(64)
+        .unwrap()
+        .with_hash_seed(1)
+}
 
 /// A layer on `store` whose local store holds 64 keys: "k" takes a batch of half its capacity
 /// for 10 requests, then a flood of other keys evicts it, the 40 tokens it holds and all.
 async fn with_k_evicted<G>(store: G) -> EvictingLayer<G>
 where
     G: hierarchical_throttle::global::GlobalStore<hierarchical_throttle::quota::BucketKey<String>>,
+{
+    with_k_evicted_from(store, evicting_store()).await
+}
+
+/// [`with_k_evicted`], the local store `local` (which evicts as [`evicting_store`] does).
+async fn with_k_evicted_from<G, L>(store: G, local: L) -> EvictingLayer<G, L>
+where
+    G: hierarchical_throttle::global::GlobalStore<hierarchical_throttle::quota::BucketKey<String>>,
+    L: LocalStore<LeaseKey<String>>,
 {
     let capacity = 100;
     let layer = HierarchicalThrottleLayer::builder()
@@ -152,11 +168,7 @@ where
         .cold_start(ColdStart::Exact)
         .batch_policy(FractionOfCapacity::new(0.5).unwrap())
         .lease_ttl(Duration::from_secs(1))
-        .local_store(
-            MemoryLocalStore::with_max_keys(64)
-                .unwrap()
-                .with_hash_seed(1),
-        )
+        .local_store(local)
         .global_store(store)
         .build()
         .unwrap();
@@ -255,6 +267,104 @@ async fn a_fetch_sends_the_hand_back_its_key_left_for_the_next_sweep_first() {
     let after = burst(300).await;
     // The capacity and 70 ms of the rate: before, the key's new bucket fetched the refilled
     // bucket, and the sweep handed the 40 back on top of what was left.
+    assert_eq!((during, after), (100, 7));
+}
+
+/// [`evicting_store`], whose next [`take_evicted`](LocalStore::take_evicted), once armed, tells
+/// when it has taken the evicted buckets out and holds them until told to go on: a fetch on
+/// another thread meanwhile finds them neither in the store nor kept.
+#[derive(Clone)]
+struct SlowCollection {
+    store: Arc<MemoryLocalStore<String>>,
+    armed: Arc<AtomicBool>,
+    taken: std::sync::mpsc::SyncSender<()>,
+    go_on: Arc<Mutex<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl LocalStore<LeaseKey<String>> for SlowCollection {
+    fn with_bucket<R>(&self, key: &LeaseKey<String>, f: impl FnOnce(&mut LocalBucket) -> R) -> R {
+        self.store.with_bucket(key, f)
+    }
+
+    fn peek_bucket<R>(
+        &self,
+        key: &LeaseKey<String>,
+        f: impl FnOnce(&LocalBucket) -> R,
+    ) -> Option<R> {
+        self.store.peek_bucket(key, f)
+    }
+
+    fn for_each_bucket(&self, f: impl FnMut(&LeaseKey<String>, &mut LocalBucket)) {
+        self.store.for_each_bucket(f);
+    }
+
+    fn parts(&self) -> usize {
+        self.store.parts()
+    }
+
+    fn for_each_bucket_in(&self, part: usize, f: impl FnMut(&LeaseKey<String>, &mut LocalBucket)) {
+        self.store.for_each_bucket_in(part, f);
+    }
+
+    fn take_evicted(&self) -> Vec<(LeaseKey<String>, LocalBucket)> {
+        let evicted = self.store.take_evicted();
+        if self.armed.swap(false, Ordering::SeqCst) {
+            self.taken.send(()).unwrap();
+            self.go_on.lock().unwrap().recv().unwrap();
+        }
+        evicted
+    }
+
+    fn len(&self) -> usize {
+        self.store.len()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fetch_waits_for_evicted_buckets_being_collected_on_another_thread() {
+    let (taken_tx, taken) = std::sync::mpsc::sync_channel(1);
+    let (go_on, go_on_rx) = std::sync::mpsc::sync_channel(1);
+    let local = SlowCollection {
+        store: Arc::new(evicting_store()),
+        armed: Arc::new(AtomicBool::new(false)),
+        taken: taken_tx,
+        go_on: Arc::new(Mutex::new(go_on_rx)),
+    };
+    let layer = with_k_evicted_from(
+        MemoryGlobalStore::with_clock(TokioClock::new()),
+        local.clone(),
+    )
+    .await;
+    let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));
+    // A counters' read on another thread takes the evicted "k" out of the store (its 40
+    // tokens with it) and stops there; "k" comes back meanwhile.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    local.armed.store(true, Ordering::SeqCst);
+    let reader = std::thread::spawn({
+        let layer = layer.clone();
+        move || layer.stats()
+    });
+    // Blocking this runtime's only thread: nothing here moves until the reader has taken them.
+    taken.recv().unwrap();
+    let mut burst_during = std::pin::pin!(burst(300));
+    let mut during = None;
+    for _ in 0..20 {
+        during = futures_util::FutureExt::now_or_never(burst_during.as_mut());
+        if during.is_some() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    go_on.send(()).unwrap();
+    reader.join().unwrap();
+    let during = match during {
+        Some(admitted) => admitted,
+        None => burst_during.await,
+    };
+    tokio::time::sleep(Duration::from_millis(70)).await;
+    let after = burst(300).await;
+    // The capacity and 70 ms of the rate: before, the key's new bucket fetched the refilled
+    // bucket while the 40 were on neither side, and the sweep handed them back on top of it.
     assert_eq!((during, after), (100, 7));
 }
 

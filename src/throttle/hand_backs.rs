@@ -6,7 +6,9 @@
 //! hand-back still queued behind a key flood's), it would take the global bucket refilled
 //! around those tokens, and they would land on top of it: spent twice. So a fetch sends its
 //! bucket's kept hand-backs itself, and waits for those out to land
-//! ([`Throttle::await_hand_backs`](super::Throttle::await_hand_backs)).
+//! ([`Throttle::await_hand_backs`](super::Throttle::await_hand_backs)). Tokens being collected
+//! from evicted buckets are neither in a bucket nor kept yet: a fetch waits for the collection
+//! to end, then looks for its bucket's.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -62,15 +64,17 @@ struct State<K> {
     kept: VecDeque<Return<K>>,
     by_id: HashMap<LeaseKey<K>, Counts>,
     out: usize,
+    /// Collections under way ([`HandBacks::collect`]).
+    collecting: usize,
 }
 
 /// The throttle's hand-backs not yet landed. Shared by the sweeper and the fetches.
 pub(crate) struct HandBacks<K> {
     state: Mutex<State<K>>,
-    /// Hand-backs kept or out, over all buckets: read without the lock, so that a fetch looks
-    /// for its bucket's only when there are some.
+    /// Hand-backs kept or out, over all buckets, and collections under way: read without the
+    /// lock, so that a fetch looks for its bucket's only when there are some.
     count: AtomicUsize,
-    /// Told whenever a hand-back has landed, or never will.
+    /// Told whenever a hand-back has landed (or never will), and when a collection ends.
     landed: tokio::sync::Notify,
 }
 
@@ -81,6 +85,7 @@ impl<K> Default for HandBacks<K> {
                 kept: VecDeque::new(),
                 by_id: HashMap::new(),
                 out: 0,
+                collecting: 0,
             }),
             count: AtomicUsize::new(0),
             landed: tokio::sync::Notify::new(),
@@ -107,6 +112,21 @@ impl<K: Key> HandBacks<K> {
             state.kept.push_back(back);
         }
         self.recount(&state);
+    }
+
+    /// Keeps the hand-backs `take` takes out of buckets no longer in the local store (run
+    /// without the registry's lock: a local store's own lock must never be taken inside it).
+    /// Until they are kept, every fetch waits ([`collected`](Self::collected)): its bucket's
+    /// tokens may be among them.
+    pub(super) fn collect(&self, take: impl FnOnce() -> Vec<Return<K>>) {
+        let collecting = Collecting::begin(self);
+        let backs = take();
+        collecting.end(backs);
+    }
+
+    /// Waits until no collection is under way.
+    pub(super) async fn collected(&self) {
+        self.until(|state| state.collecting == 0, || {}).await;
     }
 
     /// `back`, out from now on: its bucket's fetches wait until the returned guard is dropped.
@@ -156,18 +176,28 @@ impl<K: Key> HandBacks<K> {
     }
 
     /// Whether a hand-back of bucket `id` is out.
-    pub(super) fn is_out(&self, id: &LeaseKey<K>) -> bool {
-        lock(&self.state).by_id.get(id).is_some_and(|c| c.out > 0)
+    #[cfg(test)]
+    fn is_out(&self, id: &LeaseKey<K>) -> bool {
+        Self::out_of(&lock(&self.state), id)
+    }
+
+    fn out_of(state: &State<K>, id: &LeaseKey<K>) -> bool {
+        state.by_id.get(id).is_some_and(|c| c.out > 0)
     }
 
     /// Waits until no hand-back of bucket `id` is out; `hurry` is run while one is.
     pub(super) async fn landed(&self, id: &LeaseKey<K>, hurry: impl Fn()) {
+        self.until(|state| !Self::out_of(state, id), hurry).await;
+    }
+
+    /// Waits until `done` holds; `hurry` is run each time it does not.
+    async fn until(&self, done: impl Fn(&State<K>) -> bool, hurry: impl Fn()) {
         loop {
             let landed = self.landed.notified();
             let mut landed = std::pin::pin!(landed);
             // Registered before looking, so that a landing in between wakes it.
             landed.as_mut().enable();
-            if !self.is_out(id) {
+            if done(&lock(&self.state)) {
                 return;
             }
             hurry();
@@ -199,8 +229,38 @@ impl<K: Key> HandBacks<K> {
     }
 
     fn recount(&self, state: &State<K>) {
-        self.count
-            .store(state.kept.len() + state.out, Ordering::Release);
+        let count = state.kept.len() + state.out + state.collecting;
+        self.count.store(count, Ordering::Release);
+    }
+}
+
+/// A collection under way: counted from [`begin`](Self::begin) until [`end`](Self::end) keeps
+/// what it took, or until it is dropped (its `take` panicked), so no fetch waits for it forever.
+struct Collecting<'a, K: Key> {
+    hand_backs: &'a HandBacks<K>,
+}
+
+impl<'a, K: Key> Collecting<'a, K> {
+    fn begin(hand_backs: &'a HandBacks<K>) -> Self {
+        let mut state = lock(&hand_backs.state);
+        state.collecting += 1;
+        hand_backs.recount(&state);
+        Self { hand_backs }
+    }
+
+    /// Keeps `backs`, then ends the collection: a fetch that sees it ended sees them kept.
+    fn end(self, backs: Vec<Return<K>>) {
+        self.hand_backs.keep(backs);
+    }
+}
+
+impl<K: Key> Drop for Collecting<'_, K> {
+    fn drop(&mut self) {
+        let mut state = lock(&self.hand_backs.state);
+        state.collecting -= 1;
+        self.hand_backs.recount(&state);
+        drop(state);
+        self.hand_backs.landed.notify_waiters();
     }
 }
 
@@ -279,6 +339,29 @@ mod tests {
             lock(&hand_backs.state).by_id.is_empty(),
             "nothing left behind"
         );
+    }
+
+    #[test]
+    fn a_wait_for_collections_ends_once_what_they_took_is_kept() {
+        let hand_backs = HandBacks::default();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut waiting = std::pin::pin!(hand_backs.collected());
+        hand_backs.collect(|| {
+            // Taken out of an evicted bucket, not kept yet: a fetch must not look now.
+            assert!(hand_backs.any() && hand_backs.kept() == 0);
+            assert!(waiting.as_mut().poll(&mut cx).is_pending());
+            vec![back("a", 4)]
+        });
+        assert!(waiting.as_mut().poll(&mut cx).is_ready());
+        assert_eq!(hand_backs.kept(), 1);
+        // A take that panics (a custom store's) ends its collection all the same.
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            hand_backs.collect(|| panic!("the store's take_evicted failed"))
+        }));
+        assert!(panicked.is_err());
+        let mut after = std::pin::pin!(hand_backs.collected());
+        assert!(after.as_mut().poll(&mut cx).is_ready());
+        assert_eq!(hand_backs.kept(), 1);
     }
 
     #[test]

@@ -51,13 +51,15 @@ impl Drop for Unsettled<'_> {
 }
 
 impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
-    /// Sends bucket `id`'s hand-backs kept for the next sweep, and waits until none of its
-    /// hand-backs is on its way to the store (lingering calls go at once): a fetch sent
-    /// meanwhile could reach the store first (see [`hand_backs`](super::hand_backs)).
+    /// Sends bucket `id`'s hand-backs kept for the next sweep (once those being collected from
+    /// evicted buckets are kept), and waits until none of its hand-backs is on its way to the
+    /// store (lingering calls go at once): a fetch sent meanwhile could reach the store first
+    /// (see [`hand_backs`](super::hand_backs)).
     pub(super) async fn await_hand_backs(self: &Arc<Self>, id: &LeaseKey<K>) {
         if !self.hand_backs.any() {
             return;
         }
+        self.hand_backs.collected().await;
         let kept = self.hand_backs.send_kept_of(id);
         futures_util::future::join_all(kept.into_iter().map(|out| self.hand_back(out))).await;
         self.hand_backs.landed(id, || self.expedite_calls()).await;
@@ -305,18 +307,20 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
     /// Counts the requests served by evicted buckets, and keeps their leases for the next sweep
     /// (or their keys' next fetches) to hand back.
     pub(super) fn collect_evicted(&self) {
-        let evicted = self.local.take_evicted();
-        if evicted.is_empty() {
-            return;
-        }
-        // One clock read for the lot: a key flood evicts many at once.
-        let now = self.now();
-        let returns = evicted.into_iter().filter_map(|(id, mut bucket)| {
-            self.stats.admitted_local.add(bucket.take_uncounted());
-            let tokens = bucket.take_all_leased();
-            Return::taken(&id, &bucket, tokens, now, false)
+        self.hand_backs.collect(|| {
+            let evicted = self.local.take_evicted();
+            if evicted.is_empty() {
+                return Vec::new();
+            }
+            // One clock read for the lot: a key flood evicts many at once.
+            let now = self.now();
+            let returns = evicted.into_iter().filter_map(|(id, mut bucket)| {
+                self.stats.admitted_local.add(bucket.take_uncounted());
+                let tokens = bucket.take_all_leased();
+                Return::taken(&id, &bucket, tokens, now, false)
+            });
+            returns.collect()
         });
-        self.hand_backs.keep(returns.collect::<Vec<_>>());
     }
 
     /// The counters, with every request served so far counted.
