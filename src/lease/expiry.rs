@@ -6,15 +6,26 @@
 //! on top of it.
 
 use super::{KEEP_TTLS, LocalBucket};
+use crate::limit::Limit;
 
 impl LocalBucket {
-    /// A sweep's visit at `now` (in demand interval `interval`): reserved tokens now due join
-    /// the lease, a paid debt lets the bucket be evicted again, its demand is recorded and
-    /// what it holds noted. Returns the tokens [`take_unused`](Self::take_unused) would take
-    /// out for a lease `ttl` old; drops the slow path's state of an unused lease that holds
-    /// nothing. The sweeper takes them out only as it hands them back, so that a request in
-    /// between spends them here instead of fetching them before they reach the store.
-    pub(crate) fn sweep(&mut self, now: u64, ttl: u64, keeps_small: bool, interval: u64) -> u64 {
+    /// A sweep's visit at `now` (in demand interval `interval`; sweeps come every half `ttl`):
+    /// reserved tokens now due join the lease, a paid debt lets the bucket be evicted again,
+    /// its demand is recorded, what it holds noted, and the lease armed if the global bucket
+    /// of `limit` may overflow around it before the next sweep
+    /// ([`arm_for_overflow`](Self::arm_for_overflow)). Returns the tokens
+    /// [`take_unused`](Self::take_unused) would take out for a lease `ttl` old; drops the slow
+    /// path's state of an unused lease that holds nothing. The sweeper takes them out only as
+    /// it hands them back, so that a request in between spends them here instead of fetching
+    /// them before they reach the store.
+    pub(crate) fn sweep(
+        &mut self,
+        now: u64,
+        ttl: u64,
+        keeps_small: bool,
+        interval: u64,
+        limit: impl FnOnce() -> Option<Limit>,
+    ) -> u64 {
         self.release_pending(now);
         if let Some(cold) = self.cold.as_deref_mut()
             && now >= cold.credit_after
@@ -24,6 +35,7 @@ impl LocalBucket {
         }
         self.record_unrecorded(now, interval);
         self.sample_held();
+        self.arm_for_overflow(now.saturating_add(ttl / 2), limit);
         let expiring = self.expiring(now, ttl, keeps_small);
         if expiring == 0 {
             self.shed_if_unused(now, ttl, interval);
@@ -61,7 +73,7 @@ impl LocalBucket {
         keeps_small: bool,
         interval: u64,
     ) -> u64 {
-        self.sweep(now, ttl, keeps_small, interval);
+        self.sweep(now, ttl, keeps_small, interval, || None);
         self.take_unused(now, ttl, keeps_small, interval)
     }
 
@@ -102,8 +114,8 @@ mod tests {
         let limit = Limit::per_second(160).burst(160).unwrap();
         let mut b = LocalBucket::default();
         b.settle(&grant_leaving(25, 40), 0, 0, &limit);
-        assert_eq!(b.sweep(TTL - 1, TTL, true, 0), 0);
-        assert_eq!(b.sweep(TTL, TTL, true, 0), 25);
+        assert_eq!(b.sweep(TTL - 1, TTL, true, 0, || Some(limit)), 0);
+        assert_eq!(b.sweep(TTL, TTL, true, 0, || Some(limit)), 25);
         assert_eq!(b.leased_tokens(), 25, "nothing taken yet");
         assert_eq!(b.take_unused(TTL, TTL, true, 0), 25);
         assert_eq!(b.leased_tokens(), 0);
@@ -116,7 +128,7 @@ mod tests {
         let limit = Limit::per_second(160).burst(160).unwrap();
         let mut b = LocalBucket::default();
         b.settle(&grant_leaving(25, 40), 0, 0, &limit);
-        assert_eq!(b.sweep(TTL, TTL, true, 0), 25);
+        assert_eq!(b.sweep(TTL, TTL, true, 0, || Some(limit)), 25);
         // A burst spends some on the hot path, which reads no clock.
         b.take_leased(5);
         assert_eq!(b.take_unused(TTL, TTL, true, 0), 0);

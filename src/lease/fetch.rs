@@ -301,11 +301,12 @@ impl LocalBucket {
     }
 
     /// What the fetch in flight should ask for, or `None` when nothing should be asked (the key
-    /// is throttled, or the lease is full). With `reserving` (the store may reserve ahead), a
-    /// key over its limit whose reserved tokens have all come asks for the next ones at once,
-    /// before its next token is due: the store reserves them beyond those owed, so its
-    /// requests go on being refused from the cache rather than waiting for a batch. A request
-    /// waiting on a key known short from an answer `memory` micros old or more asks again.
+    /// is throttled, the lease is full, or a sweep's arming alone started it: see
+    /// [`disarm`](Self::disarm)). With `reserving` (the store may reserve ahead), a key over
+    /// its limit whose reserved tokens have all come asks for the next ones at once, before
+    /// its next token is due: the store reserves them beyond those owed, so its requests go on
+    /// being refused from the cache rather than waiting for a batch. A request waiting on a
+    /// key known short from an answer `memory` micros old or more asks again.
     pub(crate) fn plan(
         &mut self,
         now: u64,
@@ -317,6 +318,9 @@ impl LocalBucket {
         self.release_pending(now);
         self.record_demand(now, interval);
         self.cold_mut().waiters.retain_present();
+        if self.disarm(now, limit) {
+            return None;
+        }
         let owed = u64::from(self.cold().owed);
         let take_back = self.take_back(now, limit);
         let needed = self
@@ -483,7 +487,7 @@ impl LocalBucket {
     fn take_grant(&mut self, grant: &Grant, sent_at: u64, now: u64, limit: &Limit) -> u64 {
         // From the time the call was sent, so that no request is refused while the global
         // bucket could already admit it.
-        let take_back = self.take_back_at_answer(sent_at, grant, limit);
+        let take_back = self.take_back_at_answer(sent_at, now, grant, limit);
         self.note_global(grant, sent_at, now, limit);
         let grant = self.pay_owed(*grant);
         let (grant, taken_back) = Self::pay_take_back(grant, take_back);

@@ -55,6 +55,7 @@ impl LocalBucket {
         let cold = self.cold();
         cold.held_at_sweep > 0
             || cold.held_at_sweep_before > 0
+            || cold.overflowed > 0
             || cold.take_back_owed > 0
             || cold.held_by_waiting > 0
     }
@@ -68,6 +69,91 @@ impl LocalBucket {
         }
     }
 
+    /// A sweep's arming, for a key near its limit at its last answer, whose fetches ahead of
+    /// need take back only what their answers prove overflowed ([`take_back`](Self::take_back)):
+    /// if the global bucket of `limit` (`None`: the key's quota no longer has it) may refill
+    /// past `capacity - held` by `horizon` (the next sweep), the lease's next use starts a
+    /// fetch, which notes what overflowed at that moment ([`disarm`](Self::disarm)) and goes on
+    /// only if the lease needs tokens. Without it, a burst that spent tokens held around the
+    /// refill long before the lease ran low would leave nothing for an answer to see (the
+    /// overflow ends with the burst), and the sweeps' samples are kept for two sweeps only.
+    /// An armed lease stays so until that fetch (or until it forgets what it held): the
+    /// refill only grows, and only a use lowers what it holds.
+    pub(super) fn arm_for_overflow(&mut self, horizon: u64, limit: impl FnOnce() -> Option<Limit>) {
+        let Some(cold) = self.cold.as_deref() else {
+            return;
+        };
+        // A key far from its limit takes back by the estimate; an armed lease stays so.
+        let far = cold.keep > 0 || cold.global_left == super::NO_ANSWER;
+        if far || cold.armed != super::NOT_ARMED || self.fetching || self.tokens == 0 {
+            return;
+        }
+        if self.may_overflow_by(horizon, limit) {
+            self.cold_mut().armed = self.low_water.min(super::NOT_ARMED - 1);
+            self.low_water = u32::MAX;
+        }
+    }
+
+    /// Whether the global bucket of `limit` may refill past `capacity - held` by `horizon`, by
+    /// this host's estimate.
+    fn may_overflow_by(&self, horizon: u64, limit: impl FnOnce() -> Option<Limit>) -> bool {
+        let Some(limit) = limit().filter(|l| l.calendar().is_none()) else {
+            return false;
+        };
+        let held = self.holding().min(limit.capacity());
+        self.global_estimate(horizon, &limit).saturating_add(held) > limit.capacity()
+    }
+
+    /// At the fetch that a lease armed by a sweep ([`arm_for_overflow`](Self::arm_for_overflow))
+    /// started, at `now`: notes what the global bucket of `limit` held past `capacity - held`
+    /// by this host's estimate, `held` what the lease held from that sweep until the use that
+    /// started the fetch (it spent nothing before), for the next answer to take back as far as
+    /// it proves it, and disarms the lease. Returns whether the arming alone started the
+    /// fetch: the lease is at or above its low water, no request waits for it and it owes
+    /// nothing.
+    pub(super) fn disarm(&mut self, now: u64, limit: &Limit) -> bool {
+        let armed = self.cold().armed;
+        if armed == super::NOT_ARMED {
+            return false;
+        }
+        let held = match limit.calendar() {
+            Some(_) => 0,
+            None => self.held_since_sweep(limit),
+        };
+        let beyond = self
+            .global_estimate(now, limit)
+            .saturating_add(held)
+            .saturating_sub(limit.capacity());
+        let overflow = u32::try_from(held.min(beyond)).unwrap_or(u32::MAX);
+        self.low_water = armed;
+        let tokens = self.tokens;
+        let cold = self.cold_mut();
+        cold.armed = super::NOT_ARMED;
+        cold.overflowed = cold.overflowed.max(overflow);
+        tokens >= u64::from(armed) && cold.waiters.is_empty() && cold.owed == 0
+    }
+
+    /// The most the lease held since the last sweep, and now.
+    fn held_since_sweep(&self, limit: &Limit) -> u64 {
+        self.holding()
+            .max(u64::from(self.cold().held_at_sweep))
+            .min(limit.capacity())
+    }
+
+    /// What the overflow noted at armed leases' uses ([`disarm`](Self::disarm)) an answer
+    /// received at `now` proves, having found `level` tokens in the global bucket: the estimate
+    /// it was reckoned by runs ahead of the bucket by what other hosts took from it since the
+    /// last answer (no more at that use than now), so that much of it comes off. With no other
+    /// host at the key, all of it stands.
+    fn proven_overflow(&self, now: u64, level: u64, limit: &Limit) -> u64 {
+        let cold = self.cold();
+        if cold.overflowed == 0 {
+            return 0;
+        }
+        let others_took = self.global_estimate(now, limit).saturating_sub(level);
+        u64::from(cold.overflowed).saturating_sub(others_took)
+    }
+
     /// Notes what the lease holds once an answer has served the requests waiting for it, as a
     /// sweep would (what it held before counts no more: the answer's level already reflects
     /// it): a burst before the next sweep may spend it on top of the refill. Not what requests
@@ -79,6 +165,8 @@ impl LocalBucket {
         if let Some(cold) = self.cold.as_deref_mut() {
             cold.held_at_sweep_before = 0;
             cold.held_at_sweep = tokens;
+            // Taken back by the answer, as far as it proved it.
+            cold.overflowed = 0;
         }
     }
 
@@ -136,6 +224,7 @@ impl LocalBucket {
         if let Some(cold) = self.cold.as_deref_mut() {
             cold.held_at_sweep = cold.held_at_sweep.saturating_sub(handed_back);
             cold.held_at_sweep_before = cold.held_at_sweep_before.saturating_sub(handed_back);
+            cold.overflowed = cold.overflowed.saturating_sub(handed_back);
         }
     }
 
@@ -147,7 +236,11 @@ impl LocalBucket {
         if let Some(cold) = self.cold.as_deref_mut() {
             cold.held_at_sweep = 0;
             cold.held_at_sweep_before = 0;
+            cold.overflowed = 0;
             cold.take_back_owed = 0;
+            if cold.armed != super::NOT_ARMED {
+                self.low_water = std::mem::replace(&mut cold.armed, super::NOT_ARMED);
+            }
         }
     }
 
@@ -166,15 +259,26 @@ impl LocalBucket {
         self.with_owed(self.take_back_of_refill(now, limit, held), limit)
     }
 
-    /// What an answer to a fetch sent at `sent_at` takes back: [`take_back`](Self::take_back)
-    /// then, or, if more, what the answer shows the global bucket held past `capacity - held`
-    /// when the call reached it. That is no estimate: a fetch ahead of need for a key near its
-    /// limit takes back what the answer proves overflowed, and nothing else.
-    pub(super) fn take_back_at_answer(&self, sent_at: u64, grant: &Grant, limit: &Limit) -> u64 {
+    /// What an answer to a fetch sent at `sent_at`, received at `now`, takes back:
+    /// [`take_back`](Self::take_back) then, or, if more, what the answer shows the global
+    /// bucket held past `capacity - held` when the call reached it, or what it proves of the
+    /// overflow armed leases' uses noted ([`disarm`](Self::disarm)). That is no estimate: a
+    /// fetch ahead of need for a key near its limit takes back what the answer proves
+    /// overflowed, and nothing else.
+    pub(super) fn take_back_at_answer(
+        &self,
+        sent_at: u64,
+        now: u64,
+        grant: &Grant,
+        limit: &Limit,
+    ) -> u64 {
         let held = self.held(limit);
         let level = grant.granted.saturating_add(grant.remaining);
         let seen = held.min(level.saturating_add(held).saturating_sub(limit.capacity()));
-        let refill = self.take_back_of_refill(sent_at, limit, held).max(seen);
+        let refill = self
+            .take_back_of_refill(sent_at, limit, held)
+            .max(seen)
+            .max(self.proven_overflow(now, level, limit));
         self.with_owed(refill, limit)
     }
 
@@ -487,5 +591,102 @@ mod tests {
         // Past the time-to-live all but the 10 kept go back: only those are held.
         assert_eq!(b.take_expired(ttl, ttl, true, 0), 15);
         assert_eq!(b.take_back(10 * SECOND, &limit), 10);
+    }
+
+    const MS: u64 = 1_000;
+
+    /// Spends `n` tokens one by one on the hot path; returns the last hit.
+    fn spend(b: &mut LocalBucket, n: u64) -> crate::lease::Hit {
+        (0..n).fold(crate::lease::Hit::Short, |_, _| b.take_leased(1))
+    }
+
+    /// A key of 100 a second whose lease took the whole bucket (near its limit: its fetches
+    /// ahead take back only what their answers prove), 94 left at a sweep at 50 ms that finds
+    /// the bucket may refill past 6 before the next (10 by 100 ms). A burst at 93 ms spends 20
+    /// (the first starts a fetch the arming alone asked for: 9 refilled then, 3 past the 6);
+    /// sweeps at 100, 150 and 200 ms see 74 held, no overflow ahead, and forget the 94. The
+    /// lease then runs low at 210 ms: returns its fetch's plan.
+    fn burst_around_the_refill(b: &mut LocalBucket, limit: &Limit) -> super::super::fetch::Plan {
+        let ttl = 100 * MS;
+        b.settle(&grant_leaving(100, 0), 0, 0, limit);
+        spend(b, 6);
+        b.sweep(50 * MS, ttl, true, 0, || Some(*limit));
+        assert_eq!(spend(b, 1), crate::lease::Hit::AdmittedStartFetch, "armed");
+        assert!(
+            b.plan(93 * MS, 0, limit, false, FOREVER).is_none(),
+            "no tokens needed"
+        );
+        b.settle(&FetchOutcome::Skipped, 93 * MS, 0, limit);
+        assert_eq!(
+            spend(b, 19),
+            crate::lease::Hit::Admitted,
+            "fetches at half its batch again"
+        );
+        for sweep in [100, 150, 200] {
+            b.sweep(sweep * MS, ttl, true, 0, || Some(*limit));
+        }
+        assert_eq!(spend(b, 25), crate::lease::Hit::AdmittedStartFetch);
+        let plan = b.plan(210 * MS, 0, limit, false, FOREVER).unwrap();
+        assert_eq!(
+            plan.take_back, 0,
+            "a fetch ahead of need asks for nothing back"
+        );
+        plan
+    }
+
+    #[test]
+    fn a_burst_on_a_lease_near_its_limit_is_taken_back_by_a_later_answer_as_far_as_it_proves() {
+        let limit = Limit::per_second(100).burst(100).unwrap();
+        // One host: the answer finds the 21 refilled since the last, as estimated. What the
+        // burst spent past the bucket's capacity comes off the grant; without the arming the
+        // answer, which sees 21 + 74 held, would take back nothing.
+        let mut b = LocalBucket::default();
+        burst_around_the_refill(&mut b, &limit);
+        let settled = b.settle(&grant_sent_at(21, 0, 210 * MS), 210 * MS, 0, &limit);
+        assert_eq!(settled.forfeited, 3);
+        assert_eq!(b.leased_tokens(), 49 + 21 - 3);
+        // Another host took 2 of that refill: the estimate ran that far ahead of the bucket,
+        // and the overflow it noted may have too.
+        let mut b = LocalBucket::default();
+        burst_around_the_refill(&mut b, &limit);
+        let settled = b.settle(&grant_sent_at(19, 0, 210 * MS), 210 * MS, 0, &limit);
+        assert_eq!(settled.forfeited, 1);
+        // Taken back: the next answer takes nothing for it.
+        let settled = b.settle(&grant_sent_at(5, 0, 260 * MS), 260 * MS, 0, &limit);
+        assert_eq!(settled.forfeited, 0);
+    }
+
+    #[test]
+    fn only_a_lease_near_its_limit_and_at_risk_of_an_overflow_is_armed() {
+        let limit = Limit::per_second(100).burst(100).unwrap();
+        let ttl = 100 * MS;
+        // Far from its limit: its fetches take back by the estimate; never armed.
+        let mut far = LocalBucket::default();
+        far.settle(&grant_leaving(40, 60), 0, 0, &limit);
+        far.sweep(50 * MS, ttl, true, 0, || Some(limit));
+        assert_eq!(spend(&mut far, 1), crate::lease::Hit::Admitted);
+        // Near it, but the bucket cannot refill past the 40 held before the next sweep.
+        let mut safe = LocalBucket::default();
+        safe.settle(&grant_leaving(40, 0), 0, 0, &limit);
+        safe.sweep(50 * MS, ttl, true, 0, || Some(limit));
+        assert_eq!(spend(&mut safe, 1), crate::lease::Hit::Admitted);
+        // Armed, it stays so until its next use (a later sweep saw 70 of the 100 left, 85 with
+        // the refill by 150 ms); that use's fetch asks for nothing, and the lease fetches at
+        // half its batch again.
+        let mut b = LocalBucket::default();
+        b.settle(&grant_leaving(100, 0), 0, 0, &limit);
+        b.sweep(50 * MS, ttl, true, 0, || Some(limit));
+        b.take_up_to(30);
+        b.sweep(100 * MS, ttl, true, 0, || Some(limit));
+        assert_eq!(spend(&mut b, 1), crate::lease::Hit::AdmittedStartFetch);
+        assert!(b.plan(150 * MS, 0, &limit, false, FOREVER).is_none());
+        b.settle(&FetchOutcome::Skipped, 150 * MS, 0, &limit);
+        assert_eq!(spend(&mut b, 19), crate::lease::Hit::Admitted);
+        assert_eq!(spend(&mut b, 1), crate::lease::Hit::AdmittedStartFetch);
+        // A limit the key's quota no longer has arms nothing.
+        let mut gone = LocalBucket::default();
+        gone.settle(&grant_leaving(100, 0), 0, 0, &limit);
+        gone.sweep(50 * MS, ttl, true, 0, || None);
+        assert_eq!(spend(&mut gone, 1), crate::lease::Hit::Admitted);
     }
 }

@@ -90,6 +90,13 @@ struct Cold {
     /// ([`LocalBucket::take_back`]).
     held_at_sweep: u32,
     held_at_sweep_before: u32,
+    /// The low water to go back to once the lease's next use has noted what the global bucket
+    /// held past `capacity - held_at_sweep` ([`NOT_ARMED`]: it is not armed; see
+    /// [`LocalBucket::arm_for_overflow`]).
+    armed: u32,
+    /// What uses of an armed lease found the global bucket held past `capacity - held`, by
+    /// this host's estimate: the next answer takes back as much of it as it proves.
+    overflowed: u32,
     /// Tokens requests took from the lease and hold while they wait for another of their
     /// buckets: theirs only once admitted, back in the lease if not, so held until then.
     held_by_waiting: u32,
@@ -126,6 +133,8 @@ impl Cold {
         keep: 0,
         held_at_sweep: 0,
         held_at_sweep_before: 0,
+        armed: NOT_ARMED,
+        overflowed: 0,
         held_by_waiting: 0,
         take_back_owed: 0,
         shape: 0,
@@ -172,6 +181,9 @@ fn keep_after(remaining: u64, limit: &Limit) -> u32 {
 fn keep_of(limit: &Limit) -> u32 {
     u32::try_from((limit.capacity() / KEEP_SHARE).max(1)).unwrap_or(u32::MAX)
 }
+
+/// [`Cold::armed`] while the lease is not armed.
+const NOT_ARMED: u32 = u32::MAX;
 
 /// [`Cold::global_left`] before the global store has answered.
 const NO_ANSWER: u64 = u64::MAX;
@@ -627,7 +639,7 @@ impl LocalBucket {
 }
 
 /// Half a batch, as a low-water mark.
-fn half(batch: u64) -> u32 {
+pub(super) fn half(batch: u64) -> u32 {
     u32::try_from(batch / 2).unwrap_or(u32::MAX)
 }
 

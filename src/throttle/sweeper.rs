@@ -82,7 +82,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             if b.is_dated() {
                 dated.push(id.clone());
             }
-            if b.sweep(now, ttl, keeps_small, interval) > 0 {
+            let limit = || self.resolve(id).map(|r| r.limit);
+            if b.sweep(now, ttl, keeps_small, interval, limit) > 0 {
                 unused.push(Unused {
                     id: id.clone(),
                     // Read now: a lease that gives back everything drops what it knew of the
