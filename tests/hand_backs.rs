@@ -135,8 +135,27 @@ async fn a_burst_during_a_sweep_spends_the_unused_lease_instead_of_overtaking_it
     );
 }
 
-type EvictingLayer<G, L = MemoryLocalStore<String>> =
+type TestLayer<G, L = MemoryLocalStore<String>> =
     HierarchicalThrottleLayer<String, String, G, L, TokioClock>;
+
+/// A layer on `store`, 100 a second burst 100, whose leases are batches of half the capacity
+/// and go back whole once unused for a second.
+fn handing_back_unused_leases<G>(store: G) -> TestLayer<G>
+where
+    G: hierarchical_throttle::global::GlobalStore<hierarchical_throttle::quota::BucketKey<String>>,
+{
+    HierarchicalThrottleLayer::builder()
+        .key(|key: &String| Some(key.clone()))
+        .clock(TokioClock::new())
+        .limit(Limit::per_second(100).burst(100).unwrap())
+        .cold_start(ColdStart::Exact)
+        .keep_small_leases(false)
+        .batch_policy(FractionOfCapacity::new(0.5).unwrap())
+        .lease_ttl(Duration::from_secs(1))
+        .global_store(store)
+        .build()
+        .unwrap()
+}
 
 /// The local store of [`with_k_evicted`]: 64 keys.
 fn evicting_store() -> MemoryLocalStore<String> {
@@ -147,7 +166,7 @@ fn evicting_store() -> MemoryLocalStore<String> {
 
 /// A layer on `store` whose local store holds 64 keys: "k" takes a batch of half its capacity
 /// for 10 requests, then a flood of other keys evicts it, the 40 tokens it holds and all.
-async fn with_k_evicted<G>(store: G) -> EvictingLayer<G>
+async fn with_k_evicted<G>(store: G) -> TestLayer<G>
 where
     G: hierarchical_throttle::global::GlobalStore<hierarchical_throttle::quota::BucketKey<String>>,
 {
@@ -155,7 +174,7 @@ where
 }
 
 /// [`with_k_evicted`], the local store `local` (which evicts as [`evicting_store`] does).
-async fn with_k_evicted_from<G, L>(store: G, local: L) -> EvictingLayer<G, L>
+async fn with_k_evicted_from<G, L>(store: G, local: L) -> TestLayer<G, L>
 where
     G: hierarchical_throttle::global::GlobalStore<hierarchical_throttle::quota::BucketKey<String>>,
     L: LocalStore<LeaseKey<String>>,
@@ -208,18 +227,8 @@ async fn an_evicted_key_that_comes_back_before_the_sweep_spends_its_own_lease() 
 #[tokio::test(start_paused = true)]
 async fn a_fetch_waits_for_its_buckets_hand_back_to_land() {
     let capacity = 100;
-    let layer = HierarchicalThrottleLayer::builder()
-        .key(|key: &String| Some(key.clone()))
-        .clock(TokioClock::new())
-        .limit(Limit::per_second(capacity).burst(capacity).unwrap())
-        .cold_start(ColdStart::Exact)
-        .keep_small_leases(false)
-        .batch_policy(FractionOfCapacity::new(0.5).unwrap())
-        .lease_ttl(Duration::from_secs(1))
-        // Hand-backs applied 40 ms late: a later fetch reaches the bucket first.
-        .global_store(HeldBack::releases_late(Duration::from_millis(40)))
-        .build()
-        .unwrap();
+    // Hand-backs applied 40 ms late: a later fetch reaches the bucket first.
+    let layer = handing_back_unused_leases(HeldBack::releases_late(Duration::from_millis(40)));
     let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));
     // "k" holds 40 of a batch of 50, then nothing uses it: the sweep at 1 s hands them back,
     // the global bucket refilled around them.
@@ -374,17 +383,7 @@ fn a_hand_back_whose_runtime_ends_on_its_way_does_not_hold_up_its_keys_next_fetc
     let first = paused();
     // Hand-backs that would land an hour late: the first runtime ends while one is out.
     let layer = first.block_on(async {
-        let layer = HierarchicalThrottleLayer::builder()
-            .key(|key: &String| Some(key.clone()))
-            .clock(TokioClock::new())
-            .limit(Limit::per_second(100).burst(100).unwrap())
-            .cold_start(ColdStart::Exact)
-            .keep_small_leases(false)
-            .batch_policy(FractionOfCapacity::new(0.5).unwrap())
-            .lease_ttl(Duration::from_secs(1))
-            .global_store(HeldBack::releases_late(Duration::from_secs(3_600)))
-            .build()
-            .unwrap();
+        let layer = handing_back_unused_leases(HeldBack::releases_late(Duration::from_secs(3_600)));
         assert_eq!(
             admitted((0..10).map(|_| layer.acquire("k".to_owned(), 1))).await,
             10

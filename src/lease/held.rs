@@ -120,11 +120,8 @@ impl LocalBucket {
             Some(_) => 0,
             None => self.held_since_sweep(limit),
         };
-        let beyond = self
-            .global_estimate(now, limit)
-            .saturating_add(held)
-            .saturating_sub(limit.capacity());
-        let overflow = u32::try_from(held.min(beyond)).unwrap_or(u32::MAX);
+        let overflow = past_capacity(self.global_estimate(now, limit), held, limit);
+        let overflow = u32::try_from(overflow).unwrap_or(u32::MAX);
         self.low_water = armed;
         let tokens = self.tokens;
         let cold = self.cold_mut();
@@ -274,7 +271,7 @@ impl LocalBucket {
     ) -> u64 {
         let held = self.held(limit);
         let level = grant.granted.saturating_add(grant.remaining);
-        let seen = held.min(level.saturating_add(held).saturating_sub(limit.capacity()));
+        let seen = past_capacity(level, held, limit);
         let refill = self
             .take_back_of_refill(sent_at, limit, held)
             .max(seen)
@@ -303,11 +300,7 @@ impl LocalBucket {
         if cold.keep == 0 && !ran_dry {
             return 0;
         }
-        let beyond = self
-            .global_estimate(now, limit)
-            .saturating_add(held)
-            .saturating_sub(limit.capacity());
-        held.min(beyond)
+        past_capacity(self.global_estimate(now, limit), held, limit)
     }
 
     /// The most the lease held at its last answer, the last two sweeps since and now. Tokens
@@ -344,6 +337,12 @@ impl LocalBucket {
             cold.take_back_owed = unpaid;
         }
     }
+}
+
+/// What `held` tokens put a global bucket of `limit` holding `level` past its capacity: the
+/// fleet's tokens beyond it, at most those held.
+fn past_capacity(level: u64, held: u64, limit: &Limit) -> u64 {
+    held.min(level.saturating_add(held).saturating_sub(limit.capacity()))
 }
 
 #[cfg(test)]
@@ -605,8 +604,8 @@ mod tests {
     /// the bucket may refill past 6 before the next (10 by 100 ms). A burst at 93 ms spends 20
     /// (the first starts a fetch the arming alone asked for: 9 refilled then, 3 past the 6);
     /// sweeps at 100, 150 and 200 ms see 74 held, no overflow ahead, and forget the 94. The
-    /// lease then runs low at 210 ms: returns its fetch's plan.
-    fn burst_around_the_refill(b: &mut LocalBucket, limit: &Limit) -> super::super::fetch::Plan {
+    /// lease then runs low at 210 ms and plans its fetch.
+    fn burst_around_the_refill(b: &mut LocalBucket, limit: &Limit) {
         let ttl = 100 * MS;
         b.settle(&grant_leaving(100, 0), 0, 0, limit);
         spend(b, 6);
@@ -631,7 +630,6 @@ mod tests {
             plan.take_back, 0,
             "a fetch ahead of need asks for nothing back"
         );
-        plan
     }
 
     #[test]

@@ -639,7 +639,7 @@ impl LocalBucket {
 }
 
 /// Half a batch, as a low-water mark.
-pub(super) fn half(batch: u64) -> u32 {
+fn half(batch: u64) -> u32 {
     u32::try_from(batch / 2).unwrap_or(u32::MAX)
 }
 

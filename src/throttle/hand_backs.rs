@@ -119,9 +119,9 @@ impl<K: Key> HandBacks<K> {
     /// Until they are kept, every fetch waits ([`collected`](Self::collected)): its bucket's
     /// tokens may be among them.
     pub(super) fn collect(&self, take: impl FnOnce() -> Vec<Return<K>>) {
-        let collecting = Collecting::begin(self);
-        let backs = take();
-        collecting.end(backs);
+        // Ends once what it took is kept, so a fetch that sees it ended sees them.
+        let _collecting = Collecting::begin(self);
+        self.keep(take());
     }
 
     /// Waits until no collection is under way.
@@ -234,8 +234,8 @@ impl<K: Key> HandBacks<K> {
     }
 }
 
-/// A collection under way: counted from [`begin`](Self::begin) until [`end`](Self::end) keeps
-/// what it took, or until it is dropped (its `take` panicked), so no fetch waits for it forever.
+/// A collection under way: counted from [`begin`](Self::begin) until dropped, however its
+/// `take` ends (a panic included), so no fetch waits for it forever.
 struct Collecting<'a, K: Key> {
     hand_backs: &'a HandBacks<K>,
 }
@@ -246,11 +246,6 @@ impl<'a, K: Key> Collecting<'a, K> {
         state.collecting += 1;
         hand_backs.recount(&state);
         Self { hand_backs }
-    }
-
-    /// Keeps `backs`, then ends the collection: a fetch that sees it ended sees them kept.
-    fn end(self, backs: Vec<Return<K>>) {
-        self.hand_backs.keep(backs);
     }
 }
 
