@@ -8,6 +8,15 @@
 use super::{KEEP_TTLS, LocalBucket};
 use crate::limit::Limit;
 
+/// What [`LocalBucket::take_unused`] took out of a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unused {
+    /// To hand back.
+    pub(crate) back: u64,
+    /// Taken back out of the fleet instead (an overflow no answer took back).
+    pub(crate) forfeited: u64,
+}
+
 impl LocalBucket {
     /// A sweep's visit at `now` (in demand interval `interval`; sweeps come every half `ttl`):
     /// reserved tokens now due join the lease, a paid debt lets the bucket be evicted again,
@@ -46,21 +55,25 @@ impl LocalBucket {
     /// Takes the usable leased tokens out if the lease has not been used for `ttl` micros at
     /// `now` (nor since the last sweep), so they can be handed back: whether or not a batch is
     /// in flight or tokens are reserved ahead (those stay, and age once due); but for a small
-    /// lease of a key far from its limit when the host `keeps_small` leases. Drops the slow
-    /// path's state once it holds nothing any more.
+    /// lease of a key far from its limit when the host `keeps_small` leases. Of those, the
+    /// overflow an armed lease's use noted and no answer took back is forfeited (see
+    /// [`unhold`](Self::unhold)). Drops the slow path's state once it holds nothing any more.
     pub(crate) fn take_unused(
         &mut self,
         now: u64,
         ttl: u64,
         keeps_small: bool,
         interval: u64,
-    ) -> u64 {
+    ) -> Unused {
         self.record_unrecorded(now, interval);
         let expired = self.expiring(now, ttl, keeps_small);
         self.tokens -= expired;
-        self.unhold(expired);
+        let forfeited = self.unhold(expired);
         self.shed_if_unused(now, ttl, interval);
-        expired
+        Unused {
+            back: expired - forfeited,
+            forfeited,
+        }
     }
 
     /// A sweep that takes out at once what it finds unused (the sweeper takes it out later,
@@ -74,7 +87,7 @@ impl LocalBucket {
         interval: u64,
     ) -> u64 {
         self.sweep(now, ttl, keeps_small, interval, || None);
-        self.take_unused(now, ttl, keeps_small, interval)
+        self.take_unused(now, ttl, keeps_small, interval).back
     }
 
     /// The usable tokens of a lease unused for `ttl` at `now`, but for a small lease kept.
@@ -117,10 +130,10 @@ mod tests {
         assert_eq!(b.sweep(TTL - 1, TTL, true, 0, || Some(limit)), 0);
         assert_eq!(b.sweep(TTL, TTL, true, 0, || Some(limit)), 25);
         assert_eq!(b.leased_tokens(), 25, "nothing taken yet");
-        assert_eq!(b.take_unused(TTL, TTL, true, 0), 25);
+        assert_eq!(b.take_unused(TTL, TTL, true, 0).back, 25);
         assert_eq!(b.leased_tokens(), 0);
         // A take that finds nothing unused sends nothing.
-        assert_eq!(b.take_unused(2 * TTL, TTL, true, 0), 0);
+        assert_eq!(b.take_unused(2 * TTL, TTL, true, 0).back, 0);
     }
 
     #[test]
@@ -131,10 +144,10 @@ mod tests {
         assert_eq!(b.sweep(TTL, TTL, true, 0, || Some(limit)), 25);
         // A burst spends some on the hot path, which reads no clock.
         b.take_leased(5);
-        assert_eq!(b.take_unused(TTL, TTL, true, 0), 0);
+        assert_eq!(b.take_unused(TTL, TTL, true, 0).back, 0);
         assert_eq!(b.leased_tokens(), 20);
         // In use from the sweep's time on: unused again one time-to-live later.
-        assert_eq!(b.take_unused(2 * TTL - 1, TTL, true, 0), 0);
-        assert_eq!(b.take_unused(2 * TTL, TTL, true, 0), 20);
+        assert_eq!(b.take_unused(2 * TTL - 1, TTL, true, 0).back, 0);
+        assert_eq!(b.take_unused(2 * TTL, TTL, true, 0).back, 20);
     }
 }

@@ -215,14 +215,23 @@ impl LocalBucket {
         self.give_back(cost, capacity)
     }
 
-    /// `handed_back` tokens left the lease otherwise than by being spent: they are not held.
-    pub(super) fn unhold(&mut self, handed_back: u64) {
+    /// `handed_back` tokens leave the lease unspent, for the global bucket: they are not held.
+    /// Returns how many of them are forfeited instead: as many as the overflow noted at an
+    /// armed lease's use ([`disarm`](Self::disarm)) that no answer has taken back yet. The
+    /// tokens spent since that use spent the overflow too (a window from that use saw the
+    /// global bucket's refill on top of everything the lease held), and handed back whole,
+    /// the rest would let the bucket hold its capacity again on top of it. Forfeited where
+    /// the capacity would cut the hand-back anyway, they cost nothing more.
+    pub(super) fn unhold(&mut self, handed_back: u64) -> u64 {
+        let Some(cold) = self.cold.as_deref_mut() else {
+            return 0;
+        };
         let handed_back = u32::try_from(handed_back).unwrap_or(u32::MAX);
-        if let Some(cold) = self.cold.as_deref_mut() {
-            cold.held_at_sweep = cold.held_at_sweep.saturating_sub(handed_back);
-            cold.held_at_sweep_before = cold.held_at_sweep_before.saturating_sub(handed_back);
-            cold.overflowed = cold.overflowed.saturating_sub(handed_back);
-        }
+        cold.held_at_sweep = cold.held_at_sweep.saturating_sub(handed_back);
+        cold.held_at_sweep_before = cold.held_at_sweep_before.saturating_sub(handed_back);
+        let forfeited = cold.overflowed.min(handed_back);
+        cold.overflowed -= forfeited;
+        u64::from(forfeited)
     }
 
     /// What the lease held before counts no more, nor what a fetch could not take back: it
@@ -602,14 +611,11 @@ mod tests {
     /// A key of 100 a second whose lease took the whole bucket (near its limit: its fetches
     /// ahead take back only what their answers prove), 94 left at a sweep at 50 ms that finds
     /// the bucket may refill past 6 before the next (10 by 100 ms). A burst at 93 ms spends 20
-    /// (the first starts a fetch the arming alone asked for: 9 refilled then, 3 past the 6);
-    /// sweeps at 100, 150 and 200 ms see 74 held, no overflow ahead, and forget the 94. The
-    /// lease then runs low at 210 ms and plans its fetch.
-    fn burst_around_the_refill(b: &mut LocalBucket, limit: &Limit) {
-        let ttl = 100 * MS;
+    /// (the first starts a fetch the arming alone asked for: 9 refilled then, 3 past the 6).
+    fn burst_after_arming(b: &mut LocalBucket, limit: &Limit) {
         b.settle(&grant_leaving(100, 0), 0, 0, limit);
         spend(b, 6);
-        b.sweep(50 * MS, ttl, true, 0, || Some(*limit));
+        b.sweep(50 * MS, 100 * MS, true, 0, || Some(*limit));
         assert_eq!(spend(b, 1), crate::lease::Hit::AdmittedStartFetch, "armed");
         assert!(
             b.plan(93 * MS, 0, limit, false, FOREVER).is_none(),
@@ -621,8 +627,15 @@ mod tests {
             crate::lease::Hit::Admitted,
             "fetches at half its batch again"
         );
+    }
+
+    /// [`burst_after_arming`], then sweeps at 100, 150 and 200 ms that see 74 held, no
+    /// overflow ahead, and forget the 94. The lease then runs low at 210 ms and plans its
+    /// fetch.
+    fn burst_around_the_refill(b: &mut LocalBucket, limit: &Limit) {
+        burst_after_arming(b, limit);
         for sweep in [100, 150, 200] {
-            b.sweep(sweep * MS, ttl, true, 0, || Some(*limit));
+            b.sweep(sweep * MS, 100 * MS, true, 0, || Some(*limit));
         }
         assert_eq!(spend(b, 25), crate::lease::Hit::AdmittedStartFetch);
         let plan = b.plan(210 * MS, 0, limit, false, FOREVER).unwrap();
@@ -651,6 +664,27 @@ mod tests {
         assert_eq!(settled.forfeited, 1);
         // Taken back: the next answer takes nothing for it.
         let settled = b.settle(&grant_sent_at(5, 0, 260 * MS), 260 * MS, 0, &limit);
+        assert_eq!(settled.forfeited, 0);
+    }
+
+    #[test]
+    fn a_lease_handed_back_after_a_burst_forfeits_what_its_armed_use_saw_overflow() {
+        let limit = Limit::per_second(100).burst(100).unwrap();
+        let ttl = 100 * MS;
+        // The burst's first use notes 3 past the capacity; then the key goes quiet.
+        let mut b = LocalBucket::default();
+        burst_after_arming(&mut b, &limit);
+        for sweep in [100, 150] {
+            assert_eq!(b.sweep(sweep * MS, ttl, true, 0, || Some(limit)), 0);
+        }
+        // Unused for a time-to-live, the 74 left go back but for those 3: handed back whole,
+        // the bucket (20 refilled by then, 94 with them) would be full again at 260 ms, and a
+        // burst then would spend 100 within 167 ms of the 20 (117 allowed).
+        assert_eq!(b.sweep(200 * MS, ttl, true, 0, || Some(limit)), 74);
+        let taken = b.take_unused(200 * MS, ttl, true, 0);
+        assert_eq!((taken.back, taken.forfeited), (71, 3));
+        // Taken back once: the next answer takes nothing for it.
+        let settled = b.settle(&grant_sent_at(100, 0, 300 * MS), 300 * MS, 0, &limit);
         assert_eq!(settled.forfeited, 0);
     }
 

@@ -104,8 +104,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         stream::iter(unused)
             .for_each_concurrent(self.returns_at_once(), |unused| async move {
                 let out = self.local.with_bucket(&unused.id, |b| {
-                    let tokens = b.take_unused(now, ttl, keeps_small, interval);
-                    Return::taken(&unused.id, b, tokens, now, unused.unhurried)
+                    let taken = b.take_unused(now, ttl, keeps_small, interval);
+                    self.stats.tokens_forfeited.add(taken.forfeited);
+                    Return::taken(&unused.id, b, taken.back, now, unused.unhurried)
                         .map(|back| self.hand_backs.send(back))
                 });
                 if let Some(out) = out {
