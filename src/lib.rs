@@ -172,6 +172,7 @@ pub use layer::{
     ThrottleHandle,
 };
 pub use limit::{CalendarQuota, Limit, LimitBuilder};
+pub use local::CoreReserves;
 pub use local::memory::MemoryLocalStore;
 pub use metered::MeteredBody;
 pub use quota::Quota;

@@ -96,9 +96,16 @@ impl<T> ShardLock<T> {
 
     #[inline]
     pub(crate) fn lock(&self) -> spin::mutex::SpinMutexGuard<'_, T> {
+        self.lock_noting_contention().0
+    }
+
+    /// [`lock`](Self::lock), telling whether another thread held it at first (the key it
+    /// guards may be hot on several cores).
+    #[inline]
+    pub(crate) fn lock_noting_contention(&self) -> (spin::mutex::SpinMutexGuard<'_, T>, bool) {
         match self.0.try_lock() {
-            Some(guard) => guard,
-            None => self.lock_contended(),
+            Some(guard) => (guard, false),
+            None => (self.lock_contended(), true),
         }
     }
 
@@ -119,6 +126,12 @@ impl<T> ShardLock<T> {
         }
     }
 }
+
+/// A value on a cache line of its own (two, against adjacent-line prefetch), so threads
+/// working on different ones do not slow each other down.
+#[derive(Debug)]
+#[repr(align(128))]
+pub(crate) struct CacheLine<T>(pub(crate) T);
 
 #[cfg(test)]
 mod tests {

@@ -208,7 +208,7 @@ pub fn tonic_peer_ip<B>(request: &http::Request<B>) -> Option<std::net::IpAddr> 
 /// `Path`, an `OsStr`) are borrowed as their bytes.
 pub trait BorrowedKey: Hash + Eq {
     /// The key the layer keeps. It hashes and compares as its borrowed form.
-    type Key: Borrow<Self> + Hash + Eq;
+    type Key: Borrow<Self> + Hash + Eq + Clone;
 
     /// The key, made.
     fn to_key(&self) -> Self::Key;

@@ -10,6 +10,7 @@ mod expiry;
 mod fallback;
 mod fetch;
 mod held;
+mod lent;
 mod reserved;
 mod reshape;
 mod waiters;

@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use hashbrown::HashTable;
 
 use crate::error::ConfigError;
+use crate::local::reserves::{CoreReserves, Reserves, Taken};
 use crate::local::{Hit, LocalBucket, LocalStore};
 use crate::quota::LeaseKey;
-use crate::sync::{ShardLock, lock, shard_index};
+use crate::sync::{CacheLine, ShardLock, lock, shard_index};
 
 /// The default local store: buckets in memory, in shards under a few locks, bounded to a
 /// maximum number of keys.
@@ -39,6 +40,8 @@ pub struct MemoryLocalStore<K> {
     /// How many there are (read without the lock: a new key looks for its evicted bucket only
     /// when there may be one).
     evicted_count: AtomicUsize,
+    /// Tokens of hot keys lent to the cores serving them.
+    reserves: Reserves<K>,
 }
 
 type Shard<K> = HashTable<Entry<LeaseKey<K>>>;
@@ -60,13 +63,6 @@ struct Entry<K> {
     key: K,
     bucket: LocalBucket,
 }
-
-/// A lock on a cache line of its own (two, against adjacent-line prefetch), so threads working
-/// under different locks do not slow each other down. A lock is held for tens of nanoseconds,
-/// so it spins briefly rather than parking the thread.
-#[derive(Debug)]
-#[repr(align(128))]
-struct CacheLine<T>(T);
 
 /// The most keys a shard holds: an eviction pass scans one shard under its lock, so this
 /// bounds how long a new key can hold a lock (a few microseconds).
@@ -118,7 +114,28 @@ impl<K> MemoryLocalStore<K> {
             hasher: foldhash::fast::SeedableRandomState::random(),
             evicted: Mutex::new(HashTable::new()),
             evicted_count: AtomicUsize::new(0),
+            reserves: Reserves::new(CoreReserves::default()),
         }
+    }
+
+    /// When a hot key's leased tokens are lent to the cores that serve it (default:
+    /// [`CoreReserves::WhenContended`]), so that a key served by many cores at once does not
+    /// pass one lock's cache line between them on every request. Refusals stay exact: a
+    /// request the lease cannot serve takes every core's reserve of its key back first.
+    pub fn with_core_reserves(mut self, policy: CoreReserves) -> Self {
+        self.reserves = Reserves::new(policy);
+        self
+    }
+
+    /// When this store lends a hot key's tokens to the cores that serve it.
+    pub fn core_reserves(&self) -> CoreReserves {
+        self.reserves.policy()
+    }
+
+    /// Whether any core holds a reserve of any key.
+    #[cfg(test)]
+    pub(crate) fn lends_out(&self) -> bool {
+        self.reserves.any()
     }
 
     /// Lays keys out by a hash of `seed` rather than a random one, so that evictions and
@@ -183,9 +200,9 @@ impl<K> MemoryLocalStore<K> {
     /// Requests admitted whole by [`take_group`](Self::take_group) so far: every limit of their
     /// key taken from the leases at once.
     pub(crate) fn admitted_whole(&self) -> u64 {
-        self.locks
-            .iter()
-            .fold(0u64, |sum, lock| sum.saturating_add(lock.0.lock().admitted))
+        self.locks.iter().fold(self.reserves.served(), |sum, lock| {
+            sum.saturating_add(lock.0.lock().admitted)
+        })
     }
 }
 
@@ -232,6 +249,7 @@ impl<K: Clone> MemoryLocalStore<K> {
         K: Hash + Eq,
     {
         let target = self.per_shard - (self.per_shard / 8).max(1);
+        self.recall_shard(table);
         let mut evicted = Vec::new();
         for second_chance in [true, false] {
             if table.len() <= target {
@@ -274,7 +292,7 @@ impl<K: Clone> MemoryLocalStore<K> {
     }
 }
 
-impl<K: Hash + Eq> MemoryLocalStore<K> {
+impl<K: Hash + Eq + Clone> MemoryLocalStore<K> {
     /// The hash of `id`'s group (its key at its level), which picks the shard, so that every
     /// bucket of a key at a level sits in one shard; and `id`'s own, within the shard's table.
     #[inline(always)]
@@ -312,19 +330,28 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
     }
 
     /// [`take_group`](Self::take_group) for a key given in a borrowed form (a `str` for a
-    /// `String` key), so that a request's key is made only when the slow path needs it.
+    /// `String` key), so that a request's key is made only when the slow path needs it. A key
+    /// with one limit is served from its reserve on this core when there is one.
     #[inline]
     pub(crate) fn take_group_by<Q>(&self, key: &Q, level: u8, cost: u64) -> GroupHit
     where
-        K: Borrow<Q>,
+        K: Borrow<Q> + Clone,
         Q: Hash + Eq + ?Sized,
     {
-        self.take_group_then(key, level, cost, |_| ()).0
+        let group = self.group_hash(key, level);
+        let short = match self.reserves.take(group, key, level, cost) {
+            Taken::Served => return GroupHit::First(Hit::Admitted, 1),
+            Taken::Short => true,
+            Taken::None => false,
+        };
+        self.take_in_shard(group, (key, level), cost, Some(short), |_| ())
+            .0
     }
 
     /// [`take_group_by`](Self::take_group_by) that also reads the first bucket once it has
     /// taken (`read`, under the same lock; `None` when the key has no bucket here): one lookup
-    /// for a request whose response tells the state of its limit.
+    /// for a request whose response tells the state of its limit. Such a request reads the
+    /// lease itself, so it neither takes from a reserve nor lends to one.
     #[inline(always)]
     pub(crate) fn take_group_then<Q, R>(
         &self,
@@ -334,27 +361,98 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
         read: impl FnOnce(&LocalBucket) -> R,
     ) -> (GroupHit, Option<R>)
     where
-        K: Borrow<Q>,
+        K: Borrow<Q> + Clone,
         Q: Hash + Eq + ?Sized,
     {
         let group = self.group_hash(key, level);
-        self.with_shard_counted(group, |table, admitted| {
-            let Some(entry) = table.find_mut(group, |e| is_bucket(&e.key, key, level, 0)) else {
-                return (GroupHit::First(Hit::Short, 0), None);
-            };
-            entry.bucket.mark_used();
-            let hit = entry.bucket.take_leased(cost);
-            let slots = entry.bucket.slots();
-            let read = Some(read(&entry.bucket));
-            if slots <= 1 || hit == Hit::Short {
-                let whole = slots == 1 && hit != Hit::Short;
-                *admitted += u64::from(whole);
-                return (GroupHit::First(hit, slots), read);
+        self.take_in_shard(group, (key, level), cost, None, read)
+    }
+
+    /// The take under the shard lock of `key` at `level` (hashed to `group`); when `lend` is
+    /// `Some(short)` (this core's reserve of the key was short, if it has one), the lease
+    /// may lend this core some of its tokens.
+    #[inline(always)]
+    fn take_in_shard<Q, R>(
+        &self,
+        group: u64,
+        (key, level): (&Q, u8),
+        cost: u64,
+        lend: Option<bool>,
+        read: impl FnOnce(&LocalBucket) -> R,
+    ) -> (GroupHit, Option<R>)
+    where
+        K: Borrow<Q> + Clone,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (lock, shard) = self.place(shard_index(group, self.shard_bits));
+        let (mut run, contended) = self.locks[lock].0.lock_noting_contention();
+        let Run { shards, admitted } = &mut *run;
+        let table = &mut shards[shard];
+        let Some(entry) = table.find_mut(group, |e| is_bucket(&e.key, key, level, 0)) else {
+            return (GroupHit::First(Hit::Short, 0), None);
+        };
+        entry.bucket.mark_used();
+        let mut hit = entry.bucket.take_leased(cost);
+        if hit == Hit::Short {
+            hit = self.take_recalled(group, entry, cost);
+        }
+        let slots = entry.bucket.slots();
+        let read = Some(read(&entry.bucket));
+        if slots <= 1 || hit == Hit::Short {
+            let whole = slots == 1 && hit != Hit::Short;
+            *admitted += u64::from(whole);
+            if whole
+                && hit == Hit::Admitted
+                && lend.is_some_and(|short| self.reserves.lends(contended, short))
+            {
+                self.reserves.lend(group, &entry.key, &mut entry.bucket);
             }
-            let taken = take_rest(table, group, (key, level), hit, slots, cost);
-            *admitted += u64::from(matches!(taken, GroupHit::All { .. }));
-            (taken, read)
-        })
+            return (GroupHit::First(hit, slots), read);
+        }
+        let taken = take_rest(table, group, (key, level), hit, slots, cost);
+        *admitted += u64::from(matches!(taken, GroupHit::All { .. }));
+        (taken, read)
+    }
+
+    /// The take of a lease that held fewer than `cost` tokens, again once every core's
+    /// reserve of its key is back in it: a request is refused (or waits) only when this host
+    /// holds none of the key's tokens anywhere.
+    #[cold]
+    #[inline(never)]
+    fn take_recalled(&self, group: u64, entry: &mut Entry<LeaseKey<K>>, cost: u64) -> Hit {
+        if !self.reserves.may_hold(group) {
+            return Hit::Short;
+        }
+        self.reserves.recall(group, &entry.key, &mut entry.bucket);
+        entry.bucket.take_leased(cost)
+    }
+
+    /// Takes every core's reserve of `id`'s bucket (hashed to `group`) back into it: done
+    /// before anything but a request's take looks at a bucket.
+    #[inline(always)]
+    fn recall_into(&self, group: u64, id: &LeaseKey<K>, bucket: &mut LocalBucket) {
+        if id.slot == 0 && self.reserves.may_hold(group) {
+            self.reserves.recall(group, id, bucket);
+        }
+    }
+
+    /// [`recall_into`](Self::recall_into) every bucket of `shard`, if any core holds a reserve.
+    fn recall_shard(&self, shard: &mut Shard<K>) {
+        if !self.reserves.any() {
+            return;
+        }
+        for entry in shard.iter_mut() {
+            let group = self.group_hash(&entry.key.key, entry.key.level);
+            self.recall_into(group, &entry.key, &mut entry.bucket);
+        }
+    }
+
+    /// Runs `f` on every bucket of `shard`, each with its reserves back.
+    fn each_entry(&self, shard: &mut Shard<K>, f: &mut impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
+        self.recall_shard(shard);
+        for entry in shard.iter_mut() {
+            f(&entry.key, &mut entry.bucket);
+        }
     }
 }
 
@@ -363,13 +461,6 @@ impl<K: Hash + Eq> MemoryLocalStore<K> {
 /// ([`LocalBucket::remembers_held`]).
 fn worth_keeping(bucket: &LocalBucket) -> bool {
     bucket.leased_tokens() > 0 || bucket.uncounted_requests() > 0 || bucket.remembers_held()
-}
-
-/// Runs `f` on every bucket of `shard`.
-fn each_entry<K>(shard: &mut Shard<K>, f: &mut impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
-    for entry in shard.iter_mut() {
-        f(&entry.key, &mut entry.bucket);
-    }
 }
 
 /// The limits after the first, for [`MemoryLocalStore::take_group_by`].
@@ -475,7 +566,8 @@ where
         self.with_shard(group, |table| {
             match table.find_entry(hash, |e| e.key == *key) {
                 Ok(entry) => {
-                    let bucket = &mut entry.into_mut().bucket;
+                    let Entry { key, bucket } = entry.into_mut();
+                    self.recall_into(group, key, bucket);
                     bucket.mark_used();
                     f(bucket)
                 }
@@ -484,6 +576,8 @@ where
         })
     }
 
+    /// A bucket as it is: tokens lent to cores' reserves are not in it (a view of it tells
+    /// up to those fewer, never more).
     fn peek_bucket<R>(&self, key: &LeaseKey<K>, f: impl FnOnce(&LocalBucket) -> R) -> Option<R> {
         let (group, hash) = self.hashes(key);
         self.with_shard(group, |table| {
@@ -492,7 +586,7 @@ where
     }
 
     fn for_each_bucket(&self, mut f: impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
-        self.each_shard(|shard| each_entry(shard, &mut f));
+        self.each_shard(|shard| self.each_entry(shard, &mut f));
     }
 
     /// One part per shard (a few hundred keys at most).
@@ -501,7 +595,7 @@ where
     }
 
     fn for_each_bucket_in(&self, part: usize, mut f: impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
-        self.with_shard_at(part, |shard| each_entry(shard, &mut f));
+        self.with_shard_at(part, |shard| self.each_entry(shard, &mut f));
     }
 
     fn take_evicted(&self) -> Vec<(LeaseKey<K>, LocalBucket)> {

@@ -9,6 +9,9 @@
 //! of the floor below and uses the model; nothing above it.
 
 pub mod memory;
+mod reserves;
+
+pub use reserves::CoreReserves;
 
 pub use crate::lease::LocalBucket;
 pub(crate) use crate::lease::{Hit, View};

@@ -41,8 +41,8 @@
 //! more tokens than a bucket holds), beside the traffic and through the store's latency and faults,
 //! and how long hosts refuse a key from one answer, how hosts size their batches (the default,
 //! fixed fractions, a policy that asks for nothing and one that asks for everything), whether they
-//! keep small leases for keys far from their limit, how long they leave a failing store alone,
-//! and how much jitter lengthens refusals' waits; the oracle's bounds follow (see
+//! keep small leases for keys far from their limit, whether they lend a key's tokens to the
+//! cores serving it, how long they leave a failing store alone, and how much jitter lengthens refusals' waits; the oracle's bounds follow (see
 //! `check_allowance`: tokens a change adds are allowed on top, and count as tokens that reappeared
 //! for exactness).
 #![allow(dead_code)]
@@ -65,8 +65,9 @@ use hierarchical_throttle::global::Adjustment;
 use hierarchical_throttle::local::LocalStore;
 use hierarchical_throttle::quota::{BucketKey, LeaseKey};
 use hierarchical_throttle::{
-    ColdStart, FailurePolicy, HierarchicalThrottleLayer, Keys, Limit, MemoryLocalStore, MissingKey,
-    OnRejection, Quota, Rejection, RejectionReason, Remaining, Shaping, StoreError,
+    ColdStart, CoreReserves, FailurePolicy, HierarchicalThrottleLayer, Keys, Limit,
+    MemoryLocalStore, MissingKey, OnRejection, Quota, Rejection, RejectionReason, Remaining,
+    Shaping, StoreError,
 };
 use tower::{Layer, ServiceExt, service_fn};
 
@@ -272,6 +273,9 @@ pub struct Scenario {
     pub keyless: Option<(u64, bool)>,
     /// Whether hosts keep small leases for keys far from their limit (the default).
     pub keep_small_leases: bool,
+    /// When hosts lend a key's tokens to the cores serving it (the run has one thread, so
+    /// `WhenContended` never lends, and `Always` lends on every take that finds no reserve).
+    pub core_reserves: CoreReserves,
     /// The hot keys get no request for this long before the herd (`windows.rs`).
     pub quiet: Duration,
     /// Checked for every window, not only those from the start (`windows.rs`).
@@ -477,6 +481,7 @@ impl Scenario {
             exempt_one_in: 0,
             keyless: None,
             keep_small_leases: true,
+            core_reserves: CoreReserves::WhenContended,
             quiet: Duration::ZERO,
             windows: false,
         }
@@ -699,6 +704,14 @@ impl Scenario {
         // Small leases kept or not: a stream of its own.
         let mut keeping = Rng::new(self.seed ^ 0x6EE9_5A11);
         self.keep_small_leases = !keeping.chance(0.3);
+        // Cores' reserves: a stream of its own.
+        let reserves = [
+            CoreReserves::Always,
+            CoreReserves::Always,
+            CoreReserves::WhenContended,
+            CoreReserves::Off,
+        ];
+        self.core_reserves = reserves[Rng::new(self.seed ^ 0xC0_4E5E).below(4) as usize];
         // Half the raises are steep: a stream of its own, so other draws stay as they were.
         let mut steep = Rng::new(self.seed ^ 0x57EE_9000);
         for change in [&mut self.change, &mut self.tenant_change]
@@ -1713,7 +1726,8 @@ fn build_host(
         .local_store(
             MemoryLocalStore::with_max_keys(s.local_max_keys)
                 .expect("bound")
-                .with_hash_seed(s.seed ^ host as u64),
+                .with_hash_seed(s.seed ^ host as u64)
+                .with_core_reserves(s.core_reserves),
         )
         .build()
         .expect("valid configuration")
