@@ -132,10 +132,10 @@ impl<K> MemoryLocalStore<K> {
         self.reserves.policy()
     }
 
-    /// Whether any core holds a reserve of any key.
+    /// Keys with a reserve, over all cores.
     #[cfg(test)]
-    pub(crate) fn lends_out(&self) -> bool {
-        self.reserves.any()
+    pub(crate) fn keys_in_reserve(&self) -> usize {
+        self.reserves.keys()
     }
 
     /// Lays keys out by a hash of `seed` rather than a random one, so that evictions and
