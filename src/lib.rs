@@ -32,10 +32,11 @@
 //! Each host keeps a **local** token bucket per key, filled with tokens leased in batches from
 //! a **global** token bucket per key ([`MemoryGlobalStore`] in one process, a Redis store for a
 //! fleet). A request is served from local tokens when it can be: one hash, one
-//! compare-and-swap on a shard lock, no clock read, no I/O. When the local tokens run short,
-//! the host asks the global store for a batch sized by its recent demand ([`batch`]); one
-//! request per key and host is in flight, and the requests that queued for it are served from it
-//! in arrival order. A batch is also fetched in the background when the local tokens run low, so
+//! compare-and-swap on a shard lock, no clock read, no I/O (a key hot on several cores lends
+//! each of them a reserve, so they do not share that lock's line: [`CoreReserves`]). When the
+//! local tokens run short, the host asks the global store for a batch sized by its recent
+//! demand ([`batch`]); one request per key and host is in flight, and the requests that queued
+//! for it are served from it in arrival order. A batch is also fetched in the background when the local tokens run low, so
 //! steady traffic never waits. When the global bucket cannot give the whole batch, it reserves
 //! for the host the tokens due soon (see
 //! [`Builder::max_reservation`]), so a key over its limit costs one call per batch, not per
