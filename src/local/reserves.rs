@@ -331,15 +331,22 @@ mod tests {
         })
     }
 
-    #[test]
-    fn a_request_the_lease_cannot_serve_takes_every_core_s_reserve_back_first() {
-        let store = holding(100, CoreReserves::Always, 10_000);
-        assert_eq!(take_on_another_thread(&store, 1), 1);
+    /// A store whose key 1 holds 100 tokens, `takes` of them spent on another thread, whose
+    /// core now holds a reserve of the key.
+    fn lent_to_another_thread(takes: usize, max_keys: usize) -> MemoryLocalStore<u64> {
+        let store = holding(100, CoreReserves::Always, max_keys);
+        assert_eq!(take_on_another_thread(&store, takes), takes);
         assert_eq!(
             store.keys_in_reserve(),
             1,
-            "the other thread's core holds a reserve"
+            "the other thread's core holds one"
         );
+        store
+    }
+
+    #[test]
+    fn a_request_the_lease_cannot_serve_takes_every_core_s_reserve_back_first() {
+        let store = lent_to_another_thread(1, 10_000);
         // This thread is admitted for every token left, the other core's reserve included,
         // and refused only once there is none anywhere.
         let here = (0..1_000)
@@ -353,9 +360,7 @@ mod tests {
 
     #[test]
     fn a_pass_over_the_buckets_sees_the_reserves_back_in_their_leases() {
-        let store = holding(100, CoreReserves::Always, 10_000);
-        assert_eq!(take_on_another_thread(&store, 5), 5);
-        assert_eq!(store.keys_in_reserve(), 1);
+        let store = lent_to_another_thread(5, 10_000);
         assert_eq!(
             store.admitted_whole(),
             5,
@@ -369,9 +374,7 @@ mod tests {
 
     #[test]
     fn an_evicted_bucket_takes_its_reserves_with_it() {
-        let store = holding(100, CoreReserves::Always, 64);
-        assert_eq!(take_on_another_thread(&store, 3), 3);
-        assert_eq!(store.keys_in_reserve(), 1);
+        let store = lent_to_another_thread(3, 64);
         // New keys until key 1 is evicted (which ones go first depends on the layout).
         let mut kept = None;
         for key in 2..100_000 {
