@@ -180,9 +180,9 @@ impl<K> MemoryLocalStore<K> {
     /// Runs `f` on every shard, taking the lock once per shard: a pass over a whole run under
     /// one hold (thousands of keys in a large store) would keep every request of the run's
     /// keys waiting for it.
-    fn each_shard(&self, mut f: impl FnMut(&mut Shard<K>)) {
+    fn each_shard(&self, mut f: impl FnMut(usize, &mut Shard<K>)) {
         for index in 0..1usize << self.shard_bits {
-            self.with_shard_at(index, &mut f);
+            self.with_shard_at(index, |shard| f(index, shard));
         }
     }
 
@@ -218,7 +218,7 @@ impl<K: Clone> MemoryLocalStore<K> {
     #[inline(never)]
     fn insert<R>(
         &self,
-        table: &mut Shard<K>,
+        (index, table): (usize, &mut Shard<K>),
         hash: u64,
         key: &LeaseKey<K>,
         f: impl FnOnce(&mut LocalBucket) -> R,
@@ -227,7 +227,7 @@ impl<K: Clone> MemoryLocalStore<K> {
         K: Hash + Eq,
     {
         if table.len() >= self.per_shard {
-            self.make_room(table);
+            self.make_room(index, table);
         }
         let entry = Entry {
             key: key.clone(),
@@ -244,12 +244,12 @@ impl<K: Clone> MemoryLocalStore<K> {
     /// leased tokens or uncounted requests, or remembering tokens they held lately, are all
     /// kept, for the throttle (it takes them every half lease time) or for their key if it
     /// comes back first, so no leased token is stranded and no refill around one is spent.
-    fn make_room(&self, table: &mut Shard<K>)
+    fn make_room(&self, index: usize, table: &mut Shard<K>)
     where
         K: Hash + Eq,
     {
         let target = self.per_shard - (self.per_shard / 8).max(1);
-        self.recall_shard(table);
+        self.recall_shard(index, table);
         let mut evicted = Vec::new();
         for second_chance in [true, false] {
             if table.len() <= target {
@@ -436,20 +436,32 @@ impl<K: Hash + Eq + Clone> MemoryLocalStore<K> {
         }
     }
 
-    /// [`recall_into`](Self::recall_into) every bucket of `shard`, if any core holds a reserve.
-    fn recall_shard(&self, shard: &mut Shard<K>) {
+    /// Takes every core's reserve of a bucket of `shard` (number `index`) back into it: by the
+    /// reserves, a few hundred per core at most, rather than by the shard's buckets.
+    fn recall_shard(&self, index: usize, shard: &mut Shard<K>) {
         if !self.reserves.any() {
             return;
         }
-        for entry in shard.iter_mut() {
-            let group = self.group_hash(&entry.key.key, entry.key.level);
-            self.recall_into(group, &entry.key, &mut entry.bucket);
-        }
+        let here = |group| shard_index(group, self.shard_bits) == index;
+        self.reserves
+            .recall_where(here, |group, id, unspent, served| {
+                let entry = shard.find_mut(group, |e| e.key == *id);
+                // A reserve's bucket is there: it goes only after its reserves came back.
+                debug_assert!(entry.is_some(), "a reserve outlived its bucket");
+                if let Some(entry) = entry {
+                    entry.bucket.repay(unspent, served);
+                }
+            });
     }
 
-    /// Runs `f` on every bucket of `shard`, each with its reserves back.
-    fn each_entry(&self, shard: &mut Shard<K>, f: &mut impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
-        self.recall_shard(shard);
+    /// Runs `f` on every bucket of `shard` (number `index`), each with its reserves back.
+    fn each_entry(
+        &self,
+        index: usize,
+        shard: &mut Shard<K>,
+        f: &mut impl FnMut(&LeaseKey<K>, &mut LocalBucket),
+    ) {
+        self.recall_shard(index, shard);
         for entry in shard.iter_mut() {
             f(&entry.key, &mut entry.bucket);
         }
@@ -571,7 +583,10 @@ where
                     bucket.mark_used();
                     f(bucket)
                 }
-                Err(absent) => self.insert(absent.into_table(), hash, key, f),
+                Err(absent) => {
+                    let index = shard_index(group, self.shard_bits);
+                    self.insert((index, absent.into_table()), hash, key, f)
+                }
             }
         })
     }
@@ -586,7 +601,7 @@ where
     }
 
     fn for_each_bucket(&self, mut f: impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
-        self.each_shard(|shard| self.each_entry(shard, &mut f));
+        self.each_shard(|index, shard| self.each_entry(index, shard, &mut f));
     }
 
     /// One part per shard (a few hundred keys at most).
@@ -595,7 +610,7 @@ where
     }
 
     fn for_each_bucket_in(&self, part: usize, mut f: impl FnMut(&LeaseKey<K>, &mut LocalBucket)) {
-        self.with_shard_at(part, |shard| self.each_entry(shard, &mut f));
+        self.with_shard_at(part, |shard| self.each_entry(part, shard, &mut f));
     }
 
     fn take_evicted(&self) -> Vec<(LeaseKey<K>, LocalBucket)> {
@@ -606,7 +621,7 @@ where
 
     fn len(&self) -> usize {
         let mut len = 0;
-        self.each_shard(|shard| len += shard.len());
+        self.each_shard(|_, shard| len += shard.len());
         len
     }
 }
@@ -666,7 +681,7 @@ mod tests {
         assert!((9_000..=10_000).contains(&max), "max_keys {max}");
         let table_capacity = || -> usize {
             let mut capacity = 0;
-            store.each_shard(|s| capacity += s.capacity());
+            store.each_shard(|_, s| capacity += s.capacity());
             capacity
         };
         for key in 0..1_000_000u64 {

@@ -238,12 +238,7 @@ impl<K> Reserves<K> {
             };
             let (reserve, _) = found.remove();
             bucket.repay(reserve.tokens, reserve.served);
-            // A bit stays set only for the keys still held here.
-            let keys = table
-                .reserves
-                .iter()
-                .fold(0, |keys, r| keys | self::bit(r.group));
-            stripe.keys.store(keys, Ordering::Relaxed);
+            stripe.keys.store(table.mask(), Ordering::Relaxed);
         }
     }
 
@@ -256,11 +251,45 @@ impl<K> Reserves<K> {
             .sum()
     }
 
+    /// Takes back every reserve of a key whose group `here` accepts (under the shard lock of
+    /// all of them), giving each to `repay`: its key's group, its key, its unspent tokens and
+    /// the requests it served.
+    pub(super) fn recall_where(
+        &self,
+        here: impl Fn(u64) -> bool,
+        mut repay: impl FnMut(u64, &LeaseKey<K>, u64, u64),
+    ) {
+        for stripe in self.stripes.iter().map(|s| &s.0) {
+            if stripe.keys.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut table = stripe.table.lock();
+            let before = table.reserves.len();
+            table.reserves.retain(|r| {
+                let recalled = here(r.group);
+                if recalled {
+                    repay(r.group, &r.id, r.tokens, r.served);
+                }
+                !recalled
+            });
+            if table.reserves.len() < before {
+                stripe.keys.store(table.mask(), Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Requests admitted from reserves so far.
     pub(super) fn served(&self) -> u64 {
         self.stripes
             .iter()
             .fold(0u64, |sum, s| sum.saturating_add(s.0.table.lock().served))
+    }
+}
+
+impl<K> Table<K> {
+    /// The stripe's key mask: a bit set only for the keys held here.
+    fn mask(&self) -> u64 {
+        self.reserves.iter().fold(0, |keys, r| keys | bit(r.group))
     }
 }
 
