@@ -42,8 +42,9 @@ pub enum CoreReserves {
 const MOST_LENT: u64 = 64;
 
 /// The most keys one core holds reserves of: a few hundred hot keys at most, so that the
-/// reserves stay small (tens of kilobytes) however many keys meet on a contended lock. Reserves
-/// go back at every sweep, so the keys a core serves most have theirs again soon after.
+/// reserves stay small (about 15 KB a core with `u64` or short keys) however many keys meet
+/// on a contended lock. Reserves go back at every sweep, so the keys a core serves most have
+/// theirs again soon after.
 const MOST_KEYS_PER_CORE: usize = 256;
 
 /// The reserves of a store, one stripe per core (twice as many, so that threads numbered in
