@@ -2465,9 +2465,15 @@ async fn check_liveness(
                 };
                 tokio::time::timeout(s.store_timeout * 4, host.clone().oneshot(job))
             };
+            let forfeited = || layer.stats().tokens_forfeited;
+            let forfeited_before = forfeited();
             let mut answer = ask().await;
+            // What an earlier fetch of this host could not take back (other hosts had spent the
+            // refill first) is owed, and its next fetch pays it, however late: the grant it
+            // takes is refused once.
+            let paid_owed = forfeited() > forfeited_before;
             if let Ok(Ok(Outcome::Refused(RejectionReason::Throttled))) = answer
-                && (s.change.is_some() || s.tenant_change.is_some())
+                && (s.change.is_some() || s.tenant_change.is_some() || paid_owed)
             {
                 // A store learns of a changed limit at the first call under it, and may count
                 // the time before at the old limit's rate (the memory store does; Redis counts
