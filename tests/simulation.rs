@@ -180,6 +180,11 @@ mod sim;
 ///   hand-back of the 18 left dropped the note, though the bucket it went into was far from
 ///   full: the next burst's fetch took the refill and the 18, and a window from the first use
 ///   held 0.07 token past its bound. A hand-back now forfeits what such a note has left.
+/// - 95820 and 97312 (their windowed runs): a lease took the whole bucket of a key near its
+///   limit (98 of 100 held after its waiters), and the bucket refilled past `capacity - held`
+///   before the first sweep since that answer; a burst then spent the refill on top of the
+///   lease, and the sweep that would have armed the lease came after it (0.9 token past a
+///   window's bound). An answer now arms the lease as a sweep does.
 /// - 78884: a key of capacity 1 on eight hosts; a host's fetch could not take back what it
 ///   owed (other hosts had spent the refill), and its next fetch, thirteen seconds later in the
 ///   liveness check, paid it with the one token it was granted: that request was refused,
@@ -190,7 +195,8 @@ const REGRESSIONS: &[u64] = &[
     26693, 27208, 28503, 206, 1496, 11007, 12394, 16564, 6709, 8065, 9575, 10068, 10591, 10970,
     13957, 15934, 19702, 19948, 7952, 59518, 84207, 154893, 108375, 10, 28, 1869, 38, 145, 640,
     3589, 1148, 11516, 3787, 11930, 49260, 608, 741, 172, 1258, 45302, 33, 1890, 74681, 3469, 5411,
-    17507, 30167, 16, 68, 4540, 16220, 14882, 12098, 18308, 20104, 43524, 59906, 78884,
+    17507, 30167, 16, 68, 4540, 16220, 14882, 12098, 18308, 20104, 43524, 59906, 78884, 95820,
+    97312,
 ];
 
 /// Seeds run by default: sixty in a debug build (they catch overflows and debug assertions; the

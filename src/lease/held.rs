@@ -94,6 +94,14 @@ impl LocalBucket {
         }
     }
 
+    /// An answer's arming, at its arrival, up to the next sweep (`horizon`): as a sweep's
+    /// ([`arm_for_overflow`](Self::arm_for_overflow)). A lease that took most of a bucket near
+    /// its limit may see it refill past `capacity - held` before the first sweep since the
+    /// answer, and a burst then spend that refill on top of the lease.
+    pub(crate) fn arm_after_answer(&mut self, horizon: u64, limit: &Limit) {
+        self.arm_for_overflow(horizon, || Some(*limit));
+    }
+
     /// Whether the global bucket of `limit` may refill past `capacity - held` by `horizon`, by
     /// this host's estimate.
     fn may_overflow_by(&self, horizon: u64, limit: impl FnOnce() -> Option<Limit>) -> bool {
@@ -686,6 +694,38 @@ mod tests {
         // Taken back once: the next answer takes nothing for it.
         let settled = b.settle(&grant_sent_at(100, 0, 300 * MS), 300 * MS, 0, &limit);
         assert_eq!(settled.forfeited, 0);
+    }
+
+    #[test]
+    fn an_answer_arms_a_lease_the_bucket_may_overflow_around_before_the_next_sweep() {
+        let limit = Limit::per_second(100).burst(100).unwrap();
+        // The lease took the whole bucket at 9 ms and holds 98 once its waiters are served
+        // (here, as its grant); 4 refill by 51 ms, 2 past the capacity, and a burst then
+        // spends 3. Without the answer's arming, the first sweep (at 100 ms) comes too late to
+        // see it, and the next answer takes nothing back.
+        let answered = |arm: bool| {
+            let mut b = LocalBucket::default();
+            b.settle(&grant_sent_at(98, 0, 9 * MS), 11 * MS, 0, &limit);
+            if arm {
+                b.arm_after_answer(61 * MS, &limit);
+            }
+            let first = spend(&mut b, 1);
+            if first == crate::lease::Hit::AdmittedStartFetch {
+                assert!(b.plan(51 * MS, 0, &limit, false, FOREVER).is_none());
+                b.settle(&FetchOutcome::Skipped, 51 * MS, 0, &limit);
+            }
+            spend(&mut b, 2);
+            // Steady use down to 49, which the sweeps see.
+            spend(&mut b, 46);
+            for sweep in [100, 150, 200, 250, 300] {
+                b.sweep(sweep * MS, 100 * MS, true, 0, || Some(limit));
+            }
+            // The next answer, at 305 ms, finds the 29 refilled since 9 ms as estimated.
+            let settled = b.settle(&grant_sent_at(29, 0, 305 * MS), 307 * MS, 0, &limit);
+            (first, settled.forfeited)
+        };
+        assert_eq!(answered(true), (crate::lease::Hit::AdmittedStartFetch, 2));
+        assert_eq!(answered(false), (crate::lease::Hit::Admitted, 0));
     }
 
     #[test]

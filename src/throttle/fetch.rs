@@ -201,6 +201,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 Some(bucket) => {
                     self.serve(id, bucket, b, now);
                     let mut settled = b.settle(outcome, now, self.interval(now), &bucket.limit);
+                    if let FetchOutcome::Granted { .. } = outcome {
+                        let next_sweep = now.saturating_add(micros(self.config.lease_ttl) / 2);
+                        b.arm_after_answer(next_sweep, &bucket.limit);
+                    }
                     // Served the waiters; no token of this window is kept for the next: not
                     // near a reset, nor from an answer asked for before one (a waiter gone
                     // meanwhile left its tokens, which the next window must not spend).
