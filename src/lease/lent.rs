@@ -19,12 +19,7 @@ impl LocalBucket {
     /// Lends up to `tokens` of the [lendable](Self::lendable) ones, counted as served until
     /// [repaid](Self::repay); returns how many it lent.
     pub(crate) fn lend(&mut self, tokens: u64) -> u64 {
-        let lent = tokens.min(self.lendable());
-        self.tokens -= lent;
-        self.unrecorded = self
-            .unrecorded
-            .saturating_add(u32::try_from(lent).unwrap_or(u32::MAX));
-        lent
+        self.take_up_to(tokens.min(self.lendable()))
     }
 
     /// Tokens lent come back: `unspent` of them unspent, the others spent by `served` requests
