@@ -130,9 +130,10 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             if b.is_fetching() || b.waiting() > 0 {
                 return;
             }
-            let tokens = b.take_all_leased();
+            let taken = b.hand_back_all();
+            self.stats.tokens_forfeited.add(taken.forfeited);
             self.hand_backs
-                .keep(Return::taken(id, b, tokens, now, false));
+                .keep(Return::taken(id, b, taken.back, now, false));
         })
         .await;
         self.send_kept().await;
@@ -318,8 +319,9 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             let now = self.now();
             let returns = evicted.into_iter().filter_map(|(id, mut bucket)| {
                 self.stats.admitted_local.add(bucket.take_uncounted());
-                let tokens = bucket.take_all_leased();
-                Return::taken(&id, &bucket, tokens, now, false)
+                let taken = bucket.hand_back_all();
+                self.stats.tokens_forfeited.add(taken.forfeited);
+                Return::taken(&id, &bucket, taken.back, now, false)
             });
             returns.collect()
         });
