@@ -316,11 +316,9 @@ impl LocalBucket {
         memory: u64,
     ) -> Option<Plan> {
         self.release_pending(now);
-        // Spent since the last record: an armed lease's use that started this fetch among it.
-        let spent = u64::from(self.unrecorded);
         self.record_demand(now, interval);
         self.cold_mut().waiters.retain_present();
-        if self.disarm(now, limit, spent) {
+        if self.disarm(now, limit) {
             return None;
         }
         let owed = u64::from(self.cold().owed);

@@ -77,8 +77,8 @@ impl LocalBucket {
     /// only if the lease needs tokens. Without it, a burst that spent tokens held around the
     /// refill long before the lease ran low would leave nothing for an answer to see (the
     /// overflow ends with the burst), and the sweeps' samples are kept for two sweeps only.
-    /// An armed lease stays so until that fetch (or until it forgets what it held), and again
-    /// after it while the refill may outgrow what its uses noted ([`disarm`](Self::disarm)).
+    /// An armed lease stays so until that fetch (or until it forgets what it held): the
+    /// refill only grows, and only a use lowers what it holds.
     pub(super) fn arm_for_overflow(&mut self, horizon: u64, limit: impl FnOnce() -> Option<Limit>) {
         let Some(cold) = self.cold.as_deref() else {
             return;
@@ -112,26 +112,21 @@ impl LocalBucket {
         self.global_estimate(horizon, &limit).saturating_add(held) > limit.capacity()
     }
 
-    /// At the fetch that a use of a lease armed by a sweep
-    /// ([`arm_for_overflow`](Self::arm_for_overflow)) started, at `now`, `spent` tokens having
-    /// been taken since the lease's demand was last recorded (that use's among them): notes
-    /// what the global bucket of `limit` held past `capacity - held` by this host's estimate,
-    /// `held` what the lease held just before those uses, for the next answer to take back as
-    /// far as it proves it, and disarms the lease. Returns whether the arming alone started
-    /// the fetch: the lease is at or above its low water, no request waits for it and it owes
-    /// nothing. Such a lease is armed again while the refill may still outgrow what it
-    /// noted: what the bucket held past `capacity - held` is at its most just before some
-    /// use, not always the first (a lease that spends slowly at first, then fast), and each
-    /// armed use spends at least a token, so that costs at most a fetch that asks the store
-    /// nothing per token held.
-    pub(super) fn disarm(&mut self, now: u64, limit: &Limit, spent: u64) -> bool {
+    /// At the fetch that a lease armed by a sweep ([`arm_for_overflow`](Self::arm_for_overflow))
+    /// started, at `now`: notes what the global bucket of `limit` held past `capacity - held`
+    /// by this host's estimate, `held` what the lease held from that sweep until the use that
+    /// started the fetch (it spent nothing before), for the next answer to take back as far as
+    /// it proves it, and disarms the lease. Returns whether the arming alone started the
+    /// fetch: the lease is at or above its low water, no request waits for it and it owes
+    /// nothing.
+    pub(super) fn disarm(&mut self, now: u64, limit: &Limit) -> bool {
         let armed = self.cold().armed;
         if armed == super::NOT_ARMED {
             return false;
         }
         let held = match limit.calendar() {
             Some(_) => 0,
-            None => self.held_before(spent).min(limit.capacity()),
+            None => self.held_since_sweep(limit),
         };
         let overflow = past_capacity(self.global_estimate(now, limit), held, limit);
         let overflow = u32::try_from(overflow).unwrap_or(u32::MAX);
@@ -140,31 +135,14 @@ impl LocalBucket {
         let cold = self.cold_mut();
         cold.armed = super::NOT_ARMED;
         cold.overflowed = cold.overflowed.max(overflow);
-        let alone = tokens >= u64::from(armed) && cold.waiters.is_empty() && cold.owed == 0;
-        if alone && self.overflow_may_grow(now, limit) {
-            self.cold_mut().armed = armed;
-            self.low_water = u32::MAX;
-        }
-        alone
+        tokens >= u64::from(armed) && cold.waiters.is_empty() && cold.owed == 0
     }
 
-    /// What the lease held before the `spent` tokens taken since its demand was last recorded:
-    /// what it holds and those, unless tokens came back in between (a refund, a request gone
-    /// away), when the most it held since the last sample is nearer.
-    fn held_before(&self, spent: u64) -> u64 {
-        let holding = self.holding();
-        let sampled = holding.max(u64::from(self.cold().held_at_sweep));
-        holding.saturating_add(spent).min(sampled)
-    }
-
-    /// Whether, by this host's estimate, the global bucket of `limit` may yet refill further
-    /// past `capacity - held` than the armed uses noted: it is not full, and the lease holds
-    /// more than they noted (once full, the bucket holds past `capacity - held` just what the
-    /// lease holds).
-    fn overflow_may_grow(&self, now: u64, limit: &Limit) -> bool {
-        limit.calendar().is_none()
-            && self.global_estimate(now, limit) < limit.capacity()
-            && self.holding() > u64::from(self.cold().overflowed)
+    /// The most the lease held since the last sweep, and now.
+    fn held_since_sweep(&self, limit: &Limit) -> u64 {
+        self.holding()
+            .max(u64::from(self.cold().held_at_sweep))
+            .min(limit.capacity())
     }
 
     /// What the overflow noted at armed leases' uses ([`disarm`](Self::disarm)) an answer
@@ -266,7 +244,7 @@ impl LocalBucket {
 
     /// Takes every leased token out to hand back, reserved ones included: the bucket is being
     /// dropped (evicted, or the host is stopping). As many as the lease owes the fleet are
-    /// forfeited instead: the overflow its armed uses noted that no answer took back, and what
+    /// forfeited instead: the overflow an armed use noted that no answer took back, and what
     /// its fetches could not take back. Dropped with the bucket, neither would come off what
     /// a later fetch brings, and handed back whole, the tokens would let the global bucket
     /// hold its capacity again on top of what they overflowed.
@@ -684,35 +662,33 @@ mod tests {
     /// A key of 100 a second whose lease took the whole bucket (near its limit: its fetches
     /// ahead take back only what their answers prove), 94 left at a sweep at 50 ms that finds
     /// the bucket may refill past 6 before the next (10 by 100 ms). A burst at 93 ms spends 20
-    /// (the first starts a fetch the arming alone asked for, which plans once the burst is
-    /// spent: 9 refilled then, 3 past the 6 held before the burst). The lease stays armed.
+    /// (the first starts a fetch the arming alone asked for: 9 refilled then, 3 past the 6).
     fn burst_after_arming(b: &mut LocalBucket, limit: &Limit) {
         b.settle(&grant_leaving(100, 0), 0, 0, limit);
         spend(b, 6);
         b.sweep(50 * MS, 100 * MS, true, 0, || Some(*limit));
         assert_eq!(spend(b, 1), crate::lease::Hit::AdmittedStartFetch, "armed");
-        assert_eq!(
-            spend(b, 19),
-            crate::lease::Hit::Admitted,
-            "one fetch at a time"
-        );
         assert!(
             b.plan(93 * MS, 0, limit, false, FOREVER).is_none(),
             "no tokens needed"
         );
         b.settle(&FetchOutcome::Skipped, 93 * MS, 0, limit);
+        assert_eq!(
+            spend(b, 19),
+            crate::lease::Hit::Admitted,
+            "fetches at half its batch again"
+        );
     }
 
-    /// [`burst_after_arming`], then sweeps at 100, 150 and 200 ms that see 74 held and forget
-    /// the 94. The lease then runs low at 210 ms (its first use, still armed, starts the
-    /// fetch) and plans its fetch.
+    /// [`burst_after_arming`], then sweeps at 100, 150 and 200 ms that see 74 held, no
+    /// overflow ahead, and forget the 94. The lease then runs low at 210 ms and plans its
+    /// fetch.
     fn burst_around_the_refill(b: &mut LocalBucket, limit: &Limit) {
         burst_after_arming(b, limit);
         for sweep in [100, 150, 200] {
             b.sweep(sweep * MS, 100 * MS, true, 0, || Some(*limit));
         }
-        assert_eq!(spend(b, 1), crate::lease::Hit::AdmittedStartFetch);
-        spend(b, 24);
+        assert_eq!(spend(b, 25), crate::lease::Hit::AdmittedStartFetch);
         let plan = b.plan(210 * MS, 0, limit, false, FOREVER).unwrap();
         assert_eq!(
             plan.take_back, 0,
@@ -764,39 +740,6 @@ mod tests {
     }
 
     #[test]
-    fn the_overflow_a_lease_noted_is_its_most_just_before_any_use_not_only_the_first() {
-        let limit = Limit::per_second(100).burst(100).unwrap();
-        let ttl = 100 * MS;
-        // The lease took the whole bucket and is armed by the answer. A first use at 5 ms
-        // finds nothing refilled; slow use lets the refill grow past what the lease spends
-        // (6 by 60 ms, the lease holding 99 just before: 5 past the capacity); then a burst
-        // spends 40 at 70 ms, after which the bucket and the lease together hold less.
-        let mut b = LocalBucket::default();
-        b.settle(&grant_leaving(100, 0), 0, 0, &limit);
-        b.arm_after_answer(50 * MS, &limit);
-        let armed_use = |b: &mut LocalBucket, at: u64, burst: u64| {
-            assert_eq!(
-                spend(b, 1),
-                crate::lease::Hit::AdmittedStartFetch,
-                "at {at}"
-            );
-            spend(b, burst - 1);
-            assert!(b.plan(at * MS, 0, &limit, false, FOREVER).is_none());
-            b.settle(&FetchOutcome::Skipped, at * MS, 0, &limit);
-        };
-        armed_use(&mut b, 5, 1);
-        armed_use(&mut b, 60, 1);
-        armed_use(&mut b, 70, 40);
-        // Unused for a time-to-live, the 58 left go back but for those 5: handed back whole,
-        // the bucket would hold 105 past what was spent from 60 ms on, 5 over its capacity.
-        for sweep in [100, 150, 200] {
-            b.sweep(sweep * MS, ttl, true, 0, || Some(limit));
-        }
-        let taken = b.take_unused(200 * MS, ttl, true, 0);
-        assert_eq!((taken.back, taken.forfeited), (53, 5));
-    }
-
-    #[test]
     fn an_answer_arms_a_lease_the_bucket_may_overflow_around_before_the_next_sweep() {
         let limit = Limit::per_second(100).burst(100).unwrap();
         // The lease took the whole bucket at 9 ms and holds 98 once its waiters are served
@@ -843,7 +786,8 @@ mod tests {
         safe.sweep(50 * MS, ttl, true, 0, || Some(limit));
         assert_eq!(spend(&mut safe, 1), crate::lease::Hit::Admitted);
         // Armed, it stays so until its next use (a later sweep saw 70 of the 100 left, 85 with
-        // the refill by 150 ms); that use's fetch asks for nothing.
+        // the refill by 150 ms); that use's fetch asks for nothing, and the lease fetches at
+        // half its batch again.
         let mut b = LocalBucket::default();
         b.settle(&grant_leaving(100, 0), 0, 0, &limit);
         b.sweep(50 * MS, ttl, true, 0, || Some(limit));
@@ -852,26 +796,8 @@ mod tests {
         assert_eq!(spend(&mut b, 1), crate::lease::Hit::AdmittedStartFetch);
         assert!(b.plan(150 * MS, 0, &limit, false, FOREVER).is_none());
         b.settle(&FetchOutcome::Skipped, 150 * MS, 0, &limit);
-        // And again while the bucket may refill past what the lease holds by more than its
-        // uses noted (16 by 160 ms, the lease holding 69), down to half its batch.
+        assert_eq!(spend(&mut b, 19), crate::lease::Hit::Admitted);
         assert_eq!(spend(&mut b, 1), crate::lease::Hit::AdmittedStartFetch);
-        assert_eq!(spend(&mut b, 18), crate::lease::Hit::Admitted);
-        assert!(b.plan(160 * MS, 0, &limit, false, FOREVER).is_none());
-        b.settle(&FetchOutcome::Skipped, 160 * MS, 0, &limit);
-        assert_eq!(spend(&mut b, 1), crate::lease::Hit::AdmittedStartFetch);
-        assert!(
-            b.plan(170 * MS, 0, &limit, false, FOREVER).is_some(),
-            "below half its batch: a fetch ahead of need"
-        );
-        // Once the bucket cannot refill past what the lease holds by more than its uses
-        // noted, it is disarmed.
-        let mut full = LocalBucket::default();
-        full.settle(&grant_leaving(100, 0), 0, 0, &limit);
-        full.sweep(50 * MS, ttl, true, 0, || Some(limit));
-        assert_eq!(spend(&mut full, 1), crate::lease::Hit::AdmittedStartFetch);
-        assert!(full.plan(SECOND, 0, &limit, false, FOREVER).is_none());
-        full.settle(&FetchOutcome::Skipped, SECOND, 0, &limit);
-        assert_eq!(spend(&mut full, 1), crate::lease::Hit::Admitted);
         // A limit the key's quota no longer has arms nothing.
         let mut gone = LocalBucket::default();
         gone.settle(&grant_leaving(100, 0), 0, 0, &limit);
