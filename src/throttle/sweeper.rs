@@ -130,10 +130,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             if b.is_fetching() || b.waiting() > 0 {
                 return;
             }
-            let taken = b.hand_back_all();
-            self.stats.tokens_forfeited.add(taken.forfeited);
-            self.hand_backs
-                .keep(Return::taken(id, b, taken.back, now, false));
+            self.hand_backs.keep(self.hand_back_dropped(id, b, now));
         })
         .await;
         self.send_kept().await;
@@ -319,12 +316,23 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             let now = self.now();
             let returns = evicted.into_iter().filter_map(|(id, mut bucket)| {
                 self.stats.admitted_local.add(bucket.take_uncounted());
-                let taken = bucket.hand_back_all();
-                self.stats.tokens_forfeited.add(taken.forfeited);
-                Return::taken(&id, &bucket, taken.back, now, false)
+                self.hand_back_dropped(&id, &mut bucket, now)
             });
             returns.collect()
         });
+    }
+
+    /// The hand-back of a bucket being dropped (evicted, or the host stopping) at `now`: all
+    /// its tokens but those its lease owes the fleet, which are forfeited.
+    fn hand_back_dropped(
+        &self,
+        id: &LeaseKey<K>,
+        bucket: &mut LocalBucket,
+        now: u64,
+    ) -> Option<Return<K>> {
+        let taken = bucket.hand_back_all();
+        self.stats.tokens_forfeited.add(taken.forfeited);
+        Return::taken(id, bucket, taken.back, now, false)
     }
 
     /// The counters, with every request served so far counted.
