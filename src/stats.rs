@@ -62,7 +62,8 @@ pub struct ThrottleStats {
     /// bucket the key no longer draws on after it changed tiers, refunds of tokens the
     /// failure policy admitted (they were never leased), and what a fetch took back out of a
     /// global bucket that refilled around tokens this host held (the README's "windows that
-    /// start later"). Never given to another bucket.
+    /// start later"), and tokens that came back to (or fell due into) a lease holding its
+    /// capacity. Never given to another bucket.
     pub tokens_forfeited: u64,
     /// Requests that queued to wait for their tokens ([`Shaping::Wait`](crate::Shaping)). The
     /// checks they make while they wait are not counted above: a waiting request is counted

@@ -5,6 +5,8 @@
 //! meanwhile, and be spent twice, once fetched from the refilled bucket and once handed back
 //! on top of it.
 
+use std::cell::LazyCell;
+
 use super::{KEEP_TTLS, LocalBucket};
 use crate::limit::Limit;
 
@@ -19,10 +21,10 @@ pub(crate) struct Unused {
 
 impl LocalBucket {
     /// A sweep's visit at `now` (in demand interval `interval`; sweeps come every half `ttl`):
-    /// reserved tokens now due join the lease, a paid debt lets the bucket be evicted again,
-    /// its demand is recorded, what it holds noted, and the lease armed if the global bucket
-    /// of `limit` may overflow around it before the next sweep
-    /// ([`arm_for_overflow`](Self::arm_for_overflow)). Returns the tokens
+    /// reserved tokens now due join the lease (up to the capacity: the rest lapses), a paid
+    /// debt lets the bucket be evicted again, its demand is recorded, what it holds noted, and
+    /// the lease armed if the global bucket of `limit` may overflow around it before the next
+    /// sweep ([`arm_for_overflow`](Self::arm_for_overflow)). Returns the tokens
     /// [`take_unused`](Self::take_unused) would take out for a lease `ttl` old; drops the slow
     /// path's state of an unused lease that holds nothing. The sweeper takes them out only as
     /// it hands them back, so that a request in between spends them here instead of fetching
@@ -35,7 +37,9 @@ impl LocalBucket {
         interval: u64,
         limit: impl FnOnce() -> Option<Limit>,
     ) -> u64 {
-        self.release_pending(now);
+        // Looked up only if a step needs it.
+        let limit = LazyCell::new(limit);
+        self.release_pending(now, || limit.map_or(u64::MAX, |l| l.capacity()));
         if let Some(cold) = self.cold.as_deref_mut()
             && now >= cold.credit_after
         {
@@ -44,7 +48,7 @@ impl LocalBucket {
         }
         self.record_unrecorded(now, interval);
         self.sample_held();
-        self.arm_for_overflow(now.saturating_add(ttl / 2), limit);
+        self.arm_for_overflow(now.saturating_add(ttl / 2), || *limit);
         let expiring = self.expiring(now, ttl, keeps_small);
         if expiring == 0 {
             self.shed_if_unused(now, ttl, interval);

@@ -219,7 +219,7 @@ impl LocalBucket {
         memory: u64,
         waiter: impl FnOnce() -> Waiter,
     ) -> Miss {
-        self.release_pending(now);
+        self.release_pending(now, || limit.capacity());
         let admitted = self.take(cost);
         self.record_demand(now, interval);
         if admitted {
@@ -315,7 +315,7 @@ impl LocalBucket {
         reserving: bool,
         memory: u64,
     ) -> Option<Plan> {
-        self.release_pending(now);
+        self.release_pending(now, || limit.capacity());
         self.record_demand(now, interval);
         self.cold_mut().waiters.retain_present();
         if self.disarm(now, limit) {
@@ -418,7 +418,7 @@ impl LocalBucket {
         if settled.unpaid > 0 {
             self.cold_mut().credit_after = super::CHARGING;
         }
-        self.release_pending(now);
+        self.release_pending(now, || limit.capacity());
         let throttled = now < self.cold().next_token_at;
         let mut kept = Vec::new();
         for waiter in self.cold_mut().waiters.take() {

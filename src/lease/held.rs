@@ -50,10 +50,12 @@ impl LocalBucket {
     /// what the global bucket refilled around them. A store that evicts the bucket keeps it for
     /// its key's return, emptied lease and all: a bucket made afresh would know none of it, and
     /// its fetch would take that refill, on top of the tokens spent just before (see
-    /// [`LocalStore`](crate::local::LocalStore)).
+    /// [`LocalStore`](crate::local::LocalStore)). Also while tokens reserved ahead that fell
+    /// due into its full lease are not counted yet.
     pub fn remembers_held(&self) -> bool {
         let cold = self.cold();
-        cold.held_at_sweep > 0
+        cold.reserved.lapsed() > 0
+            || cold.held_at_sweep > 0
             || cold.held_at_sweep_before > 0
             || cold.overflowed > 0
             || cold.take_back_owed > 0
@@ -616,6 +618,44 @@ mod tests {
         assert_eq!(owing.owed(), 3);
         assert_eq!(owing.give_back(3, 0), 0);
         assert_eq!(owing.owed(), 0);
+    }
+
+    #[test]
+    fn reserved_tokens_falling_due_into_a_full_lease_lapse() {
+        // 5 tokens, one per 50 ms.
+        let limit = Limit::per_second(20).burst(5).unwrap();
+        let three_and_two_reserved = || FetchOutcome::Granted {
+            grant: Grant {
+                granted: 3,
+                reserved: 2,
+                ready_in: std::time::Duration::from_millis(100),
+                remaining: 0,
+                refill_in: std::time::Duration::from_millis(150),
+            },
+            sent_at: 0,
+            from: crate::quota::Name::intern("default"),
+            shape: 0,
+        };
+        let mut b = LocalBucket::default();
+        b.settle(&three_and_two_reserved(), 0, 0, &limit);
+        // A request refused by another of its key's limits gives its 2 back: the lease is full.
+        assert_eq!(b.give_back(2, limit.capacity()), 0);
+        assert_eq!(b.usable_tokens(), 5);
+        // The reserved 2 fall due: the lease holds its capacity and no more, as a bucket
+        // refilled while full does; the 2 are counted once, as forfeited.
+        b.sweep(200_000, 2 * SECOND, true, 0, || Some(limit));
+        assert_eq!(b.usable_tokens(), 5);
+        assert_eq!(b.take_lapsed(), 2);
+        assert_eq!(b.take_lapsed(), 0);
+        assert!(b.remembers_held());
+        // A lease that spent meanwhile has room for them: nothing lapses.
+        let mut spent = LocalBucket::default();
+        spent.settle(&three_and_two_reserved(), 0, 0, &limit);
+        spent.give_back(2, limit.capacity());
+        spent.take_up_to(4);
+        spent.sweep(200_000, 2 * SECOND, true, 0, || Some(limit));
+        assert_eq!(spent.usable_tokens(), 3);
+        assert_eq!(spent.take_lapsed(), 0);
     }
 
     #[test]

@@ -152,6 +152,7 @@ impl Cold {
             && self.held_by_waiting == 0
             && self.credit_after == 0
             && self.reserved.is_empty()
+            && self.reserved.lapsed() == 0
             && self.fallback.as_ref().is_none_or(|f| f.is_full_at(now))
             && now >= self.quiet_at
             && self.demand.is_idle(interval)
@@ -428,7 +429,7 @@ impl LocalBucket {
         limit: &Limit,
         memory: u64,
     ) -> Option<u64> {
-        self.release_pending(now);
+        self.release_pending(now, || limit.capacity());
         (self.tokens < cost && self.short_at(now, memory)).then(|| self.due(cost, now, limit))
     }
 
@@ -539,10 +540,11 @@ impl LocalBucket {
         }
     }
 
-    /// Moves the tranches reserved ahead into the lease once they are due. A lease filled from
+    /// Moves the tranches reserved ahead into the lease once they are due, up to the limit's
+    /// `capacity`: what would go past it lapses ([`Reserved::lapse`]). A lease filled from
     /// empty starts its life then; one that still held tokens keeps its age, so that a lease
     /// nothing uses is handed back even while the host keeps reserving.
-    fn release_pending(&mut self, now: u64) {
+    fn release_pending(&mut self, now: u64, capacity: impl FnOnce() -> u64) {
         let Some(cold) = self.cold.as_deref_mut() else {
             return;
         };
@@ -553,9 +555,19 @@ impl LocalBucket {
         if self.tokens == 0 {
             cold.leased_at = due;
         }
-        self.tokens = self.tokens.saturating_add(tokens);
-        self.low_water = half(tokens);
-        self.note_due(tokens);
+        let joining = tokens.min(capacity().saturating_sub(self.tokens));
+        cold.reserved.lapse(tokens - joining);
+        self.tokens += joining;
+        self.low_water = half(joining);
+        self.note_due(joining);
+    }
+
+    /// Takes out the count of reserved tokens that lapsed into a full lease since it was last
+    /// taken: forfeited, for the statistics.
+    pub(crate) fn take_lapsed(&mut self) -> u64 {
+        self.cold
+            .as_deref_mut()
+            .map_or(0, |c| c.reserved.take_lapsed())
     }
 
     /// When a request of `cost` tokens that the lease cannot serve at `now` can be: when the

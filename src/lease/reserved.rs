@@ -4,13 +4,15 @@
 /// micros), earliest first: a later reservation never delays an earlier one, so tokens
 /// reserved while the store is slower than a token interval are used as each falls due.
 pub(super) struct Reserved {
-    // Behind one thin pointer (a boxed slice is two words): the state stays in its allocation
-    // class, and tranches are added and released once per batch at most. `None` when empty.
-    #[expect(
-        clippy::box_collection,
-        reason = "a thin pointer keeps the slow path's state in its allocation class"
-    )]
-    tranches: Option<Box<Vec<(u64, u64)>>>,
+    // Behind one thin pointer: the state stays in its allocation class, and tranches are
+    // added and released once per batch at most. `None` when none is reserved or lapsed.
+    tranches: Option<Box<Tranches>>,
+}
+
+struct Tranches {
+    due: Vec<(u64, u64)>,
+    /// Tokens that fell due into a full lease, not counted yet (see [`Reserved::lapse`]).
+    lapsed: u64,
 }
 
 /// Tranches kept apart; beyond, the latest two merge (the later due wins, so nothing is used
@@ -21,15 +23,46 @@ impl Reserved {
     pub(super) const NONE: Self = Self { tranches: None };
 
     pub(super) fn all(&self) -> &[(u64, u64)] {
-        self.tranches.as_deref().map_or(&[], Vec::as_slice)
+        self.tranches.as_deref().map_or(&[], |t| t.due.as_slice())
     }
 
-    pub(super) fn set(&mut self, tranches: Vec<(u64, u64)>) {
-        self.tranches = (!tranches.is_empty()).then(|| Box::new(tranches));
+    pub(super) fn set(&mut self, due: Vec<(u64, u64)>) {
+        let lapsed = self.lapsed();
+        self.tranches = (!due.is_empty() || lapsed > 0).then(|| Box::new(Tranches { due, lapsed }));
     }
 
+    /// Whether no tranche is still to fall due.
     pub(super) fn is_empty(&self) -> bool {
-        self.tranches.is_none()
+        self.all().is_empty()
+    }
+
+    /// Tokens that fell due into a full lease and are not counted yet.
+    pub(super) fn lapsed(&self) -> u64 {
+        self.tranches.as_deref().map_or(0, |t| t.lapsed)
+    }
+
+    /// `tokens` fell due into a lease that held its capacity: they lapse, as a refill into a
+    /// full bucket does (kept, a burst could spend more than the capacity in one instant),
+    /// and are counted as forfeited when [taken](Self::take_lapsed).
+    pub(super) fn lapse(&mut self, tokens: u64) {
+        if tokens == 0 {
+            return;
+        }
+        let lapsed = self.lapsed().saturating_add(tokens);
+        let due = self.tranches.take().map_or_else(Vec::new, |t| t.due);
+        self.tranches = Some(Box::new(Tranches { due, lapsed }));
+    }
+
+    /// Takes out the count of lapsed tokens, to be counted.
+    pub(super) fn take_lapsed(&mut self) -> u64 {
+        let Some(tranches) = self.tranches.as_deref_mut() else {
+            return 0;
+        };
+        let lapsed = std::mem::take(&mut tranches.lapsed);
+        if tranches.due.is_empty() {
+            self.tranches = None;
+        }
+        lapsed
     }
 
     pub(super) fn total(&self) -> u64 {
@@ -108,9 +141,10 @@ impl Reserved {
         self.last_due()
     }
 
+    /// Takes out every tranche (what lapsed stays, to be counted).
     pub(super) fn take_all(&mut self) -> u64 {
         let all = self.total();
-        self.tranches = None;
+        self.set(Vec::new());
         all
     }
 }

@@ -101,7 +101,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let mut verdict = None;
         let miss = self.local.with_bucket(id, |b| {
             self.serve(id, &bucket, b, now);
-            self.stats.admitted_local.add(b.take_uncounted());
+            self.count_served(b);
             b.miss(
                 cost,
                 now,

@@ -77,7 +77,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let mut dated = Vec::new();
         let mut unused = Vec::new();
         self.for_each_bucket_yielding(|id, b| {
-            self.stats.admitted_local.add(b.take_uncounted());
+            self.count_served(b);
             waiting += b.waiting() as u64;
             if b.is_dated() {
                 dated.push(id.clone());
@@ -126,7 +126,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         let now = self.now();
         self.collect_evicted();
         self.for_each_bucket_yielding(|id, b| {
-            self.stats.admitted_local.add(b.take_uncounted());
+            self.count_served(b);
             if b.is_fetching() || b.waiting() > 0 {
                 return;
             }
@@ -315,7 +315,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
             // One clock read for the lot: a key flood evicts many at once.
             let now = self.now();
             let returns = evicted.into_iter().filter_map(|(id, mut bucket)| {
-                self.stats.admitted_local.add(bucket.take_uncounted());
+                self.count_served(&mut bucket);
                 self.hand_back_dropped(&id, &mut bucket, now)
             });
             returns.collect()
@@ -335,10 +335,19 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         Return::taken(id, bucket, taken.back, now, false)
     }
 
+    /// Counts what `bucket` served from its lease since it was last counted, and the reserved
+    /// tokens that lapsed in it (fell due while it held its capacity) as forfeited.
+    pub(super) fn count_served(&self, bucket: &mut LocalBucket) {
+        self.stats.admitted_local.add(bucket.take_uncounted());
+        let lapsed = bucket.take_lapsed();
+        if lapsed > 0 {
+            self.stats.tokens_forfeited.add(lapsed);
+        }
+    }
+
     /// The counters, with every request served so far counted.
     pub(crate) fn stats(&self) -> ThrottleStats {
-        self.local
-            .for_each_bucket(|_, b| self.stats.admitted_local.add(b.take_uncounted()));
+        self.local.for_each_bucket(|_, b| self.count_served(b));
         self.collect_evicted();
         self.snapshot()
     }
