@@ -190,9 +190,14 @@ const DELAY: Duration = Duration::from_millis(2);
 /// A host giving 1 token of credit (1 % of 100), whose calls nothing waits on linger `linger`;
 /// settings on top.
 fn lingering(store: &Store, linger: Duration) -> HostBuilder {
+    lingering_on(store, linger, Limit::per_second(100).burst(100).unwrap())
+}
+
+/// A host of [`lingering`] on `limit`.
+fn lingering_on(store: &Store, linger: Duration, limit: Limit) -> HostBuilder {
     HierarchicalThrottleLayer::builder()
         .key(|k: &String| Some(k.clone()))
-        .limit(Limit::per_second(100).burst(100).unwrap())
+        .limit(limit)
         .clock(TokioClock::new())
         .global_batch_linger(linger)
         .global_store(store.clone())
@@ -339,10 +344,18 @@ async fn a_full_batch_goes_without_lingering() {
     );
 }
 
+/// 100 tokens refilled in an hour: the global bucket never refills around a lease in these
+/// tests (a lease it had refilled around would be forfeited, not handed back).
+fn slowly_refilled() -> Limit {
+    Limit::per(100, Duration::from_secs(3_600))
+        .burst(100)
+        .unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_hand_back_lingers_for_a_batch_to_join() {
     let store = slow_store(DELAY);
-    let layer = lingering(&store, Duration::from_millis(200))
+    let layer = lingering_on(&store, Duration::from_millis(200), slowly_refilled())
         .lease_ttl(Duration::from_millis(100))
         .build()
         .unwrap();
@@ -364,7 +377,7 @@ async fn a_hand_back_lingers_for_a_batch_to_join() {
 #[tokio::test(start_paused = true)]
 async fn a_sweep_of_many_unhurried_hand_backs_fills_batches_that_go_at_once() {
     let store = slow_store(DELAY);
-    let layer = lingering(&store, LINGER)
+    let layer = lingering_on(&store, LINGER, slowly_refilled())
         .lease_ttl(Duration::from_millis(100))
         .build()
         .unwrap();

@@ -136,7 +136,10 @@ async fn a_batch_policy_that_panics_asks_for_what_the_waiters_need() {
 
 #[test]
 fn the_sweeper_starts_again_on_a_later_runtime() {
-    let limit = Limit::per_second(100).burst(100).unwrap();
+    // Refilled slowly: a lease the bucket had refilled around would be forfeited, not sent.
+    let limit = Limit::per(100, Duration::from_secs(3_600))
+        .burst(100)
+        .unwrap();
     // Created outside any runtime: its origin comes before both runtimes' time.
     let clock = TokioClock::new();
     let clock_origin = paused_runtime();
@@ -208,7 +211,11 @@ async fn twenty_simultaneous_time_outs_are_one_back_off_step() {
 async fn hand_backs_wait_out_a_failing_store_and_are_not_lost() {
     let clock = ManualClock::new();
     let store = FaultyStore::new(MemoryGlobalStore::with_clock(clock.clone()));
-    let layer = host_builder(&clock, Limit::per_second(100).burst(100).unwrap())
+    // Refilled slowly: a lease the bucket had refilled around would be forfeited, not sent.
+    let slowly_refilled = Limit::per(100, Duration::from_secs(3_600))
+        .burst(100)
+        .unwrap();
+    let layer = host_builder(&clock, slowly_refilled)
         .batch_policy(|_: &BatchContext<'_>| 10)
         .global_store(store.clone())
         .build()

@@ -140,14 +140,14 @@ type TestLayer<G, L = MemoryLocalStore<String>> =
 
 /// A layer on `store`, 100 a second burst 100, whose leases are batches of half the capacity
 /// and go back whole once unused for a second.
-fn handing_back_unused_leases<G>(store: G) -> TestLayer<G>
+fn handing_back_unused_leases<G>(store: G, limit: Limit) -> TestLayer<G>
 where
     G: hierarchical_throttle::global::GlobalStore<hierarchical_throttle::quota::BucketKey<String>>,
 {
     HierarchicalThrottleLayer::builder()
         .key(|key: &String| Some(key.clone()))
         .clock(TokioClock::new())
-        .limit(Limit::per_second(100).burst(100).unwrap())
+        .limit(limit)
         .cold_start(ColdStart::Exact)
         .keep_small_leases(false)
         .batch_policy(FractionOfCapacity::new(0.5).unwrap())
@@ -228,7 +228,10 @@ async fn an_evicted_key_that_comes_back_before_the_sweep_spends_its_own_lease() 
 async fn a_fetch_waits_for_its_buckets_hand_back_to_land() {
     let capacity = 100;
     // Hand-backs applied 40 ms late: a later fetch reaches the bucket first.
-    let layer = handing_back_unused_leases(HeldBack::releases_late(Duration::from_millis(40)));
+    let layer = handing_back_unused_leases(
+        HeldBack::releases_late(Duration::from_millis(40)),
+        Limit::per_second(100).burst(100).unwrap(),
+    );
     let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));
     // "k" holds 40 of a batch of 50, then nothing uses it: the sweep at 1 s hands them back,
     // the global bucket refilled around them.
@@ -381,9 +384,14 @@ async fn a_fetch_waits_for_evicted_buckets_being_collected_on_another_thread() {
 fn a_hand_back_whose_runtime_ends_on_its_way_does_not_hold_up_its_keys_next_fetch() {
     let paused = common::paused_runtime;
     let first = paused();
-    // Hand-backs that would land an hour late: the first runtime ends while one is out.
+    // Hand-backs that would land an hour late: the first runtime ends while one is out. The
+    // bucket refills slowly: one refilled around the lease would have it forfeited, not sent.
+    let slowly_refilled = Limit::per(100, Duration::from_secs(3_600))
+        .burst(100)
+        .unwrap();
     let layer = first.block_on(async {
-        let layer = handing_back_unused_leases(HeldBack::releases_late(Duration::from_secs(3_600)));
+        let late = HeldBack::releases_late(Duration::from_secs(3_600));
+        let layer = handing_back_unused_leases(late, slowly_refilled);
         assert_eq!(
             admitted((0..10).map(|_| layer.acquire("k".to_owned(), 1))).await,
             10
@@ -406,4 +414,38 @@ fn a_hand_back_whose_runtime_ends_on_its_way_does_not_hold_up_its_keys_next_fetc
             "the key's fetch did not wait for the lost hand-back"
         );
     });
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_keys_lease_its_bucket_refilled_around_is_forfeited_without_a_call() {
+    // A key far from its limit keeps a small lease unused; its global bucket refills to full
+    // meanwhile. Handed back, the lease would be cut by the bucket's capacity: it is forfeited
+    // instead, and no call is made for it.
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|key: &String| Some(key.clone()))
+        .clock(TokioClock::new())
+        .limit(Limit::per_second(100).burst(100).unwrap())
+        .cold_start(ColdStart::Exact)
+        .lease_ttl(Duration::from_millis(100))
+        .global_store(MemoryGlobalStore::with_clock(TokioClock::new()))
+        .build()
+        .unwrap();
+    assert_eq!(
+        admitted(std::iter::once(layer.acquire("k".to_owned(), 1))).await,
+        1
+    );
+    let before = layer.stats();
+    assert!(before.tokens_leased > 1, "a small lease: {before:?}");
+    // Kept ten times-to-live, then swept.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = layer.stats();
+    assert_eq!(after.global_calls, before.global_calls, "no hand-back sent");
+    assert_eq!(after.tokens_returned, 0);
+    assert_eq!(after.tokens_forfeited, before.tokens_leased - 1);
+    let key = LeaseKey::new("k".to_owned(), 0, 0);
+    let left = layer.local_store().peek_bucket(&key, |b| b.leased_tokens());
+    assert_eq!(left.unwrap_or(0), 0);
+    // The fleet lost nothing by it: a burst gets the whole capacity, and no more.
+    let burst = (0..150).map(|_| layer.acquire("k".to_owned(), 1));
+    assert_eq!(admitted(burst).await, 100);
 }

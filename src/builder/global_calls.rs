@@ -131,10 +131,10 @@ impl<Req, K, G, L, C, R> Builder<Req, K, G, L, C, R> {
     /// ([`BatchContext::keep`](crate::batch::BatchContext::keep)) and keeps up to that much
     /// unused for ten lease times-to-live, so a key with a few requests a second per host
     /// costs a call per few requests rather than one per request. Default: on. The global
-    /// bucket refilling around what hosts keep is taken back at their next fetch (the README's
-    /// "windows that start later"). Off, leases follow demand alone and go back whole after
-    /// one time-to-live, and hold nothing after a longer quiet stretch, for more calls on slow
-    /// keys.
+    /// bucket refilling around what hosts keep is taken back at their next fetch, or forfeited
+    /// from what they hand back (the README's "windows that start later"). Off, leases follow
+    /// demand alone and go back after one time-to-live, and hold nothing after a longer quiet
+    /// stretch, for more calls on slow keys.
     pub fn keep_small_leases(mut self, on: bool) -> Self {
         self.config.keep_small_leases = on;
         self

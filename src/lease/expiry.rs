@@ -47,7 +47,7 @@ impl LocalBucket {
             cold.credit_after = 0;
         }
         self.record_unrecorded(now, interval);
-        self.sample_held();
+        self.sample_held(now, || *limit);
         self.arm_for_overflow(now.saturating_add(ttl / 2), || *limit);
         let expiring = self.expiring(now, ttl, keeps_small);
         if expiring == 0 {

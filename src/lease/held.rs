@@ -62,8 +62,12 @@ impl LocalBucket {
             || cold.held_by_waiting > 0
     }
 
-    /// Notes what the lease holds at a sweep.
-    pub(super) fn sample_held(&mut self) {
+    /// Notes what the lease holds at a sweep at `now`, having noted what the global bucket of
+    /// `limit` may have refilled around what it held since the last ([`note_overflow_if_far`]).
+    ///
+    /// [`note_overflow_if_far`]: Self::note_overflow_if_far
+    pub(super) fn sample_held(&mut self, now: u64, limit: impl FnOnce() -> Option<Limit>) {
+        self.note_overflow_if_far(now, limit);
         let tokens = self.holding_sample();
         if let Some(cold) = self.cold.as_deref_mut() {
             cold.held_at_sweep_before = cold.held_at_sweep;
@@ -94,6 +98,30 @@ impl LocalBucket {
             self.cold_mut().armed = self.low_water.min(super::NOT_ARMED - 1);
             self.low_water = u32::MAX;
         }
+    }
+
+    /// A sweep's note at `now`, for a key far from its limit (not armed: its fetches take back
+    /// by the estimate, from what the lease held at the last two sweeps): what the global
+    /// bucket of `limit` refilled past `capacity - held` by this host's estimate, `held` the
+    /// most the lease held since the last sweep. A lease that spends some of its tokens on top
+    /// of that refill and hands the rest back leaves no fetch to see it; the next answer takes
+    /// back what it proves of the note, and a hand-back forfeits it.
+    fn note_overflow_if_far(&mut self, now: u64, limit: impl FnOnce() -> Option<Limit>) {
+        let Some(cold) = self.cold.as_deref() else {
+            return;
+        };
+        if cold.keep == 0 || cold.global_left == super::NO_ANSWER {
+            return;
+        }
+        let Some(limit) = limit().filter(|l| l.calendar().is_none()) else {
+            return;
+        };
+        let held = self.held_since_sweep(&limit);
+        let overflow = past_capacity(self.global_estimate(now, &limit), held, &limit);
+        let cold = self.cold_mut();
+        cold.overflowed = cold
+            .overflowed
+            .max(u32::try_from(overflow).unwrap_or(u32::MAX));
     }
 
     /// An answer's arming, at its arrival, up to the next sweep (`horizon`): as a sweep's
@@ -495,6 +523,31 @@ mod tests {
         assert_eq!(settled.forfeited, 6);
         assert_eq!(b.leased_tokens(), 14);
         assert_eq!(b.take_back(later, &limit), 0, "nothing owed any more");
+    }
+
+    #[test]
+    fn a_sweep_notes_what_refilled_around_a_far_keys_lease_for_its_hand_back_to_forfeit() {
+        // 30 tokens, one per 60 ms; sweeps every 50 ms (a lease time-to-live of 100 ms).
+        let limit = Limit::per(1, std::time::Duration::from_millis(60))
+            .burst(30)
+            .unwrap();
+        let ttl = 100_000;
+        let sweep = |b: &mut LocalBucket, now: u64| b.sweep(now, ttl, false, 0, || Some(limit));
+        let mut b = LocalBucket::default();
+        // 11 leased, 18 left: far from its limit (not armed).
+        b.settle(&grant_leaving(11, 18), 0, 0, &limit);
+        sweep(&mut b, 50_000);
+        sweep(&mut b, 100_000);
+        // A slow trickle spends 5 once the bucket has refilled past `30 - 11`.
+        b.take_up_to(5);
+        // The next sweeps see 6 held, and the bucket refilled 2 by 150 ms: one past 30 - 11.
+        sweep(&mut b, 150_000);
+        sweep(&mut b, 200_000);
+        // A fetch now would see none of it by its estimate: the last two sweeps saw 6 held.
+        assert_eq!(b.take_back(200_000, &limit), 0);
+        // The lease goes unused: its hand-back forfeits what the sweep at 150 ms noted.
+        let unused = b.take_unused(250_000, ttl, false, 0);
+        assert_eq!((unused.back, unused.forfeited), (5, 1));
     }
 
     #[test]
