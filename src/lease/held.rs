@@ -113,15 +113,9 @@ impl LocalBucket {
         if cold.keep == 0 || cold.global_left == super::NO_ANSWER {
             return;
         }
-        let Some(limit) = limit().filter(|l| l.calendar().is_none()) else {
-            return;
-        };
-        let held = self.held_since_sweep(&limit);
-        let overflow = past_capacity(self.global_estimate(now, &limit), held, &limit);
-        let cold = self.cold_mut();
-        cold.overflowed = cold
-            .overflowed
-            .max(u32::try_from(overflow).unwrap_or(u32::MAX));
+        if let Some(limit) = limit() {
+            self.note_overflow(now, &limit);
+        }
     }
 
     /// An answer's arming, at its arrival, up to the next sweep (`horizon`): as a sweep's
@@ -154,18 +148,28 @@ impl LocalBucket {
         if armed == super::NOT_ARMED {
             return false;
         }
+        self.note_overflow(now, limit);
+        self.low_water = armed;
+        let tokens = self.tokens;
+        let cold = self.cold_mut();
+        cold.armed = super::NOT_ARMED;
+        tokens >= u64::from(armed) && cold.waiters.is_empty() && cold.owed == 0
+    }
+
+    /// Notes what the global bucket of `limit` held past `capacity - held` at `now`, by this
+    /// host's estimate, `held` the most the lease held since the last sweep (nothing of a
+    /// calendar quota's: its bucket does not refill around the lease), for the next answer to
+    /// take back as far as it proves it.
+    fn note_overflow(&mut self, now: u64, limit: &Limit) {
         let held = match limit.calendar() {
             Some(_) => 0,
             None => self.held_since_sweep(limit),
         };
         let overflow = past_capacity(self.global_estimate(now, limit), held, limit);
-        let overflow = u32::try_from(overflow).unwrap_or(u32::MAX);
-        self.low_water = armed;
-        let tokens = self.tokens;
         let cold = self.cold_mut();
-        cold.armed = super::NOT_ARMED;
-        cold.overflowed = cold.overflowed.max(overflow);
-        tokens >= u64::from(armed) && cold.waiters.is_empty() && cold.owed == 0
+        cold.overflowed = cold
+            .overflowed
+            .max(u32::try_from(overflow).unwrap_or(u32::MAX));
     }
 
     /// The most the lease held since the last sweep, and now.

@@ -48,9 +48,16 @@ impl Reserved {
         if tokens == 0 {
             return;
         }
-        let lapsed = self.lapsed().saturating_add(tokens);
-        let due = self.tranches.take().map_or_else(Vec::new, |t| t.due);
-        self.tranches = Some(Box::new(Tranches { due, lapsed }));
+        match self.tranches.as_deref_mut() {
+            Some(tranches) => tranches.lapsed = tranches.lapsed.saturating_add(tokens),
+            None => {
+                let due = Vec::new();
+                self.tranches = Some(Box::new(Tranches {
+                    due,
+                    lapsed: tokens,
+                }));
+            }
+        }
     }
 
     /// Takes out the count of lapsed tokens, to be counted.
