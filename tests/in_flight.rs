@@ -1181,6 +1181,115 @@ mod fleet {
     }
 }
 
+/// A store whose calls, while `holding_back`, are never answered (their host gives up on them
+/// at its time-out) and kept, with the limit they were sent under, for a test to apply late.
+#[derive(Clone)]
+struct LateStore<S> {
+    inner: S,
+    holding_back: Arc<std::sync::atomic::AtomicBool>,
+    held_back: Arc<std::sync::Mutex<Vec<HeldBack>>>,
+}
+
+/// A call held back: the key, the limit it was sent under, and the holding it asks for.
+type HeldBack = (BucketKey<String>, u64, SlotHold);
+
+impl<S> LateStore<S> {
+    fn new(inner: S) -> Self {
+        Self {
+            inner,
+            holding_back: Default::default(),
+            held_back: Default::default(),
+        }
+    }
+}
+
+impl<S: SlotStore<BucketKey<String>>> SlotStore<BucketKey<String>> for LateStore<S> {
+    type Error = S::Error;
+
+    async fn hold(
+        &self,
+        key: &BucketKey<String>,
+        max: u64,
+        hold: SlotHold,
+    ) -> Result<Holding, S::Error> {
+        if self.holding_back.load(Ordering::SeqCst) {
+            let call = (key.clone(), max, hold);
+            self.held_back.lock().expect("not poisoned").push(call);
+            return std::future::pending().await;
+        }
+        self.inner.hold(key, max, hold).await
+    }
+}
+
+/// A host's call sent under a limit of 2 is lost on its way; the limit is raised to 3 and
+/// another host takes the new room; then the store applies the lost call, under the limit it
+/// was sent with. It must not take the slot its host's request runs on (had it, a third host's
+/// call would find a slot free: 4 in flight of 3).
+async fn a_call_applied_late_under_an_older_limit_takes_nothing_its_host_runs<S>(store: S)
+where
+    S: SlotStore<BucketKey<String>> + Clone,
+{
+    let limit = Arc::new(AtomicU64::new(2));
+    let host = |store| -> Layer<_> {
+        let limit = limit.clone();
+        HierarchicalConcurrencyLayer::builder()
+            .key(api_key)
+            .max_in_flight_per_key(move |_: &String| limit.load(Ordering::SeqCst))
+            .store(store)
+            .clock(TokioClock::new())
+            .failure_policy(FailurePolicy::Reject)
+            .store_timeout(Duration::from_millis(100))
+            .build()
+            .unwrap()
+    };
+    let late = LateStore::new(store.clone());
+    let (a, b) = (host(late.clone()), host(LateStore::new(store.clone())));
+    let take = |layer: &Layer<_>| layer.acquire("k".to_owned());
+    let running_on_a = take(&a).await.unwrap();
+    late.holding_back.store(true, Ordering::SeqCst);
+    let lost = take(&a).await.unwrap_err();
+    assert_eq!(lost.reason, RejectionReason::StoreUnavailable);
+    limit.store(3, Ordering::SeqCst);
+    let on_b = [take(&b).await.unwrap(), take(&b).await.unwrap()];
+    let full = RejectionReason::TooManyInFlight { max: 3 };
+    assert_eq!(take(&b).await.unwrap_err().reason, full);
+    let (key, max, hold) = late.held_back.lock().unwrap()[0].clone();
+    assert_eq!(
+        (max, hold.want),
+        (2, 2),
+        "the call sent under the old limit"
+    );
+    let applied = store.hold(&key, max, hold).await.unwrap();
+    assert_eq!(
+        applied,
+        Holding { held: 1, others: 2 },
+        "its host keeps the slot its request runs on"
+    );
+    assert_eq!(
+        take(&b).await.unwrap_err().reason,
+        full,
+        "3 run: still full"
+    );
+    drop((running_on_a, on_b));
+}
+
+mod limit_raised_under_a_late_call {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn on_memory() {
+        let store = MemoryGlobalStore::with_clock(TokioClock::new());
+        a_call_applied_late_under_an_older_limit_takes_nothing_its_host_runs(store).await;
+    }
+
+    #[tokio::test]
+    async fn on_redis() {
+        let server = RedisServer::start();
+        let store = server.store().await;
+        a_call_applied_late_under_an_older_limit_takes_nothing_its_host_runs(store).await;
+    }
+}
+
 /// The store's arithmetic, the same on memory and Redis (the suite that ships with the crate):
 /// absolute holdings, expiry, and calls older than the last applied ignored, alone and in
 /// batches.

@@ -47,6 +47,7 @@ struct Tuning {
     failure_policy: FailurePolicy,
     retry_after: Duration,
     host: Option<u64>,
+    hash_seed: Option<u64>,
     max_wait: Duration,
     fields: bool,
     cold_start: ColdStart,
@@ -79,6 +80,7 @@ impl HierarchicalConcurrencyLayer<Unset, Unset, Unset> {
                 failure_policy: FailurePolicy::default(),
                 retry_after: Duration::from_secs(1),
                 host: None,
+                hash_seed: None,
                 max_wait: Duration::ZERO,
                 fields: true,
                 cold_start: ColdStart::Exact,
@@ -317,6 +319,15 @@ impl<Req, K, S, C, R> ConcurrencyBuilder<Req, K, S, C, R> {
         self.tuning.host = Some(host);
         self
     }
+
+    /// Lays keys out by a hash of `seed` rather than a random one, so that sweeps visit them,
+    /// and their calls go to the store, in the same order in every run: for reproducible tests
+    /// and simulations. Leave it random where clients choose the keys, so that they cannot aim
+    /// many keys at one shard.
+    pub fn hash_seed(mut self, seed: u64) -> Self {
+        self.tuning.hash_seed = Some(seed);
+        self
+    }
 }
 
 impl<Req, K, S, C, R> ConcurrencyBuilder<Req, K, S, C, R>
@@ -389,6 +400,7 @@ where
             store_batch: t.store_batch,
             back_off: t.back_off,
             host: t.host.unwrap_or_else(random_host),
+            hash_seed: t.hash_seed,
             // A dry run changes nothing a client sees: no request waits for a slot.
             max_wait: Some(t.max_wait).filter(|wait| !wait.is_zero() && !t.shadow),
         };

@@ -90,6 +90,8 @@ pub(crate) struct Settings {
     pub(crate) store_batch: usize,
     pub(crate) back_off: Duration,
     pub(crate) host: u64,
+    /// Lays keys out by this seed's hash rather than a random one (reproducible runs).
+    pub(crate) hash_seed: Option<u64>,
     /// How long a request may wait for a slot when the fleet is full (`None`: refused).
     pub(crate) max_wait: Option<Duration>,
 }
@@ -129,7 +131,7 @@ impl<K, S, C> Clone for InFlight<K, S, C> {
 
 pub(crate) struct Shared<K, S, C> {
     shards: Box<[ShardLock<Shard<K>>]>,
-    hasher: foldhash::fast::RandomState,
+    hasher: foldhash::fast::SeedableRandomState,
     store: S,
     calls: batch::SlotCalls<K>,
     clock: C,
@@ -170,7 +172,13 @@ where
         Self {
             shared: Arc::new(Shared {
                 shards,
-                hasher: foldhash::fast::RandomState::default(),
+                hasher: match settings.hash_seed {
+                    Some(seed) => foldhash::fast::SeedableRandomState::with_seed(
+                        seed,
+                        foldhash::SharedSeed::global_fixed(),
+                    ),
+                    None => foldhash::fast::SeedableRandomState::random(),
+                },
                 store,
                 calls: batch::SlotCalls::default(),
                 clock,

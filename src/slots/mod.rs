@@ -8,8 +8,14 @@
 //!   holding expires (`usable_until`, counted from when the call that set it was sent, so it
 //!   ends before the store's own expiry). Requests already running when a holding expires run
 //!   on; new ones wait for a call.
-//! - A call sets the host's holding to an absolute number (`want`), never adds to it: a lost,
-//!   late or repeated call can only leave the store holding more for the host than it uses.
+//! - A call sets the host's holding to an absolute number (`want`), never adds to it, and the
+//!   store never cuts a holding below what the host holds up to `want`, whatever limit the
+//!   call carries: a lost, late or repeated call (one sent before the limit was raised,
+//!   applied after the others took the new slots) can only leave the store holding more for
+//!   the host than it uses.
+//! - The limit bounds what a host admits, not what it keeps: a host admits no more than the
+//!   room the store's last answer left it (the limit less what the others held), so a
+//!   holding above a lowered limit runs down as its requests end and is given back.
 //!   While a call is out, the host uses no more than the smaller of what the store confirmed
 //!   and what the call asks for, so the store may apply it at any moment.
 //! - One call per key is out at a time. A request that finds no free slot waits for the next
@@ -116,7 +122,8 @@ pub(crate) struct SlotLease<W> {
     /// The store's last answer left no slot free in the fleet: no credit until one does.
     full: bool,
     /// The most this host may have in flight by the store's last answer: the limit less what
-    /// the others held then (`u64::MAX` before any answer). Credit never goes past it.
+    /// the others held then (`u64::MAX` before any answer). Neither the holding nor credit
+    /// admits past it.
     room: u64,
 }
 
@@ -196,12 +203,15 @@ impl<W> SlotLease<W> {
         self.usable_while_held()
     }
 
-    /// How many requests may be in flight on what the store holds, while it holds it.
+    /// How many requests may be in flight on what the store holds, while it holds it: never
+    /// past the room the last answer left (a holding above it, kept by the store through a
+    /// lowered limit, only runs down).
     fn usable_while_held(&self) -> u64 {
-        match self.call {
+        let held = match self.call {
             Some(call) => self.held.min(call.want),
             None => self.held,
-        }
+        };
+        held.min(self.room)
     }
 
     /// Takes a free slot if there is one and no earlier request waits for one, else one on
@@ -327,11 +337,13 @@ impl<W> SlotLease<W> {
             self.take_one();
             decided.admitted.push(waiter);
         }
-        if granted < call.want && self.patient {
-            // The fleet was full: the waiters stay, and the sweep asks again.
+        // The fleet was full: the store held less than asked, or no more than the room left.
+        let short = granted.min(self.room) < call.want;
+        if short && self.patient {
+            // The waiters stay, and the sweep asks again.
             return decided;
         }
-        if granted < call.want {
+        if short {
             // The fleet was full when the call was served: those who came before it was sent
             // saw it full while they waited.
             while let Some((_, came)) = self.waiters.front() {
@@ -345,7 +357,7 @@ impl<W> SlotLease<W> {
         }
         // Waiters, or requests admitted on credit while a call for fewer was out (and the
         // store, not full, held what it was asked): the store is asked to hold them all.
-        let beyond_holding = granted >= call.want && self.in_use > granted;
+        let beyond_holding = !short && self.in_use > granted;
         if !self.waiters.is_empty() || beyond_holding {
             let want = self.in_use + self.waiters.len() as u64;
             decided.next = self.start_call(want, now, next_seq);

@@ -521,3 +521,44 @@ fn a_stopping_host_gives_back_all_but_its_slots_in_use() {
     lease.release(|| 9);
     assert_eq!(lease.give_back_unused(9, seq(24)).map(|c| c.want), Some(0));
 }
+
+#[test]
+fn past_a_lowered_limit_the_host_admits_only_the_room_left_and_its_holding_runs_down() {
+    // Three in flight on a holding of 3 of 5; the limit is lowered to 2, another host holds
+    // none. The store keeps the 3 (it takes only what a host gives back): the renewal's
+    // answer leaves room for 2.
+    let mut lease = Lease::new(0, 0, false);
+    for name in ["a", "b", "c"] {
+        lease.wait(name, 0, seq(1));
+    }
+    lease.note_others(0, 3, 5);
+    assert_eq!(lease.answered(1, 3, 1_000, 0, seq(2)).admitted.len(), 3);
+    let renewal = lease.sweep(900, 1_100, seq(3)).expect("a renewal");
+    lease.note_others(0, 3, 2);
+    let decided = lease.answered(renewal.seq, 3, 2_000, 905, seq(4));
+    assert_eq!(decided.next, None, "asked for what it holds, and got it");
+    // One ends: two still run, the room the answer left; the next must ask, and the store,
+    // still holding 3, leaves room for 2: refused as full.
+    assert_eq!(lease.release(|| 910), None);
+    assert_eq!(lease.try_take(&mut exactly(910)), TryTake::MustWait);
+    let call = lease.wait("d", 910, seq(5)).expect("a call");
+    assert_eq!(call.want, 3);
+    lease.note_others(0, 3, 2);
+    let decided = lease.answered(call.seq, 3, 2_000, 915, seq(6));
+    assert_eq!(
+        decided.full,
+        ["d"],
+        "the store held 3, but the limit leaves 2"
+    );
+    assert_eq!(decided.next, None);
+    // Another ends: one runs, one more may.
+    assert_eq!(lease.release(|| 920), None);
+    assert_eq!(lease.try_take(&mut exactly(920)), TryTake::Taken);
+    assert_eq!(lease.try_take(&mut exactly(920)), TryTake::MustWait);
+    assert_eq!(lease.free(2, || 920), 0);
+    // Once two passes have seen no more than two in flight, the third slot goes back.
+    assert_eq!(lease.sweep(950, 960, seq(7)), None);
+    assert_eq!(lease.sweep(1_000, 1_010, seq(8)), None);
+    let give_back = lease.sweep(1_050, 1_060, seq(9)).expect("a give-back");
+    assert_eq!(give_back.want, 2);
+}

@@ -13,7 +13,7 @@ use crate::quota::BucketKey;
 const SLOTS_KEY: &str = "slots-conformance";
 
 /// Holdings are absolute (what a host holds now, not an addition), capped by what the other
-/// hosts hold, never changed by a call older than the host's last applied one, and expire
+/// hosts hold but never cut below what the host holds (up to its ask), never changed by a call older than the host's last applied one, and expire
 /// their time to live after they were set; every other call goes through
 /// [`hold_many`](SlotStore::hold_many), with the same answers. The store must keep time by
 /// `clock`, and hold no slots yet of the key `slots-conformance` (limit name `concurrency`).
@@ -24,7 +24,7 @@ where
     let key = BucketKey::new(SLOTS_KEY.to_owned(), "concurrency").expect("a valid name");
     let ttl = Duration::from_secs(5);
     let calls = AtomicU32::new(0);
-    let ask = async |host, seq, want| {
+    let ask_under = async |max, host, seq, want| {
         let hold = SlotHold {
             host,
             seq,
@@ -32,10 +32,10 @@ where
             ttl,
         };
         let answer = match calls.fetch_add(1, Ordering::Relaxed) % 2 {
-            0 => store.hold(&key, 5, hold).await,
+            0 => store.hold(&key, max, hold).await,
             _ => {
                 let mut answers: Vec<_> = store
-                    .hold_many(vec![(key.clone(), 5, hold)])
+                    .hold_many(vec![(key.clone(), max, hold)])
                     .collect()
                     .await;
                 match answers.pop() {
@@ -46,6 +46,7 @@ where
         };
         answer.unwrap_or_else(|error| panic!("hold: {error}"))
     };
+    let ask = async |host, seq, want| ask_under(5, host, seq, want).await;
     let holding = |held, others| Holding { held, others };
     assert_eq!(ask(1, 1, 3).await, holding(3, 0));
     assert_eq!(ask(2, 1, 4).await, holding(2, 3), "capped by the others");
@@ -63,5 +64,23 @@ where
         ask(1, 1, 2).await,
         holding(2, 0),
         "a new holding starts over"
+    );
+    assert_eq!(ask(2, 4, 3).await, holding(3, 2), "the limit of 5 is full");
+    // A call with a lower limit (lowered since, or sent before it was raised and applied
+    // late) keeps what the host holds up to its ask: a host gives back only by asking less.
+    assert_eq!(
+        ask_under(3, 1, 2, 4).await,
+        holding(2, 3),
+        "a lower limit takes nothing"
+    );
+    assert_eq!(
+        ask_under(3, 2, 5, 2).await,
+        holding(2, 2),
+        "given back by asking less"
+    );
+    assert_eq!(
+        ask_under(3, 2, 6, 3).await,
+        holding(2, 2),
+        "grows only within the limit"
     );
 }

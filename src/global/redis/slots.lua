@@ -40,7 +40,8 @@ local INTEGER = string.format('%d', 2 ^ 40) == '1099511627776' and '%d' or '%.0f
 if mine_seq ~= nil and seq <= mine_seq then
   return { mine_held, others }
 end
-local held = math.min(want, math.max(0, max - others))
+-- Never less than the host holds, up to want: a call takes only what it gives back.
+local held = math.min(want, math.max(mine_held or 0, max - others, 0))
 local expires = now + ttl
 -- Kept even when empty, for its seq: a late call must not apply after it.
 local holding = string.format(INTEGER .. ' ' .. INTEGER .. ' ' .. INTEGER, held, seq, expires)

@@ -62,12 +62,12 @@ impl<K: Hash + Eq + Clone> SlotTable<K> {
                 others,
             },
             Some(mine) => {
-                let answer = Holding::granted(max, others, hold.want);
+                let answer = Holding::granted(max, others, mine.held, hold.want);
                 *mine = holding(hold, answer.held, now);
                 answer
             }
             None => {
-                let answer = Holding::granted(max, others, hold.want);
+                let answer = Holding::granted(max, others, 0, hold.want);
                 // Kept even when empty, for its `seq`: a late call must not apply after it.
                 hosts.push(holding(hold, answer.held, now));
                 answer

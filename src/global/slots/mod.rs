@@ -42,10 +42,16 @@ pub struct Holding {
 }
 
 impl Holding {
-    /// The holding that `hold` gets when the other hosts hold `others` of `max` slots.
-    pub fn granted(max: u64, others: u64, want: u64) -> Self {
+    /// The holding that a call asking for `want` gets when the calling host holds `mine` and
+    /// the other hosts hold `others` of `max` slots: what it asks for as far as the others
+    /// leave room, and never less than it holds now up to `want`. A limit only bounds how far
+    /// a holding grows: a call takes from a host only what it gives back itself, so a call
+    /// applied late with a limit since raised (or a lowered limit) never leaves the store
+    /// holding less than the host's requests in flight; each host stops admitting past a
+    /// lowered limit and gives back as its requests end.
+    pub fn granted(max: u64, others: u64, mine: u64, want: u64) -> Self {
         Self {
-            held: want.min(max.saturating_sub(others)),
+            held: want.min(mine.max(max.saturating_sub(others))),
             others,
         }
     }
@@ -54,7 +60,8 @@ impl Holding {
 /// Where each host's share of a key's concurrency slots is kept, fleet-wide.
 ///
 /// Every store must follow [`Holding::granted`]: the host gets what it asks for as far as the
-/// other hosts' unexpired holdings leave room under `max`; a call whose `seq` is not above the
+/// other hosts' unexpired holdings leave room under `max`, and keeps what it holds up to what
+/// it asks for (a call never takes more than it gives back); a call whose `seq` is not above the
 /// host's last applied one (while that holding lasts) changes nothing and answers the holding
 /// as it is. A holding expires `ttl` after the call that set it, by the store's clock.
 pub trait SlotStore<K>: Send + Sync + 'static {
