@@ -94,6 +94,8 @@ pub(crate) struct SlotLease<W> {
     in_use: u64,
     /// What the store last confirmed holding for this host.
     held: u64,
+    /// What of it may admit: `held`, never past `room` (kept with both, off the hot path).
+    admits: u64,
     /// What the other hosts held at the store's last answer.
     others: u64,
     /// Until when `held` may admit new requests (host microseconds).
@@ -134,6 +136,7 @@ impl<W> SlotLease<W> {
         Self {
             in_use: 0,
             held: 0,
+            admits: 0,
             others: 0,
             usable_until: 0,
             call: None,
@@ -169,6 +172,7 @@ impl<W> SlotLease<W> {
         self.others = others;
         self.full = others.saturating_add(held) >= max;
         self.room = max.saturating_sub(others);
+        self.admits = self.held.min(self.room);
     }
 
     /// Slots of `max` this host sees free: what the other hosts held at the store's last
@@ -207,11 +211,16 @@ impl<W> SlotLease<W> {
     /// past the room the last answer left (a holding above it, kept by the store through a
     /// lowered limit, only runs down).
     fn usable_while_held(&self) -> u64 {
-        let held = match self.call {
-            Some(call) => self.held.min(call.want),
-            None => self.held,
-        };
-        held.min(self.room)
+        match self.call {
+            Some(call) => self.admits.min(call.want),
+            None => self.admits,
+        }
+    }
+
+    /// Sets what the store holds for this host (and so what of it may admit).
+    fn set_held(&mut self, held: u64) {
+        self.held = held;
+        self.admits = held.min(self.room);
     }
 
     /// Takes a free slot if there is one and no earlier request waits for one, else one on
@@ -325,7 +334,7 @@ impl<W> SlotLease<W> {
         let Some(call) = self.call.take_if(|call| call.seq == seq) else {
             return Decided::default();
         };
-        self.held = granted;
+        self.set_held(granted);
         self.usable_until = usable_until;
         self.down_until = 0;
         self.uncertain = false;
@@ -372,7 +381,7 @@ impl<W> SlotLease<W> {
         let Some(call) = self.call.take_if(|call| call.seq == seq) else {
             return Decided::default();
         };
-        self.held = self.held.min(call.want);
+        self.set_held(self.held.min(call.want));
         self.down_until = retry_at;
         self.uncertain = true;
         let mut decided = Decided::default();
