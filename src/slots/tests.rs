@@ -273,6 +273,17 @@ fn requests_running_past_their_holding_are_renewed_and_block_new_ones_until_conf
 }
 
 /// The time `now` as a recent reading trailing it by some of `lag` tells it.
+/// A seeded stream of draws, each below the bound asked (xorshift).
+fn draws(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut state = seed;
+    move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    }
+}
+
 fn lagging(now: u64, lag: u64, next: &mut impl FnMut(u64) -> u64) -> Now<impl FnMut() -> u64> {
     Now::new(now.saturating_sub(next(lag + 1)), lag, move || now)
 }
@@ -297,13 +308,7 @@ fn no_admission_on_the_store_goes_past_the_usable_holding_over_random_steps() {
     // the failure policy) leaves at most the smaller of what the store confirmed and what a
     // call out asks in use, and only while the holding is current, though the time it is
     // asked at is a recent reading that trails the time.
-    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
-    let mut next = move |n: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % n
-    };
+    let mut next = draws(0x9E37_79B9_7F4A_7C15_u64);
     let mut admissions = 0;
     for _ in 0..300 {
         let credit = next(3);
@@ -595,13 +600,7 @@ fn a_fleets_requests_stay_within_the_stores_holdings_through_late_calls_and_limi
     // a host is covered by what the store holds for that host; so the fleet never has more in
     // flight than the largest limit applied, and no more than the limit once a change has
     // settled (every host answered under it, the requests admitted before it ended).
-    let mut state = 0x2545_F491_4F6C_DD1D_u64;
-    let mut next = move |n: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % n
-    };
+    let mut next = draws(0x2545_F491_4F6C_DD1D_u64);
     let (mut admissions, mut late_applied, mut cut_off) = (0, 0, 0);
     for walk in 0..400 {
         let hosts = 2 + next(2) as usize;
