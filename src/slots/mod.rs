@@ -12,12 +12,12 @@
 //!   store never cuts a holding below what the host holds up to `want`, whatever limit the
 //!   call carries: a lost, late or repeated call (one sent before the limit was raised,
 //!   applied after the others took the new slots) can only leave the store holding more for
-//!   the host than it uses.
+//!   the host than it uses. While a call is out, the host uses no more than the smaller of
+//!   what the store confirmed and what the call asks for, so the store may apply it at any
+//!   moment.
 //! - The limit bounds what a host admits, not what it keeps: a host admits no more than the
 //!   room the store's last answer left it (the limit less what the others held), so a
 //!   holding above a lowered limit runs down as its requests end and is given back.
-//!   While a call is out, the host uses no more than the smaller of what the store confirmed
-//!   and what the call asks for, so the store may apply it at any moment.
 //! - One call per key is out at a time. A request that finds no free slot waits for the next
 //!   answer; it is refused only when an answer sent after it arrived says the fleet is full.
 //! - The one exception, when the layer gives credit ([`ColdStart::Credit`]): a key not known
@@ -347,7 +347,7 @@ impl<W> SlotLease<W> {
             decided.admitted.push(waiter);
         }
         // The fleet was full: the store held less than asked, or no more than the room left.
-        let short = granted.min(self.room) < call.want;
+        let short = self.admits < call.want;
         if short && self.patient {
             // The waiters stay, and the sweep asks again.
             return decided;

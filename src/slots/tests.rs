@@ -272,7 +272,6 @@ fn requests_running_past_their_holding_are_renewed_and_block_new_ones_until_conf
     assert_eq!(lease.try_take(&mut exactly(1_700)), TryTake::MustWait);
 }
 
-/// The time `now` as a recent reading trailing it by some of `lag` tells it.
 /// A seeded stream of draws, each below the bound asked (xorshift).
 fn draws(seed: u64) -> impl FnMut(u64) -> u64 {
     let mut state = seed;
@@ -284,6 +283,7 @@ fn draws(seed: u64) -> impl FnMut(u64) -> u64 {
     }
 }
 
+/// The time `now` as a recent reading trailing it by some of `lag` tells it.
 fn lagging(now: u64, lag: u64, next: &mut impl FnMut(u64) -> u64) -> Now<impl FnMut() -> u64> {
     Now::new(now.saturating_sub(next(lag + 1)), lag, move || now)
 }

@@ -13,8 +13,9 @@ use crate::quota::BucketKey;
 const SLOTS_KEY: &str = "slots-conformance";
 
 /// Holdings are absolute (what a host holds now, not an addition), capped by what the other
-/// hosts hold but never cut below what the host holds (up to its ask), never changed by a call older than the host's last applied one, and expire
-/// their time to live after they were set; every other call goes through
+/// hosts hold but never cut below what the host holds (up to its ask, whatever the limit),
+/// never changed by a call older than the host's last applied one, and expire their time to
+/// live after they were set; every other call goes through
 /// [`hold_many`](SlotStore::hold_many), with the same answers. The store must keep time by
 /// `clock`, and hold no slots yet of the key `slots-conformance` (limit name `concurrency`).
 pub async fn assert_slot_conformance<S>(store: &S, clock: &ManualClock)
