@@ -90,8 +90,7 @@ fn bench(c: &mut Criterion) {
         // answer's cost, with each side's headers.
         let side = sides::governor_refusing().layer(Echo);
         measure(c, name("refused_tower_governor_headers"), side, &requests);
-        let spent = sides::spent_limit();
-        let side = throttle!(key_ref, api_key_bytes, true, spent).layer(Echo);
+        let side = throttle!(refusing key_ref, api_key_bytes, true).layer(Echo);
         measure(c, name("refused_throttled_key_bytes"), side, &requests);
     }
 }

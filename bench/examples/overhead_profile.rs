@@ -99,7 +99,7 @@ fn main() {
             iterations,
         ),
         "refused_throttled_key_bytes" => run(
-            throttle!(key_ref, api_key_bytes, true, sides::spent_limit()).layer(Echo),
+            throttle!(refusing key_ref, api_key_bytes, true).layer(Echo),
             &requests,
             iterations,
         ),

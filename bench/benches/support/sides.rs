@@ -169,6 +169,19 @@ macro_rules! throttle {
             .build()
             .expect("a valid layer")
     };
+    // Every request refused from the throttled-key cache, for the whole run: the cache keeps a
+    // key an hour (by default a lease TTL, 2 s, after which one request asks the store again,
+    // and a loop that does not drive the runtime never hears its answer).
+    (refusing $key_setter:ident, $key:expr, $fields:expr) => {
+        hierarchical_throttle::HierarchicalThrottleLayer::builder()
+            .$key_setter($key)
+            .limit($crate::sides::spent_limit())
+            .refusal_memory(std::time::Duration::from_secs(3600))
+            .ratelimit_fields($fields)
+            .global_store(hierarchical_throttle::MemoryGlobalStore::new())
+            .build()
+            .expect("a valid layer")
+    };
 }
 
 /// Sends every request of `requests` through `service` for a few rounds, each followed by
