@@ -34,7 +34,7 @@ use std::collections::VecDeque;
 use crate::clock::Now;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// A call to the slot store that the engine is to make.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,6 +191,12 @@ impl<W> SlotLease<W> {
     #[cfg(test)]
     pub(crate) fn held(&self) -> u64 {
         self.held
+    }
+
+    /// The call out, if any.
+    #[cfg(test)]
+    pub(crate) fn call_out(&self) -> Option<SlotCall> {
+        self.call
     }
 
     /// Requests waiting for the store.

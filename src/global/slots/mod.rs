@@ -15,6 +15,8 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, Stream};
 
 mod memory;
+#[cfg(test)]
+mod walk;
 
 pub(crate) use memory::SlotTable;
 
