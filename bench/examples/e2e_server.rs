@@ -17,6 +17,10 @@
 //! `global_batch_linger`) and `E2E_FIELDS=0` (admitted responses without the `RateLimit`
 //! fields).
 //!
+//! `E2E_SLOW_US=<micros>`, in any mode: every second, on stderr, how many requests took longer
+//! than that inside the app (the throttle and the handler, not the sockets or the queue for a
+//! worker thread), by status, so that a client's tail latency can be told apart from the app's.
+//!
 //! Each key's limit is `LIMIT` per second with a burst of `LIMIT` (default: far above the load,
 //! to measure what throttling costs, not what it refuses).
 
@@ -86,10 +90,57 @@ async fn main() -> Result<(), Error> {
         }
         other => return Err(format!("unknown mode {other}").into()),
     };
+    let app = match std::env::var("E2E_SLOW_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(slow_us) => count_slow(app, slow_us),
+        None => app,
+    };
     let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).await?;
     println!("serving mode {mode} on {}", listener.local_addr()?);
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+/// Requests whose time inside the app passed a threshold: admitted ones, the others, and all.
+#[derive(Default)]
+struct Slow {
+    admitted: std::sync::atomic::AtomicU64,
+    refused: std::sync::atomic::AtomicU64,
+    all: std::sync::atomic::AtomicU64,
+}
+
+/// `app` with the requests slower than `slow_us` inside it counted, and the counts printed
+/// every second.
+fn count_slow(app: Router, slow_us: u64) -> Router {
+    use std::sync::atomic::Ordering::Relaxed;
+    let slow = Arc::new(Slow::default());
+    let printed = slow.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            let [admitted, refused, all] =
+                [&printed.admitted, &printed.refused, &printed.all].map(|c| c.load(Relaxed));
+            eprintln!("over {slow_us} us inside: {admitted} admitted, {refused} others, of {all}");
+        }
+    });
+    app.layer(middleware::from_fn(move |req: Request, next: Next| {
+        let slow = slow.clone();
+        async move {
+            let started = std::time::Instant::now();
+            let response = next.run(req).await;
+            slow.all.fetch_add(1, Relaxed);
+            if started.elapsed() > std::time::Duration::from_micros(slow_us) {
+                let counter = match response.status().is_success() {
+                    true => &slow.admitted,
+                    false => &slow.refused,
+                };
+                counter.fetch_add(1, Relaxed);
+            }
+            response
+        }
+    }))
 }
 
 fn redis_url() -> Result<String, Error> {
