@@ -9,6 +9,19 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The hasher that lays keys out in shards: by a hash of `seed` when one is given, so that a
+/// run visits keys in the same order every time (reproducible tests and simulations), else a
+/// random one, so that clients choosing keys cannot aim many at one shard.
+pub(crate) fn key_hasher(seed: Option<u64>) -> foldhash::fast::SeedableRandomState {
+    match seed {
+        Some(seed) => foldhash::fast::SeedableRandomState::with_seed(
+            seed,
+            foldhash::SharedSeed::global_fixed(),
+        ),
+        None => foldhash::fast::SeedableRandomState::random(),
+    }
+}
+
 /// The shard, of `1 << bits`, of an entry hashed to `hash`. A hashbrown table keeps the top
 /// seven bits of an entry's hash as its control byte, which a probe compares before any key,
 /// so the shard is picked from the other bits: picked from the top, the entries of a shard

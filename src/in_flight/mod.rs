@@ -19,7 +19,7 @@ use crate::credit::ColdStart;
 use crate::global::slots::SlotStore;
 use crate::quota::{BucketKey, Name};
 use crate::slots::{SlotLease, TryTake};
-use crate::sync::{ShardLock, UnderWay, shard_index};
+use crate::sync::{ShardLock, UnderWay, key_hasher, shard_index};
 
 use permit::Engine;
 pub(crate) use permit::Entry;
@@ -172,13 +172,7 @@ where
         Self {
             shared: Arc::new(Shared {
                 shards,
-                hasher: match settings.hash_seed {
-                    Some(seed) => foldhash::fast::SeedableRandomState::with_seed(
-                        seed,
-                        foldhash::SharedSeed::global_fixed(),
-                    ),
-                    None => foldhash::fast::SeedableRandomState::random(),
-                },
+                hasher: key_hasher(settings.hash_seed),
                 store,
                 calls: batch::SlotCalls::default(),
                 clock,

@@ -51,9 +51,8 @@ impl Reserved {
         match self.tranches.as_deref_mut() {
             Some(tranches) => tranches.lapsed = tranches.lapsed.saturating_add(tokens),
             None => {
-                let due = Vec::new();
                 self.tranches = Some(Box::new(Tranches {
-                    due,
+                    due: Vec::new(),
                     lapsed: tokens,
                 }));
             }

@@ -11,7 +11,7 @@ use crate::error::ConfigError;
 use crate::local::reserves::{CoreReserves, Reserves, Taken};
 use crate::local::{Hit, LocalBucket, LocalStore};
 use crate::quota::LeaseKey;
-use crate::sync::{CacheLine, ShardLock, lock, shard_index};
+use crate::sync::{CacheLine, ShardLock, key_hasher, lock, shard_index};
 
 /// The default local store: buckets in memory, in shards under a few locks, bounded to a
 /// maximum number of keys.
@@ -111,7 +111,7 @@ impl<K> MemoryLocalStore<K> {
             shard_bits,
             run_bits,
             per_shard: max_keys / shards,
-            hasher: foldhash::fast::SeedableRandomState::random(),
+            hasher: key_hasher(None),
             evicted: Mutex::new(HashTable::new()),
             evicted_count: AtomicUsize::new(0),
             reserves: Reserves::new(CoreReserves::default()),
@@ -143,10 +143,7 @@ impl<K> MemoryLocalStore<K> {
     /// simulations. Leave it random where clients choose the keys, so that they cannot aim many
     /// keys at one shard.
     pub fn with_hash_seed(mut self, seed: u64) -> Self {
-        self.hasher = foldhash::fast::SeedableRandomState::with_seed(
-            seed,
-            foldhash::SharedSeed::global_fixed(),
-        );
+        self.hasher = key_hasher(Some(seed));
         self
     }
 
