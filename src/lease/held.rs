@@ -161,11 +161,18 @@ impl LocalBucket {
     /// calendar quota's: its bucket does not refill around the lease), for the next answer to
     /// take back as far as it proves it.
     fn note_overflow(&mut self, now: u64, limit: &Limit) {
+        // Before an answer came, the tokens were taken from nothing.
+        if self.cold().global_left == super::NO_ANSWER {
+            return;
+        }
         let held = match limit.calendar() {
             Some(_) => 0,
             None => self.held_since_sweep(limit),
         };
         let overflow = past_capacity(self.global_estimate(now, limit), held, limit);
+        if overflow == 0 {
+            return;
+        }
         let cold = self.cold_mut();
         cold.overflowed = cold
             .overflowed
@@ -276,13 +283,24 @@ impl LocalBucket {
         u64::from(forfeited)
     }
 
-    /// Takes every leased token out to hand back, reserved ones included: the bucket is being
-    /// dropped (evicted, or the host is stopping). As many as the lease owes the fleet are
-    /// forfeited instead: the overflow an armed use noted that no answer took back, and what
-    /// its fetches could not take back. Dropped with the bucket, neither would come off what
-    /// a later fetch brings, and handed back whole, the tokens would let the global bucket
-    /// hold its capacity again on top of what they overflowed.
-    pub(crate) fn hand_back_all(&mut self) -> super::expiry::Unused {
+    /// Takes every leased token out to hand back at `now`, reserved ones included: the bucket
+    /// is being dropped (evicted, or the host is stopping). As many as the lease owes the fleet
+    /// are forfeited instead: what the global bucket of `limit` (`None`: the key's quota no
+    /// longer has it) refilled past `capacity - held` by this host's estimate, `held` the most
+    /// the lease held since the last sweep (or answer), or more if an armed use noted more, and
+    /// what its fetches could not take back. Dropped with the bucket, neither would come off
+    /// what a later fetch brings, and handed back whole, the tokens would let the global bucket
+    /// hold its capacity again on top of what they overflowed. The estimate, not only what
+    /// uses noted: a lease used slowly holds the most past `capacity - held` between two uses,
+    /// which no use sees, and the tokens it spent since then spent that overflow too.
+    pub(crate) fn hand_back_all(
+        &mut self,
+        now: u64,
+        limit: Option<&Limit>,
+    ) -> super::expiry::Unused {
+        if let Some(limit) = limit {
+            self.note_overflow(now, limit);
+        }
         let cold = self.cold();
         let owed = u64::from(cold.overflowed).saturating_add(u64::from(cold.take_back_owed));
         let tokens = self.take_all_leased();
@@ -560,7 +578,8 @@ mod tests {
         // An armed use noted 3 past the capacity; evicted, the 74 left go back but for those.
         let mut b = LocalBucket::default();
         burst_after_arming(&mut b, &limit);
-        let taken = b.hand_back_all();
+        // By the estimate at 93 ms, the same: 9 refilled around the 94 held at the sweep.
+        let taken = b.hand_back_all(93 * MS, Some(&limit));
         assert_eq!((taken.back, taken.forfeited), (71, 3));
         assert!(!b.remembers_held(), "nothing left to owe");
         // A fetch could not take back 6 (other hosts had spent the refill); 14 tokens come
@@ -576,8 +595,37 @@ mod tests {
         );
         b.settle(&grant_sent_at(4, 0, SECOND), SECOND, 0, &big);
         b.give_back(14, big.capacity());
-        let taken = b.hand_back_all();
+        let taken = b.hand_back_all(SECOND, Some(&big));
         assert_eq!((taken.back, taken.forfeited), (8, 6));
+    }
+
+    #[test]
+    fn a_dropped_bucket_forfeits_the_refill_around_its_lease_that_no_use_noted() {
+        let limit = Limit::per_second(100).burst(100).unwrap();
+        // The lease took the whole bucket; armed by the answer, its first use (at 1 ms) finds
+        // nothing refilled yet and disarms. Used slowly from then, no use notes the refill
+        // growing around it.
+        let used_slowly = || {
+            let mut b = LocalBucket::default();
+            b.settle(&grant_leaving(100, 0), 0, 0, &limit);
+            b.arm_after_answer(50 * MS, &limit);
+            assert_eq!(spend(&mut b, 1), crate::lease::Hit::AdmittedStartFetch);
+            assert!(b.plan(MS, 0, &limit, false, FOREVER).is_none());
+            b.settle(&FetchOutcome::Skipped, MS, 0, &limit);
+            assert_eq!(spend(&mut b, 4), crate::lease::Hit::Admitted);
+            b
+        };
+        // Evicted at 30 ms: 3 refilled around the 100 held since the answer. Handed back
+        // whole, the 95 would fill the bucket again, and a burst then would spend 100 on top
+        // of the 4 spent since 1 ms (102.9 allowed).
+        let taken = used_slowly().hand_back_all(30 * MS, Some(&limit));
+        assert_eq!((taken.back, taken.forfeited), (92, 3));
+        // Nothing refilled yet at 1 ms: nothing forfeited.
+        let taken = used_slowly().hand_back_all(MS, Some(&limit));
+        assert_eq!((taken.back, taken.forfeited), (95, 0));
+        // A bucket the key no longer draws on: no limit to reckon by.
+        let taken = used_slowly().hand_back_all(30 * MS, None);
+        assert_eq!((taken.back, taken.forfeited), (95, 0));
     }
 
     #[test]

@@ -330,7 +330,8 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
         bucket: &mut LocalBucket,
         now: u64,
     ) -> Option<Return<K>> {
-        let taken = bucket.hand_back_all();
+        let limit = self.resolve(id).map(|r| r.limit);
+        let taken = bucket.hand_back_all(now, limit.as_ref());
         self.stats.tokens_forfeited.add(taken.forfeited);
         Return::taken(id, bucket, taken.back, now, false)
     }
