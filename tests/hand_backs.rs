@@ -449,3 +449,53 @@ async fn a_slow_keys_lease_its_bucket_refilled_around_is_forfeited_without_a_cal
     let burst = (0..150).map(|_| layer.acquire("k".to_owned(), 1));
     assert_eq!(admitted(burst).await, 100);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_evicted_lease_goes_back_less_what_its_bucket_refilled_past_it() {
+    // "k" takes the whole bucket (a key near its limit), then spends a burst long after its
+    // last use, as the global bucket has refilled around the lease, and a flood of other keys
+    // evicts it. Handed back whole, the tokens left would fill the bucket again for the next
+    // burst, on top of the one the lease served.
+    let capacity = 100;
+    let layer = HierarchicalThrottleLayer::builder()
+        .key(|key: &String| Some(key.clone()))
+        .clock(TokioClock::new())
+        .limit(Limit::per_second(capacity).burst(capacity).unwrap())
+        .cold_start(ColdStart::Exact)
+        .batch_policy(FractionOfCapacity::new(1.0).unwrap())
+        .lease_ttl(Duration::from_secs(1))
+        .local_store(evicting_store())
+        .global_store(MemoryGlobalStore::with_clock(TokioClock::new()))
+        .build()
+        .unwrap();
+    let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));
+    let start = tokio::time::Instant::now();
+    assert_eq!(burst(1).await, 1);
+    // The answer armed the lease: its next use, 1 ms on, finds nothing refilled yet.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(burst(1).await, 1);
+    // At 300 ms the global bucket holds 30 around the 98 the lease holds; 40 at once then.
+    tokio::time::sleep_until(start + Duration::from_millis(300)).await;
+    assert_eq!(burst(40).await, 40);
+    let key = LeaseKey::new("k".to_owned(), 0, 0);
+    let present = || layer.local_store().peek_bucket(&key, |_| ()).is_some();
+    let mut flood = 0..100_000;
+    while present() {
+        assert!(!flood.is_empty(), "evicted within the flood");
+        let keys = flood.by_ref().take(64).map(|i| format!("other-{i}"));
+        futures_util::future::join_all(keys.map(|key| layer.acquire(key, 1))).await;
+    }
+    // A read of the counters collects the evicted bucket at once: by the host's reckoning the
+    // global bucket holds 30, around the 99 the lease held at its answer, so 29 of the 58 left
+    // are forfeited, and the sweep at 500 ms hands back the other 29.
+    let forfeited = layer.stats().tokens_forfeited;
+    // A burst at 520 ms: 30 + 29 + 22 refilled since. From 300 ms on, at most the capacity and
+    // 220 ms of the rate; handed back whole, the 58 would have filled the bucket (100 in the
+    // burst, 140 from 300 ms).
+    tokio::time::sleep_until(start + Duration::from_millis(520)).await;
+    let after = burst(300).await;
+    assert!(40 + after <= capacity + 22, "{after} after the 40");
+    assert_eq!(after, 81);
+    assert_eq!(forfeited, 29);
+    assert_eq!(layer.stats().tokens_returned, 29);
+}

@@ -256,7 +256,9 @@ where
     /// [batch linger](crate::Builder::global_batch_linger), in case requests still arrive. A
     /// bucket with requests waiting for tokens keeps its own. The layer keeps working: a
     /// request after it fetches anew. What the store does not take (it is failing) stays for
-    /// the next sweep, and is lost if the host stops first.
+    /// the next sweep, and is lost if the host stops first. Of a rate's lease, what the global
+    /// bucket refilled around it past its capacity, by this host's estimate, is forfeited
+    /// (counted in `tokens_forfeited`): handed back, it would be spent twice.
     pub async fn return_all_leases(&self) {
         self.throttle.return_all_leases().await;
     }
