@@ -179,20 +179,39 @@ where
     G: hierarchical_throttle::global::GlobalStore<hierarchical_throttle::quota::BucketKey<String>>,
     L: LocalStore<LeaseKey<String>>,
 {
-    let capacity = 100;
-    let layer = HierarchicalThrottleLayer::builder()
+    let layer = evicting_layer(store, local, 0.5);
+    let first = admitted((0..10).map(|_| layer.acquire("k".to_owned(), 1))).await;
+    assert_eq!(first, 10);
+    evict_k(&layer).await;
+    layer
+}
+
+/// A layer on `store` and `local`, 100 a second burst 100, whose batches are `batch` of the
+/// capacity and whose leases go back once unused for a second.
+fn evicting_layer<G, L>(store: G, local: L, batch: f64) -> TestLayer<G, L>
+where
+    G: hierarchical_throttle::global::GlobalStore<hierarchical_throttle::quota::BucketKey<String>>,
+    L: LocalStore<LeaseKey<String>>,
+{
+    HierarchicalThrottleLayer::builder()
         .key(|key: &String| Some(key.clone()))
         .clock(TokioClock::new())
-        .limit(Limit::per_second(capacity).burst(capacity).unwrap())
+        .limit(Limit::per_second(100).burst(100).unwrap())
         .cold_start(ColdStart::Exact)
-        .batch_policy(FractionOfCapacity::new(0.5).unwrap())
+        .batch_policy(FractionOfCapacity::new(batch).unwrap())
         .lease_ttl(Duration::from_secs(1))
         .local_store(local)
         .global_store(store)
         .build()
-        .unwrap();
-    let first = admitted((0..10).map(|_| layer.acquire("k".to_owned(), 1))).await;
-    assert_eq!(first, 10);
+        .unwrap()
+}
+
+/// Floods `layer` with other keys until its local store has evicted "k".
+async fn evict_k<G, L>(layer: &TestLayer<G, L>)
+where
+    G: hierarchical_throttle::global::GlobalStore<hierarchical_throttle::quota::BucketKey<String>>,
+    L: LocalStore<LeaseKey<String>>,
+{
     let evicted = || {
         let mut present = false;
         layer
@@ -206,7 +225,6 @@ where
         let keys = flood.by_ref().take(64).map(|i| format!("other-{i}"));
         futures_util::future::join_all(keys.map(|key| layer.acquire(key, 1))).await;
     }
-    layer
 }
 
 #[tokio::test(start_paused = true)]
@@ -457,17 +475,8 @@ async fn an_evicted_lease_goes_back_less_what_its_bucket_refilled_past_it() {
     // evicts it. Handed back whole, the tokens left would fill the bucket again for the next
     // burst, on top of the one the lease served.
     let capacity = 100;
-    let layer = HierarchicalThrottleLayer::builder()
-        .key(|key: &String| Some(key.clone()))
-        .clock(TokioClock::new())
-        .limit(Limit::per_second(capacity).burst(capacity).unwrap())
-        .cold_start(ColdStart::Exact)
-        .batch_policy(FractionOfCapacity::new(1.0).unwrap())
-        .lease_ttl(Duration::from_secs(1))
-        .local_store(evicting_store())
-        .global_store(MemoryGlobalStore::with_clock(TokioClock::new()))
-        .build()
-        .unwrap();
+    let store = MemoryGlobalStore::with_clock(TokioClock::new());
+    let layer = evicting_layer(store, evicting_store(), 1.0);
     let burst = |requests| admitted((0..requests).map(|_| layer.acquire("k".to_owned(), 1)));
     let start = tokio::time::Instant::now();
     assert_eq!(burst(1).await, 1);
@@ -477,14 +486,7 @@ async fn an_evicted_lease_goes_back_less_what_its_bucket_refilled_past_it() {
     // At 300 ms the global bucket holds 30 around the 98 the lease holds; 40 at once then.
     tokio::time::sleep_until(start + Duration::from_millis(300)).await;
     assert_eq!(burst(40).await, 40);
-    let key = LeaseKey::new("k".to_owned(), 0, 0);
-    let present = || layer.local_store().peek_bucket(&key, |_| ()).is_some();
-    let mut flood = 0..100_000;
-    while present() {
-        assert!(!flood.is_empty(), "evicted within the flood");
-        let keys = flood.by_ref().take(64).map(|i| format!("other-{i}"));
-        futures_util::future::join_all(keys.map(|key| layer.acquire(key, 1))).await;
-    }
+    evict_k(&layer).await;
     // A read of the counters collects the evicted bucket at once: by the host's reckoning the
     // global bucket holds 30, around the 99 the lease held at its answer, so 29 of the 58 left
     // are forfeited, and the sweep at 500 ms hands back the other 29.
