@@ -288,8 +288,8 @@ impl LocalBucket {
     /// are forfeited instead: what the global bucket of `limit` (`None`: the key's quota no
     /// longer has it) refilled past `capacity - held` by this host's estimate, `held` the most
     /// the lease held since the last sweep (or answer), or more if an armed use noted more, and
-    /// what its fetches could not take back. Dropped with the bucket, neither would come off
-    /// what a later fetch brings, and handed back whole, the tokens would let the global bucket
+    /// what its fetches could not take back. Dropped with the bucket, none of it would come
+    /// off what a later fetch brings, and handed back whole, the tokens would let the global bucket
     /// hold its capacity again on top of what they overflowed. The estimate, not only what
     /// uses noted: a lease used slowly holds the most past `capacity - held` between two uses,
     /// which no use sees, and the tokens it spent since then spent that overflow too.
