@@ -17,6 +17,9 @@ use super::{LocalBucket, half};
 #[derive(Debug)]
 pub(crate) struct Waiter {
     cost: u64,
+    /// When it came (clock micros): a calendar quota's batch asked for before a reset serves
+    /// only the requests that came before it.
+    came_at: u64,
     /// After this (clock micros), a batch that cannot serve it refuses it instead of asking
     /// again. One batch almost always serves it: a batch covers every request that waited for
     /// it when it was asked for.
@@ -25,12 +28,17 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
-    /// A waiter for a request of `cost` tokens that may wait for batches until `deadline`, and
-    /// the receiver of its verdict.
-    pub(crate) fn new(cost: u64, deadline: u64) -> (Self, oneshot::Receiver<Verdict>) {
+    /// A waiter for a request of `cost` tokens that came at `came_at` and may wait for batches
+    /// until `deadline`, and the receiver of its verdict.
+    pub(crate) fn new(
+        cost: u64,
+        came_at: u64,
+        deadline: u64,
+    ) -> (Self, oneshot::Receiver<Verdict>) {
         let (verdict, receiver) = oneshot::channel();
         let waiter = Self {
             cost,
+            came_at,
             deadline,
             verdict,
         };
@@ -368,7 +376,8 @@ impl LocalBucket {
     }
 
     /// Takes in a fetch's outcome at `now` and decides every waiting request, in arrival order:
-    /// those the lease now covers are admitted (their tokens taken for them), the others are
+    /// those the lease now covers are admitted (their tokens taken for them; of a calendar
+    /// quota's batch asked for before a reset, only those that came before it), the others are
     /// left to the failure policy when the fetch failed, kept for another batch while the
     /// global bucket is not known to be short and their deadline has not passed, or refused
     /// with the time their tokens are due.
@@ -420,12 +429,16 @@ impl LocalBucket {
         }
         self.release_pending(now, || limit.capacity());
         let throttled = now < self.cold().next_token_at;
+        let window_of_batch = Self::window_of_batch(outcome, limit);
         let mut kept = Vec::new();
         for waiter in self.cold_mut().waiters.take() {
             if waiter.is_gone() {
                 continue;
             }
-            if self.take(waiter.cost) {
+            // One that came after a reset the batch was asked for before waits for a batch of
+            // its own window: the lease's tokens may be the window's before.
+            let in_window = window_of_batch.is_none_or(|ends| waiter.came_at < ends);
+            if in_window && self.take(waiter.cost) {
                 settled.verdicts.push((waiter, Verdict::Admitted));
             } else if waiter.cost > limit.capacity() {
                 // The limit was lowered below its cost while it waited: no batch can serve it.
@@ -450,6 +463,15 @@ impl LocalBucket {
         }
         self.record_unrecorded(now, interval);
         settled
+    }
+
+    /// When the window a batch of `limit` was asked for in ends (clock micros), for a calendar
+    /// quota's answered batch: by the host's clock, which the stores' is taken to agree with.
+    fn window_of_batch(outcome: &FetchOutcome, limit: &Limit) -> Option<u64> {
+        let FetchOutcome::Granted { sent_at, .. } = *outcome else {
+            return None;
+        };
+        Some(limit.calendar()?.reset_after(sent_at, 1))
     }
 
     /// Ends the fetch in flight as failed: every waiting request goes to the failure policy,

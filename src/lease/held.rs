@@ -513,7 +513,7 @@ mod tests {
         assert_eq!(b.take_back(SECOND, &limit), 0);
         // A burst spends the 10 and a request waits: the bucket has refilled 160 since.
         b.take_up_to(10);
-        let (waiter, _rx) = Waiter::new(1, 2 * SECOND);
+        let (waiter, _rx) = Waiter::new(1, SECOND, 2 * SECOND);
         b.miss(1, SECOND, 0, &limit, true, 0, FOREVER, || waiter);
         assert_eq!(b.take_back(SECOND, &limit), 10);
         // 80 refilled by half a second: 150, which with the 10 held is not past the capacity.
@@ -674,7 +674,7 @@ mod tests {
         // A burst spends the 20, then the 6 fall due (at the burst's next slow-path visit) and
         // are spent too: 26 held in all while the bucket refilled.
         b.take_up_to(20);
-        let (waiter, _rx) = Waiter::new(7, FOREVER);
+        let (waiter, _rx) = Waiter::new(7, SECOND, FOREVER);
         b.miss(7, SECOND, 0, &limit, true, 0, FOREVER, || waiter);
         b.take_up_to(6);
         assert_eq!(b.take_back(SECOND, &limit), 26);

@@ -13,7 +13,7 @@ fn a_key_known_short_is_asked_about_again_when_its_recheck_is_due_and_never_cred
     // Remembered for 2 ms after the answer (at 0), with credit of 5 to give.
     let memory = 2_000;
     let miss = |b: &mut LocalBucket, now| {
-        let (waiter, _rx) = Waiter::new(1, now + DEADLINE);
+        let (waiter, _rx) = Waiter::new(1, now, now + DEADLINE);
         b.miss(1, now, 0, &limit(), true, 5, memory, || waiter)
     };
     assert!(matches!(miss(&mut b, 1_999), Miss::Throttled { .. }));

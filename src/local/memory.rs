@@ -870,7 +870,7 @@ mod tests {
         let limit = crate::Limit::per_second(10).burst(10).unwrap();
         let reserving = LeaseKey::new(7, 0, 0);
         store.with_bucket(&reserving, |b| {
-            let (waiter, _verdict) = Waiter::new(1, 50_000);
+            let (waiter, _verdict) = Waiter::new(1, 0, 50_000);
             b.miss(1, 0, 0, &limit, true, 0, u64::MAX, || waiter);
             let grant = Grant {
                 granted: 0,

@@ -111,7 +111,7 @@ impl<K: Key, G: Global<K>, L: Local<K>, C: Clock> Throttle<K, G, L, C> {
                 credit,
                 memory,
                 || {
-                    let (waiter, receiver) = Waiter::new(cost, deadline);
+                    let (waiter, receiver) = Waiter::new(cost, now, deadline);
                     verdict = Some(receiver);
                     waiter
                 },

@@ -1,6 +1,8 @@
 //! Calendar quotas on a host: no token of one window is spent in the next. Near a reset, leases
 //! hold none of the quota's tokens, and tokens that left a lease (a refund, a use given up) go
 //! back into it only when no reset lies between when they were taken and a margin after now.
+//! A batch asked for before a reset serves only the requests that came before it
+//! (`LocalBucket::settle`).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
