@@ -673,4 +673,6 @@ pub(crate) mod tests;
 #[cfg(test)]
 mod tests_by_hand;
 #[cfg(test)]
+mod tests_calendar;
+#[cfg(test)]
 mod tests_views;

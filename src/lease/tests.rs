@@ -34,7 +34,11 @@ pub(super) fn grant(
 }
 
 /// Queues a request of `cost` at `now`; returns the miss and the verdict's receiver.
-fn queue(b: &mut LocalBucket, cost: u64, now: u64) -> (Miss, oneshot::Receiver<Verdict>) {
+pub(super) fn queue(
+    b: &mut LocalBucket,
+    cost: u64,
+    now: u64,
+) -> (Miss, oneshot::Receiver<Verdict>) {
     let (waiter, rx) = Waiter::new(cost, now, now + DEADLINE);
     (
         b.miss(cost, now, 0, &limit(), true, 0, FOREVER, || waiter),
@@ -42,7 +46,7 @@ fn queue(b: &mut LocalBucket, cost: u64, now: u64) -> (Miss, oneshot::Receiver<V
     )
 }
 
-fn verdicts(settled: &Settled) -> Vec<(u64, Verdict)> {
+pub(super) fn verdicts(settled: &Settled) -> Vec<(u64, Verdict)> {
     settled
         .verdicts
         .iter()
@@ -697,54 +701,4 @@ fn a_key_over_its_limit_asks_for_its_next_reservation_once_the_last_has_come() {
     }
     assert!(b.plan(300_000, 0, &limit, false, FOREVER).is_none());
     assert!(b.plan(300_000, 0, &limit, true, FOREVER).is_some());
-}
-
-#[test]
-fn a_calendar_batch_asked_for_before_a_reset_serves_only_requests_that_came_before_it() {
-    use crate::calendar::Period;
-    let daily = Limit::per_calendar(50, Period::Day).build().unwrap();
-    let midnight = 1_732_579_200 * SECOND;
-    let queue_at = |b: &mut LocalBucket, now: u64| {
-        let (waiter, rx) = Waiter::new(1, now, now + DEADLINE);
-        (b.miss(1, now, 0, &daily, true, 0, FOREVER, || waiter), rx)
-    };
-    let answer = |sent_at: u64| FetchOutcome::Granted {
-        grant: Grant {
-            granted: 2,
-            reserved: 0,
-            ready_in: Duration::ZERO,
-            remaining: 40,
-            refill_in: Duration::ZERO,
-        },
-        sent_at,
-        from: Name::intern("default"),
-        shape: 0,
-    };
-    let mut b = LocalBucket::default();
-    // One waits from 2 ms before midnight, its batch asked for then; another comes 3 ms after.
-    let (started, _before) = queue_at(&mut b, midnight - 2_000);
-    let (joined, _after) = queue_at(&mut b, midnight + 3_000);
-    assert_eq!((started, joined), (Miss::StartFetch, Miss::Joined));
-    // The batch lands 5 ms after midnight: its tokens may be yesterday's, which only the
-    // first may spend. The second waits for a batch of its own day.
-    let settled = b.settle(&answer(midnight - 2_000), midnight + 5_000, 0, &daily);
-    assert_eq!(verdicts(&settled), vec![(1, Verdict::Admitted)]);
-    assert!(settled.refetch);
-    assert_eq!(b.waiting(), 1);
-    // The next batch, asked for after midnight, serves it.
-    let settled = b.settle(&answer(midnight + 5_000), midnight + 9_000, 0, &daily);
-    assert_eq!(verdicts(&settled), vec![(1, Verdict::Admitted)]);
-    assert!(!settled.refetch);
-}
-
-#[test]
-fn a_rate_limits_batch_serves_every_request_waiting_when_it_lands() {
-    let mut b = LocalBucket::default();
-    let (_, _first) = queue(&mut b, 1, 0);
-    let (_, _later) = queue(&mut b, 1, 3 * SECOND);
-    let settled = b.settle(&grant(2, 0, 0, 0), 3 * SECOND, 0, &limit());
-    assert_eq!(
-        verdicts(&settled),
-        vec![(1, Verdict::Admitted), (1, Verdict::Admitted)]
-    );
 }
