@@ -17,7 +17,10 @@
 //!   moment.
 //! - The limit bounds what a host admits, not what it keeps: a host admits no more than the
 //!   room the store's last answer left it (the limit less what the others held), so a
-//!   holding above a lowered limit runs down as its requests end and is given back.
+//!   holding above a lowered limit runs down as its requests end and is given back. Such a
+//!   host asks for no more than it may use, waiters or not: asked for, the rest would be
+//!   kept, and hosts each keeping a slot that the others' holdings leave no room to use
+//!   would admit nothing.
 //! - One call per key is out at a time. A request that finds no free slot waits for the next
 //!   answer; it is refused only when an answer sent after it arrived says the fleet is full.
 //! - The one exception, when the layer gives credit ([`ColdStart::Credit`]): a key not known
@@ -279,7 +282,21 @@ impl<W> SlotLease<W> {
     /// A request was admitted on credit at `now`: the call that asks the store to hold what
     /// is in flight, when none is out (the answer to the one out asks again if it held less).
     pub(crate) fn ask(&mut self, now: u64, seq: impl FnOnce() -> u64) -> Option<SlotCall> {
-        self.start_call(self.in_use + self.waiters.len() as u64, now, seq)
+        self.start_call(self.wanted(), now, seq)
+    }
+
+    /// The holding to ask for: a slot for each request in flight and each waiting, but, while
+    /// this host holds more than it may use (past the room the store's last answer left it,
+    /// after a lowered limit), none beyond what it may use. The store keeps what a host holds
+    /// up to what it asks for, so a host that asked for its waiters would keep slots that
+    /// admit nothing: every host with requests waiting would keep one, and none admit.
+    fn wanted(&self) -> u64 {
+        let needed = self.in_use + self.waiters.len() as u64;
+        let usable = self.in_use.max(self.room);
+        match self.held > usable {
+            true => needed.min(usable),
+            false => needed,
+        }
     }
 
     fn take_one(&mut self) {
@@ -296,7 +313,7 @@ impl<W> SlotLease<W> {
         seq: impl FnOnce() -> u64,
     ) -> Option<SlotCall> {
         self.waiters.push_back((waiter, now));
-        self.start_call(self.in_use + self.waiters.len() as u64, now, seq)
+        self.start_call(self.wanted(), now, seq)
     }
 
     fn start_call(&mut self, want: u64, now: u64, seq: impl FnOnce() -> u64) -> Option<SlotCall> {
@@ -374,8 +391,7 @@ impl<W> SlotLease<W> {
         // store, not full, held what it was asked): the store is asked to hold them all.
         let beyond_holding = !short && self.in_use > granted;
         if !self.waiters.is_empty() || beyond_holding {
-            let want = self.in_use + self.waiters.len() as u64;
-            decided.next = self.start_call(want, now, next_seq);
+            decided.next = self.start_call(self.wanted(), now, next_seq);
         }
         decided
     }
@@ -421,8 +437,7 @@ impl<W> SlotLease<W> {
         }
         if !self.waiters.is_empty() && now >= self.down_until {
             // Patient requests still waiting for a slot another host may have freed.
-            let want = self.in_use + self.waiters.len() as u64;
-            return self.start_call(want, now, seq);
+            return self.start_call(self.wanted(), now, seq);
         }
         if self.held > keep {
             return self.start_call(keep, now, seq);

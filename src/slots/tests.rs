@@ -542,28 +542,71 @@ fn past_a_lowered_limit_the_host_admits_only_the_room_left_and_its_holding_runs_
     lease.note_others(0, 3, 2);
     let decided = lease.answered(renewal.seq, 3, 2_000, 905, seq(4));
     assert_eq!(decided.next, None, "asked for what it holds, and got it");
-    // One ends: two still run, the room the answer left; the next must ask, and the store,
-    // still holding 3, leaves room for 2: refused as full.
+    // One ends: two still run, the room the answer left; the next must ask. The third slot,
+    // which could admit nothing, is not asked for again: the store takes it back.
     assert_eq!(lease.release(|| 910), None);
     assert_eq!(lease.try_take(&mut exactly(910)), TryTake::MustWait);
     let call = lease.wait("d", 910, seq(5)).expect("a call");
+    assert_eq!(call.want, 2);
+    lease.note_others(0, 2, 2);
+    let decided = lease.answered(call.seq, 2, 2_000, 915, seq(6));
+    assert_eq!(lease.held(), 2);
+    // Asked for it, the store, with room for 2, holds no third: refused as full.
+    let call = decided.next.expect("a call for the one waiting");
     assert_eq!(call.want, 3);
-    lease.note_others(0, 3, 2);
-    let decided = lease.answered(call.seq, 3, 2_000, 915, seq(6));
-    assert_eq!(
-        decided.full,
-        ["d"],
-        "the store held 3, but the limit leaves 2"
-    );
+    lease.note_others(0, 2, 2);
+    let decided = lease.answered(call.seq, 2, 2_000, 920, seq(7));
+    assert_eq!(decided.full, ["d"], "the limit leaves 2");
     assert_eq!(decided.next, None);
     // Another ends: one runs, one more may.
-    assert_eq!(lease.release(|| 920), None);
-    assert_eq!(lease.try_take(&mut exactly(920)), TryTake::Taken);
-    assert_eq!(lease.try_take(&mut exactly(920)), TryTake::MustWait);
-    assert_eq!(lease.free(2, || 920), 0);
-    // Once two passes have seen no more than two in flight, the third slot goes back.
-    assert_eq!(lease.sweep(950, 960, seq(7)), None);
-    assert_eq!(lease.sweep(1_000, 1_010, seq(8)), None);
-    let give_back = lease.sweep(1_050, 1_060, seq(9)).expect("a give-back");
-    assert_eq!(give_back.want, 2);
+    assert_eq!(lease.release(|| 925), None);
+    assert_eq!(lease.try_take(&mut exactly(925)), TryTake::Taken);
+    assert_eq!(lease.try_take(&mut exactly(925)), TryTake::MustWait);
+    assert_eq!(lease.free(2, || 925), 0);
+}
+
+#[test]
+fn hosts_holding_more_than_a_lowered_limit_leaves_them_give_back_what_admits_nothing() {
+    // Two hosts held a slot each in flight when the limit went from 8 to 1: each answer
+    // leaves either no room (the other holds 1). Their requests end, and each has one
+    // waiting. Asked for their waiters, the store would keep each host's slot, which admits
+    // nothing: neither host would ever admit again.
+    let mut hosts: Vec<Lease> = (0..2).map(|_| Lease::new(0, 0, false)).collect();
+    for (lease, name) in hosts.iter_mut().zip(["a", "b"]) {
+        lease.wait(name, 0, seq(1));
+        lease.note_others(1, 1, 8);
+        assert_eq!(lease.answered(1, 1, 10_000, 0, seq(2)).admitted, [name]);
+        lease.note_others(1, 1, 1);
+        assert_eq!(lease.release(|| 10), None);
+    }
+    for (lease, name) in hosts.iter_mut().zip(["c", "d"]) {
+        assert_eq!(lease.try_take(&mut exactly(20)), TryTake::MustWait);
+        let call = lease.wait(name, 20, seq(3)).expect("a call");
+        assert_eq!(
+            call.want, 0,
+            "{name}'s host gives back the slot it cannot use"
+        );
+    }
+    // The first host's call lands first: it holds none, and the other still holds its 1.
+    hosts[0].note_others(1, 0, 1);
+    let decided = hosts[0].answered(3, 0, 10_000, 25, seq(4));
+    assert!(decided.admitted.is_empty());
+    let again = decided.next.expect("it asks again for its waiter");
+    assert_eq!(again.want, 1);
+    // The second host's lands next: the first holds none now; it asks for its waiter.
+    hosts[1].note_others(0, 0, 1);
+    let decided = hosts[1].answered(3, 0, 10_000, 26, seq(4));
+    let call = decided.next.expect("a call for its waiter");
+    assert_eq!(call.want, 1);
+    hosts[1].note_others(0, 1, 1);
+    assert_eq!(
+        hosts[1].answered(call.seq, 1, 10_000, 27, seq(5)).admitted,
+        ["d"]
+    );
+    // The first's second call finds the slot taken: refused as full, exactly.
+    hosts[0].note_others(1, 0, 1);
+    assert_eq!(
+        hosts[0].answered(again.seq, 0, 10_000, 28, seq(5)).full,
+        ["c"]
+    );
 }
