@@ -1290,6 +1290,62 @@ mod limit_raised_under_a_late_call {
     }
 }
 
+/// Two hosts each run a request of a key when its limit is lowered from 2 to 1, and each hears
+/// so from the store (a second request on each is refused as full). Both requests end, so each
+/// host holds a slot the other's leaves it no room to use. A host that asks again for its new
+/// request gives that slot back instead of keeping it: the first to ask is refused (the other
+/// still holds its slot), the second gets the only one. Had each kept its slot, both would be
+/// refused, and go on being refused while requests keep coming.
+async fn hosts_over_a_lowered_limit_give_back_what_admits_nothing<S>(store: S)
+where
+    S: SlotStore<BucketKey<String>> + Clone,
+{
+    let limit = Arc::new(AtomicU64::new(2));
+    let host = |store| -> Layer<_> {
+        let limit = limit.clone();
+        HierarchicalConcurrencyLayer::builder()
+            .key(api_key)
+            .max_in_flight_per_key(move |_: &String| limit.load(Ordering::SeqCst))
+            .store(store)
+            .clock(TokioClock::new())
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (host(store.clone()), host(store.clone()));
+    let take = |layer: &Layer<_>| layer.acquire("k".to_owned());
+    let running = [take(&a).await.unwrap(), take(&b).await.unwrap()];
+    limit.store(1, Ordering::SeqCst);
+    let full = RejectionReason::TooManyInFlight { max: 1 };
+    assert_eq!(take(&a).await.unwrap_err().reason, full);
+    assert_eq!(take(&b).await.unwrap_err().reason, full);
+    drop(running);
+    assert_eq!(
+        take(&a).await.unwrap_err().reason,
+        full,
+        "the other host still holds its slot"
+    );
+    let admitted = take(&b).await.expect("the slot the first host gave back");
+    assert_eq!((a.in_flight(), b.in_flight()), (0, 1));
+    drop(admitted);
+}
+
+mod limit_lowered_under_two_hosts {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn on_memory() {
+        let store = MemoryGlobalStore::with_clock(TokioClock::new());
+        hosts_over_a_lowered_limit_give_back_what_admits_nothing(store).await;
+    }
+
+    #[tokio::test]
+    async fn on_redis() {
+        let server = RedisServer::start();
+        let store = server.store().await;
+        hosts_over_a_lowered_limit_give_back_what_admits_nothing(store).await;
+    }
+}
+
 /// The store's arithmetic, the same on memory and Redis (the suite that ships with the crate):
 /// absolute holdings, expiry, and calls older than the last applied ignored, alone and in
 /// batches.
