@@ -34,11 +34,7 @@ pub(super) fn grant(
 }
 
 /// Queues a request of `cost` at `now`; returns the miss and the verdict's receiver.
-pub(super) fn queue(
-    b: &mut LocalBucket,
-    cost: u64,
-    now: u64,
-) -> (Miss, oneshot::Receiver<Verdict>) {
+fn queue(b: &mut LocalBucket, cost: u64, now: u64) -> (Miss, oneshot::Receiver<Verdict>) {
     let (waiter, rx) = Waiter::new(cost, now, now + DEADLINE);
     (
         b.miss(cost, now, 0, &limit(), true, 0, FOREVER, || waiter),
