@@ -1221,6 +1221,19 @@ impl<S: SlotStore<BucketKey<String>>> SlotStore<BucketKey<String>> for LateStore
     }
 }
 
+/// A host's layer on `store` whose limit per key is `limit` as it is when a call is made.
+fn host_limited_by<S>(
+    store: S,
+    limit: &Arc<AtomicU64>,
+) -> ConcurrencyBuilder<Request<Body>, String, S, TokioClock> {
+    let limit = limit.clone();
+    HierarchicalConcurrencyLayer::builder()
+        .key(api_key)
+        .max_in_flight_per_key(move |_: &String| limit.load(Ordering::SeqCst))
+        .store(store)
+        .clock(TokioClock::new())
+}
+
 /// A host's call sent under a limit of 2 is lost on its way; the limit is raised to 3 and
 /// another host takes the new room; then the store applies the lost call, under the limit it
 /// was sent with. It must not take the slot its host's request runs on (had it, a third host's
@@ -1231,12 +1244,7 @@ where
 {
     let limit = Arc::new(AtomicU64::new(2));
     let host = |store| -> Layer<_> {
-        let limit = limit.clone();
-        HierarchicalConcurrencyLayer::builder()
-            .key(api_key)
-            .max_in_flight_per_key(move |_: &String| limit.load(Ordering::SeqCst))
-            .store(store)
-            .clock(TokioClock::new())
+        host_limited_by(store, &limit)
             .failure_policy(FailurePolicy::Reject)
             .store_timeout(Duration::from_millis(100))
             .build()
@@ -1301,16 +1309,7 @@ where
     S: SlotStore<BucketKey<String>> + Clone,
 {
     let limit = Arc::new(AtomicU64::new(2));
-    let host = |store| -> Layer<_> {
-        let limit = limit.clone();
-        HierarchicalConcurrencyLayer::builder()
-            .key(api_key)
-            .max_in_flight_per_key(move |_: &String| limit.load(Ordering::SeqCst))
-            .store(store)
-            .clock(TokioClock::new())
-            .build()
-            .unwrap()
-    };
+    let host = |store| -> Layer<_> { host_limited_by(store, &limit).build().unwrap() };
     let (a, b) = (host(store.clone()), host(store.clone()));
     let take = |layer: &Layer<_>| layer.acquire("k".to_owned());
     let running = [take(&a).await.unwrap(), take(&b).await.unwrap()];
